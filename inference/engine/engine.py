@@ -94,7 +94,17 @@ class Engine:
 
     # -- text ------------------------------------------------------------------------------
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None, **extra) -> str:
-        return self.chat_template.render(messages, add_generation_prompt=True, tools=tools, **extra)
+        """The conversation as prompt text, ending where the assistant's reply begins.
+
+        When the tokenizer adds BOS itself, a BOS the template wrote is dropped (as llama.cpp's
+        chat path does), so the prompt never starts with two."""
+        text = self.chat_template.render(messages, add_generation_prompt=True, tools=tools, **extra)
+        tok = self.tokenizer
+        if tok.add_bos and tok.bos_id is not None:
+            bos_text = tok.token_text(tok.bos_id)
+            if bos_text and text.startswith(bos_text):
+                text = text[len(bos_text) :]
+        return text
 
     def encode_prompt(self, text: str) -> list[int]:
         """Tokenize a whole prompt: special tokens parsed, BOS as the model's metadata says."""

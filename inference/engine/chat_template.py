@@ -1,0 +1,177 @@
+"""Chat prompts rendered from the GGUF's own Jinja template, the way HF transformers renders them.
+
+The template (``tokenizer.chat_template``) runs in jinja2's ``ImmutableSandboxedEnvironment``
+with HF's settings and helpers: ``trim_blocks``/``lstrip_blocks``, the ``loopcontrols``
+extension, a ``{% generation %}`` block that renders its body, ``raise_exception(msg)``,
+``strftime_now(fmt)`` and a ``tojson`` filter that keeps non-ASCII text (``ensure_ascii=False``)
+and accepts ``indent``, ``separators`` and ``sort_keys``. The context holds ``messages``,
+``add_generation_prompt``, ``tools``, ``bos_token``, ``eos_token`` and any extra keyword
+arguments, which override the defaults (``bos_token=""`` drops a template's leading BOS text
+when the caller adds the BOS id itself).
+
+Fallback when the file has no template (``ChatTemplate.is_fallback``):
+
+- ``gemma``, ``gemma2``, ``gemma3``, ``gemma3n``: Gemma's turn format. The text starts with
+  ``bos_token``; each message becomes ``<start_of_turn>{role}\\n{content}<end_of_turn>\\n``
+  with ``assistant`` spelled ``model`` and content stripped of surrounding whitespace; a
+  leading system message is folded into the first turn as ``{system}\\n\\n`` before its
+  content (or becomes a user turn of its own when nothing follows it); the generation prompt
+  is ``<start_of_turn>model\\n``. Role alternation is not enforced.
+- every other architecture: ChatML, ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per
+  message and ``<|im_start|>assistant\\n`` as the generation prompt, without a default system
+  prompt.
+
+In both fallbacks a content given as a list of parts contributes its ``text`` parts.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.meta
+from jinja2.ext import Extension
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+GEMMA_ARCHITECTURES = frozenset(["gemma", "gemma2", "gemma3", "gemma3n"])
+_CONTENT_MACRO = """
+{%- macro text_of(content) -%}
+  {%- if content is string -%}{{ content }}
+  {%- elif content is iterable -%}
+    {%- for part in content if part.type == 'text' -%}{{ part.text }}{%- endfor -%}
+  {%- endif -%}
+{%- endmacro -%}
+"""
+GEMMA_FALLBACK = (
+    _CONTENT_MACRO
+    + """
+{{- bos_token -}}
+{%- set turns = messages -%}
+{%- set ns = namespace(prefix='') -%}
+{%- if messages and messages[0].role == 'system' -%}
+  {%- set ns.prefix = text_of(messages[0].content) | trim -%}
+  {%- set turns = messages[1:] -%}
+  {%- if not turns -%}
+    {{- '<start_of_turn>user\\n' + ns.prefix + '<end_of_turn>\\n' -}}
+  {%- endif -%}
+  {%- set ns.prefix = ns.prefix + '\\n\\n' -%}
+{%- endif -%}
+{%- for message in turns -%}
+  {{- '<start_of_turn>' + ('model' if message.role == 'assistant' else message.role) + '\\n' -}}
+  {{- (ns.prefix if loop.first else '') + (text_of(message.content) | trim) + '<end_of_turn>\\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}
+"""
+)
+CHATML_FALLBACK = (
+    _CONTENT_MACRO
+    + """
+{%- for message in messages -%}
+  {{- '<|im_start|>' + message.role + '\\n' + text_of(message.content) + '<|im_end|>\\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}
+"""
+)
+
+
+class ChatTemplateError(ValueError):
+    """The chat template failed to compile or render; the message says why."""
+
+
+class _GenerationBlock(Extension):
+    """HF's ``{% generation %}...{% endgeneration %}`` marks assistant text; here it just renders."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys=False
+):
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, "jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special-token strings it is rendered with."""
+
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = "", is_fallback: bool = False):
+        self.source = source
+        self.is_fallback = is_fallback
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        env = _environment()
+        try:
+            self._template = env.from_string(source)
+            variables = jinja2.meta.find_undeclared_variables(env.parse(source))
+        except jinja2.TemplateError as exc:
+            raise ChatTemplateError(f"chat template does not compile: {exc}") from exc
+        self.supports_tools = "tools" in variables
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, Any], architecture: str) -> ChatTemplate:
+        """The GGUF's ``tokenizer.chat_template``, or the documented fallback for ``architecture``."""
+        bos_token = _token_text(metadata, "tokenizer.ggml.bos_token_id")
+        eos_token = _token_text(metadata, "tokenizer.ggml.eos_token_id")
+        source = metadata.get("tokenizer.chat_template")
+        if isinstance(source, str) and source.strip():
+            return cls(source, bos_token, eos_token)
+        fallback = GEMMA_FALLBACK if architecture in GEMMA_ARCHITECTURES else CHATML_FALLBACK
+        return cls(fallback, bos_token, eos_token, is_fallback=True)
+
+    def render(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        **extra: Any,
+    ) -> str:
+        """The prompt text for ``messages``; :class:`ChatTemplateError` if the template fails."""
+        context = {
+            "messages": messages,
+            "add_generation_prompt": add_generation_prompt,
+            "tools": tools,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            **extra,
+        }
+        try:
+            return self._template.render(**context)
+        except jinja2.TemplateError as exc:
+            raise ChatTemplateError(f"chat template failed: {exc}") from exc
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+            raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _token_text(metadata: dict[str, Any], id_key: str) -> str:
+    tokens = metadata.get("tokenizer.ggml.tokens") or []
+    token_id = metadata.get(id_key)
+    if isinstance(token_id, numbers.Integral) and 0 <= token_id < len(tokens):
+        return tokens[token_id]
+    return ""
