@@ -1,4 +1,8 @@
-"""ASGI entry point: Channels routes the API paths to their consumers, the rest to Django."""
+"""ASGI entry point: Channels routes the API paths to their consumers, the rest to Django.
+
+Importing this module loads no model: the inference service starts when the ``lmserve``
+command installs it, or on the first request (``manage.py runserver``).
+"""
 
 import os
 
@@ -7,6 +11,6 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lmserve_site.settings")
 django_asgi_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402
+from api.routing import build_application  # noqa: E402  (needs Django set up first)
 
-application = ProtocolTypeRouter({"http": django_asgi_app})
+application = build_application(django_asgi_app)

@@ -1,0 +1,1 @@
+"""Channels HTTP consumers: one per dialect, plus models, health and not-found."""

@@ -1,0 +1,79 @@
+"""API errors as values: a status code, a message, the offending parameter.
+
+Every failure a client can see is an :class:`ApiError`; each dialect renders it in its own
+envelope (OpenAI's ``{"error": {message, type, param, code}}`` here; the Anthropic envelope
+reuses the same values). Status codes are real: the SDKs dispatch on them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from inference.types import Error
+
+# OpenAI's error "type" per status (the SDKs read the status; humans read the type).
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    501: "not_implemented_error",
+    503: "service_unavailable_error",
+}
+
+
+@dataclass(frozen=True)
+class ApiError:
+    """A failed request, whatever the dialect."""
+
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+    retry_after: int | None = None
+    allow: tuple[str, ...] = ()  # for 405: the methods the endpoint accepts
+
+    @property
+    def type(self) -> str:
+        return ERROR_TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
+
+    @classmethod
+    def from_event(cls, error: Error) -> ApiError:
+        return cls(error.status, error.message, error.param, error.code, error.retry_after)
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """Extra response headers this error carries."""
+        out = []
+        if self.retry_after is not None:
+            out.append((b"retry-after", str(self.retry_after).encode()))
+        if self.allow:
+            out.append((b"allow", ", ".join(self.allow).encode()))
+        return out
+
+    def openai_payload(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def openai_body(self) -> bytes:
+        return json.dumps(self.openai_payload(), ensure_ascii=False).encode()
+
+
+def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param, code)
+
+
+def unsupported(param: str, why: str = "is not supported by this server", status: int = 400) -> ApiError:
+    """A parameter we refuse rather than silently ignore."""
+    return ApiError(status, f"'{param}' {why}", param, "unsupported_parameter")
+
+
+def not_implemented(param: str) -> ApiError:
+    return unsupported(param, "is not implemented by this server yet", status=501)
+
+
+def not_found(message: str, code: str = "not_found") -> ApiError:
+    return ApiError(404, message, None, code)

@@ -1,0 +1,130 @@
+"""Typed reads of JSON request fields, each failure a 400 that names the parameter.
+
+Readers raise :class:`Invalid`; the dialect parsers catch it once and return the ApiError as
+a value. ``bool`` is never accepted where a number is wanted (JSON true is not 1).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from api.errors import ApiError, bad_request
+
+
+class Invalid(Exception):
+    """A request field is wrong; carries the error to answer with."""
+
+    def __init__(self, error: ApiError):
+        super().__init__(error.message)
+        self.error = error
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a value's type, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def wrong_type(param: str, expected: str, value: Any) -> Invalid:
+    return Invalid(
+        bad_request(
+            f"Invalid type for '{param}': expected {expected}, but got {json_type(value)}.",
+            param,
+            "invalid_type",
+        )
+    )
+
+
+def out_of_range(param: str, value: Any, bounds: str) -> Invalid:
+    return Invalid(bad_request(f"Invalid value for '{param}': {value!r} is not {bounds}.", param))
+
+
+def parse_json_object(body: bytes) -> dict | ApiError:
+    """The request body as a JSON object; anything else is a 400 (never a 500)."""
+    if not body.strip():
+        return bad_request("the request body is empty; expected a JSON object", None, "invalid_json")
+    try:
+        value = json.loads(body)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return bad_request(f"the request body is not valid JSON: {exc}", None, "invalid_json")
+    if not isinstance(value, dict):
+        return bad_request(
+            f"the request body must be a JSON object, not {json_type(value)}", None, "invalid_json"
+        )
+    return value
+
+
+def number(body: dict, name: str, lo: float, hi: float, *, lo_open: bool = False) -> float | None:
+    """A number in [lo, hi] (or (lo, hi] with ``lo_open``); None when absent or null."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise wrong_type(name, "a number", value)
+    ok = math.isfinite(value) and (lo < value if lo_open else lo <= value) and value <= hi
+    if not ok:
+        raise out_of_range(name, value, f"between {lo} ({'exclusive' if lo_open else 'inclusive'}) and {hi}")
+    return float(value)
+
+
+def integer(body: dict, name: str, lo: int | None = None, hi: int | None = None) -> int | None:
+    """An integer (a float with no fraction counts) within the given bounds; None when absent."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise wrong_type(name, "an integer", value)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        low = "" if lo is None else f" >= {lo}"
+        high = "" if hi is None else f" <= {hi}"
+        raise out_of_range(name, value, "an integer" + low + (" and" if low and high else "") + high)
+    return value
+
+
+def boolean(body: dict, name: str, param: str | None = None) -> bool | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise wrong_type(param or name, "a boolean", value)
+    return value
+
+
+def string(body: dict, name: str, param: str | None = None) -> str | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise wrong_type(param or name, "a string", value)
+    return value
+
+
+def obj(body: dict, name: str, param: str | None = None) -> dict | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise wrong_type(param or name, "an object", value)
+    return value
+
+
+def array(body: dict, name: str, param: str | None = None) -> list | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise wrong_type(param or name, "an array", value)
+    return value

@@ -1,0 +1,103 @@
+"""Which ASGI application serves a request.
+
+API endpoints (each with or without the ``/v1`` prefix) go to their consumers; any path
+Django's URL conf knows (the admin, pages) goes to Django; everything else gets a JSON 404.
+The whole application sits behind the ``--conns`` gate.
+"""
+
+from __future__ import annotations
+
+import json
+
+from channels.routing import URLRouter
+from django.urls import Resolver404, re_path, resolve
+
+from inference import service as services
+from inference.model_files import ModelFileError
+
+from .consumers.chat import ChatCompletionsConsumer
+from .consumers.info import HealthConsumer, ModelConsumer, ModelListConsumer, NotFoundConsumer
+from .errors import ApiError
+
+api_urlpatterns = [
+    re_path(r"^(?:v1/)?chat/completions/?$", ChatCompletionsConsumer.as_asgi()),
+    re_path(r"^(?:v1/)?models/?$", ModelListConsumer.as_asgi()),
+    re_path(r"^(?:v1/)?models/(?P<model_id>.+?)/?$", ModelConsumer.as_asgi()),
+    re_path(r"^(?:v1/)?health/?$", HealthConsumer.as_asgi()),
+]
+UNGATED_PATHS = ("health", "v1/health")  # health probes still answer when --conns is reached
+
+
+def is_api_path(path: str) -> bool:
+    relative = path.lstrip("/")
+    return any(pattern.pattern.match(relative) for pattern in api_urlpatterns)
+
+
+def django_serves(path: str) -> bool:
+    """True if the Django URL conf has a view for ``path`` (or for it with a slash added)."""
+    for candidate in (path, path if path.endswith("/") else path + "/"):
+        try:
+            resolve(candidate)
+            return True
+        except Resolver404:
+            continue
+    return False
+
+
+async def send_json_error(send, error: ApiError) -> None:
+    """Answer with an error outside any consumer (the connection gate, a missing model)."""
+    headers = [(b"content-type", b"application/json"), *error.headers()]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": json.dumps(error.openai_payload()).encode()})
+
+
+class LmserveRouter:
+    """API consumers first, then Django, then the JSON 404."""
+
+    def __init__(self, django_app):
+        self.django_app = django_app
+        self.api_app = URLRouter([*api_urlpatterns, re_path(r"", NotFoundConsumer.as_asgi())])
+
+    async def __call__(self, scope, receive, send):
+        path = scope["path"]
+        if scope["type"] == "http" and not is_api_path(path) and django_serves(path):
+            return await self.django_app(scope, receive, send)
+        return await self.api_app(scope, receive, send)
+
+
+class ConnectionLimitMiddleware:
+    """``--conns``: requests beyond the cap get a 503 at once instead of piling up."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        try:
+            service = services.current()
+        except ModelFileError as exc:
+            return await send_json_error(send, ApiError(503, str(exc), None, "model_not_found"))
+        gate = service.connections
+        if scope["path"].strip("/") in UNGATED_PATHS:
+            return await self.app(scope, receive, send)
+        if not gate.try_enter():
+            refusal = ApiError(
+                503,
+                f"too many open connections (--conns {gate.limit}); retry later",
+                None,
+                "too_many_connections",
+                retry_after=1,
+            )
+            return await send_json_error(send, refusal)
+        try:
+            return await self.app(scope, receive, send)
+        finally:
+            gate.leave()
+
+
+def build_application(django_app):
+    """The ASGI application lmserve serves."""
+    from channels.routing import ProtocolTypeRouter
+
+    return ProtocolTypeRouter({"http": ConnectionLimitMiddleware(LmserveRouter(django_app))})

@@ -1,0 +1,106 @@
+"""``python manage.py lmserve [MODEL.gguf] [flags]``: serve one model over HTTP (daphne)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from inference.model_files import ModelFileError
+from inference.service import DEFAULT_MAX_BODY_BYTES, InferenceService, ServeConfig, install
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def port_number(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port number: {value}")
+    return value
+
+
+class Command(BaseCommand):
+    help = (
+        "Serve a GGUF model with the OpenAI Chat Completions API on /v1 (and unprefixed). "
+        "SIGINT/SIGTERM drain in-flight work and exit 0."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "model",
+            nargs="?",
+            default=settings.LMSERVE_MODEL,
+            help="GGUF file, or a model name in LMSERVE_MODELS_DIR (default: LMSERVE_MODEL, else the "
+            "bundled SmolLM2-135M-Instruct)",
+        )
+        parser.add_argument(
+            "--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)"
+        )
+        parser.add_argument(
+            "--port",
+            type=port_number,
+            default=8080,
+            help="TCP port; 0 picks a free one and prints it (default: %(default)s)",
+        )
+        parser.add_argument(
+            "--ctx",
+            type=positive_int,
+            default=ServeConfig.ctx,
+            help="context length in tokens per KV slot, capped at the model's "
+            "training context (default: %(default)s)",
+        )
+        parser.add_argument(
+            "--api-key",
+            default=os.environ.get("LMSERVE_API_KEY") or None,
+            help="require this key (Authorization: Bearer or x-api-key) on /v1 endpoints "
+            "(default: $LMSERVE_API_KEY, else no key)",
+        )
+        parser.add_argument(
+            "--queue",
+            type=positive_int,
+            default=ServeConfig.queue,
+            help="requests that may wait for the worker; more get 429 (default: %(default)s)",
+        )
+        parser.add_argument(
+            "--conns",
+            type=positive_int,
+            default=ServeConfig.conns,
+            help="requests served at once (generating, queued or sending); more get 503 "
+            "(default: %(default)s)",
+        )
+        parser.add_argument(
+            "--kv-slots",
+            type=positive_int,
+            default=ServeConfig.kv_slots,
+            help="resident KV caches kept for prefix reuse across requests (default: %(default)s)",
+        )
+
+    def handle(self, *args, **options):
+        config = ServeConfig(
+            model=options["model"] or "",
+            ctx=options["ctx"],
+            api_key=options["api_key"],
+            queue=options["queue"],
+            conns=options["conns"],
+            kv_slots=options["kv_slots"],
+            max_body_bytes=getattr(settings, "LMSERVE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
+        )
+        try:
+            service = InferenceService.from_config(config)
+        except ModelFileError as exc:
+            raise CommandError(str(exc)) from exc
+        install(service)
+
+        from api.server import serve
+        from lmserve_site.asgi import application
+
+        status = serve(application, service, options["host"], options["port"])
+        if status != 0:
+            raise CommandError("the server stopped with an error", returncode=status)

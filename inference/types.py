@@ -1,0 +1,121 @@
+"""The one dialect-free request the worker serves, and the events it streams back.
+
+Every wire dialect (Chat Completions today; Responses and Anthropic Messages later) parses its
+own JSON into a :class:`GenerationRequest` and encodes the :data:`Event` stream in its own
+shape. Nothing here knows about HTTP or JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from inference.engine.sampler import SamplingParams
+
+Role = Literal["system", "user", "assistant", "tool"]
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class Message:
+    """One turn of the conversation, content already flattened to text."""
+
+    role: Role
+    content: str
+    name: str | None = None
+    tool_call_id: str | None = None
+
+    def as_template_dict(self) -> dict:
+        """The shape GGUF chat templates expect (they index ``message['role']`` etc.)."""
+        out: dict = {"role": self.role, "content": self.content}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+@dataclass(frozen=True)
+class SamplingOverrides:
+    """The sampling fields a request set; ``None`` means "the model's recommended value"."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+
+    def resolve(self, defaults: SamplingParams) -> SamplingParams:
+        """``defaults`` with every field this request set replaced."""
+        chosen = {name: value for name, value in self.__dict__.items() if value is not None}
+        if "seed" in chosen:
+            # numpy's generators take non-negative seeds; OpenAI's seed is any int64.
+            chosen["seed"] = chosen["seed"] % (1 << 64)
+        return replace(defaults, **chosen)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What to generate, independent of the dialect it arrived in."""
+
+    messages: tuple[Message, ...]
+    sampling: SamplingOverrides = field(default_factory=SamplingOverrides)
+    max_tokens: int | None = None  # None: the server default, always clamped to the context
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def template_messages(self) -> list[dict]:
+        return [m.as_template_dict() for m in self.messages]
+
+
+@dataclass(frozen=True)
+class PreparedPrompt:
+    """A validated request's prompt tokens and its generation budget."""
+
+    tokens: list[int]
+    max_tokens: int  # clamped to the room the context leaves after the prompt
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token accounting of one request."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens reused from a resident KV cache
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """Reply text, always whole code points, never part of a stop string."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The reply ended normally; always the last event of a successful generation."""
+
+    reason: FinishReason
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class Error:
+    """The request failed; ``status`` is the HTTP status every dialect reports it with."""
+
+    status: int
+    message: str
+    code: str | None = None
+    param: str | None = None
+    retry_after: int | None = None  # seconds, for overload answers (429, 503)
+
+
+Event = TextDelta | Finish | Error

@@ -1,0 +1,91 @@
+"""ConversationBackend on the real default model: budgets, finish reasons, cancellation."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference.backend import ConversationBackend
+from inference.engine.engine import Engine
+from inference.types import Error, Finish, GenerationRequest, Message, SamplingOverrides, TextDelta
+from tests.fixtures.model_files import default_model_path
+
+pytestmark = pytest.mark.timeout(600)
+
+GREEDY = SamplingOverrides(temperature=0.0)
+FRANCE = (Message("user", "What is the capital of France?"),)
+
+
+class RecordingSink:
+    """Collects events; optionally cancels itself after ``cancel_after`` text deltas."""
+
+    def __init__(self, cancel_after: int | None = None):
+        self.events: list = []
+        self.cancel_after = cancel_after
+        self.cancelled = False
+
+    def push(self, event) -> None:
+        assert not self.cancelled, "nothing may be pushed after the request was cancelled"
+        self.events.append(event)
+        deltas = sum(isinstance(e, TextDelta) for e in self.events)
+        if self.cancel_after is not None and deltas >= self.cancel_after:
+            self.cancelled = True
+
+    def close(self, final) -> None:
+        self.push(final)
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for e in self.events if isinstance(e, TextDelta))
+
+
+@pytest.fixture(scope="module")
+def backend() -> ConversationBackend:
+    return ConversationBackend(Engine.load(default_model_path()), n_ctx=256, kv_slots=1)
+
+
+def run(backend, request: GenerationRequest, sink: RecordingSink | None = None) -> tuple[RecordingSink, int]:
+    prepared = backend.validate(request)
+    assert not isinstance(prepared, Error), prepared
+    sink = sink or RecordingSink()
+    return sink, backend.generate(request, prepared, sink)
+
+
+def test_validate_clamps_the_budget_to_the_context(backend):
+    default = backend.validate(GenerationRequest(FRANCE))
+    assert default.max_tokens == 256 - len(default.tokens)  # 1024 by default, clamped
+    assert backend.validate(GenerationRequest(FRANCE, max_tokens=5)).max_tokens == 5
+    too_long = backend.validate(GenerationRequest((Message("user", "word " * 400),)))
+    assert (
+        isinstance(too_long, Error) and too_long.status == 400 and too_long.code == "context_length_exceeded"
+    )
+
+
+def test_natural_end_budget_end_and_stop_string(backend):
+    natural, _ = run(backend, GenerationRequest(FRANCE, GREEDY, max_tokens=40))
+    finish = natural.events[-1]
+    assert isinstance(finish, Finish) and finish.reason == "stop" and "Paris" in natural.text
+    assert finish.usage.prompt_tokens > 0 and 0 < finish.usage.completion_tokens < 40
+
+    budget, generated = run(backend, GenerationRequest(FRANCE, GREEDY, max_tokens=3))
+    assert budget.events[-1].reason == "length" and generated == 3
+
+    cut, _ = run(backend, GenerationRequest(FRANCE, GREEDY, max_tokens=40, stop=("Paris",)))
+    assert cut.events[-1].reason == "stop"
+    assert cut.text == natural.text[: natural.text.index("Paris")]
+
+
+def test_cancel_stops_at_the_next_token(backend):
+    request = GenerationRequest(FRANCE, GREEDY, max_tokens=200, ignore_eos=True)
+    sink, generated = run(backend, request, RecordingSink(cancel_after=3))
+    assert not any(isinstance(e, Finish) for e in sink.events)
+    # Three deltas took at least three tokens; the check after each token stops the fourth.
+    assert 3 <= generated <= 4
+
+
+def test_repeated_prompt_reuses_the_resident_slot(backend):
+    request = GenerationRequest(FRANCE, GREEDY, max_tokens=4)
+    first, _ = run(backend, request)
+    again, _ = run(backend, request)
+    usage = again.events[-1].usage
+    assert usage.cached_tokens == usage.prompt_tokens - 1
+    assert again.text == first.text

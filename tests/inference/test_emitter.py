@@ -1,0 +1,61 @@
+"""TextEmitter: UTF-8-safe deltas and the stop-string scan."""
+
+from inference.emitter import TextEmitter
+
+
+def feed_all(emitter: TextEmitter, chunks: list[bytes]) -> list[str]:
+    out = [emitter.feed(c) for c in chunks]
+    out.append(emitter.flush())
+    return out
+
+
+def test_split_code_point_is_carried_to_the_next_delta():
+    smile = "🙂".encode()  # 4 bytes
+    deltas = feed_all(TextEmitter(), [b"a" + smile[:1], smile[1:3], smile[3:] + b"b"])
+    assert deltas == ["a", "", "🙂b", ""]
+
+
+def test_incomplete_code_point_at_the_end_becomes_replacement_char():
+    deltas = feed_all(TextEmitter(), [b"ok", "é".encode()[:1]])
+    assert "".join(deltas) == "ok\ufffd"
+
+
+def test_stop_string_is_cut_and_never_emitted():
+    emitter = TextEmitter(["END"])
+    deltas = [emitter.feed(b"hello E"), emitter.feed(b"N"), emitter.feed(b"D and more")]
+    assert deltas == ["hello ", "", ""]
+    assert emitter.stopped_by == "END"
+    assert emitter.feed(b"later") == "" and emitter.flush() == ""
+
+
+def test_held_prefix_is_released_when_it_turns_out_not_to_be_a_stop():
+    emitter = TextEmitter(["END"])
+    assert emitter.feed(b"an E") == "an "
+    assert emitter.feed(b"ND") == "" and emitter.stopped
+    emitter = TextEmitter(["END"])
+    assert emitter.feed(b"an E") == "an "
+    assert emitter.feed(b"X") == "EX"
+    assert emitter.feed(b"EN") == ""
+    assert emitter.flush() == "EN"
+
+
+def test_earliest_of_several_stops_wins():
+    emitter = TextEmitter(["world", "lo w"])
+    assert emitter.feed(b"hello world") == "hel"
+    assert emitter.stopped_by == "lo w"
+
+
+def test_stop_inside_a_multibyte_sequence_boundary():
+    emitter = TextEmitter(["ö!"])
+    raw = "wö!x".encode()
+    deltas = [emitter.feed(raw[i : i + 1]) for i in range(len(raw))]
+    assert "".join(deltas) == "w"
+    assert emitter.stopped_by == "ö!"
+
+
+def test_streamed_pieces_equal_the_whole_text():
+    text = "Grüße, 世界! stop here? no: STOP now"
+    raw = text.encode()
+    emitter = TextEmitter(["STOP"])
+    pieces = [emitter.feed(raw[i : i + 3]) for i in range(0, len(raw), 3)] + [emitter.flush()]
+    assert "".join(pieces) == text[: text.index("STOP")]
