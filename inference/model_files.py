@@ -85,7 +85,8 @@ def resolve_model(name: str | None, directory: Path | None = None) -> Path:
         return candidate
     directory = directory or models_dir()
     spec = OPTIONAL_MODELS.get(name)
-    for option in ([directory / spec.filename] if spec else []) + [directory / name, directory / f"{name}.gguf"]:
+    options = [directory / spec.filename] if spec else []
+    for option in [*options, directory / name, directory / f"{name}.gguf"]:
         if option.is_file():
             return option
     hint = f" (run `python manage.py fetch_models {name}`)" if spec else ""

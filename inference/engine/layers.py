@@ -17,9 +17,13 @@ ROPE_NEOX = "neox"  # rotate halves (x_i, x_{i+d/2}) — qwen2/3, gemma3
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """Normalize the last axis to unit RMS and scale by ``weight``."""
-    mean_sq = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True, dtype=np.float32)
-    return (x * (1.0 / np.sqrt(mean_sq + np.float32(eps)))).astype(np.float32) * weight
+    """Normalize the last axis to unit RMS and scale by ``weight``.
+
+    As in ggml: float32 squares summed in float64, the scale computed in float32. The next
+    product quantizes the result to int8, where a last-bit difference can flip a rounding."""
+    mean_sq = np.sum(np.square(x, dtype=np.float32), axis=-1, keepdims=True, dtype=np.float64) / x.shape[-1]
+    scale = np.float32(1.0) / np.sqrt(mean_sq.astype(np.float32) + np.float32(eps))
+    return (x * scale) * weight
 
 
 def silu(x: np.ndarray) -> np.ndarray:

@@ -7,8 +7,8 @@ thing here as there. Temperature 0 is greedy (argmax after penalties).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

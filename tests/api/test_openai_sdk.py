@@ -9,7 +9,7 @@ from .conftest import API_KEY
 
 pytestmark = pytest.mark.timeout(300)
 
-FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+FRANCE = [{"role": "user", "content": "Name the capital city of France."}]
 
 
 def stream_text(client, **kwargs) -> tuple[str, list]:

@@ -12,7 +12,7 @@ from tests.fixtures.model_files import default_model_path
 pytestmark = pytest.mark.timeout(600)
 
 GREEDY = SamplingOverrides(temperature=0.0)
-FRANCE = (Message("user", "What is the capital of France?"),)
+FRANCE = (Message("user", "Name the capital city of France."),)
 
 
 class RecordingSink:
@@ -72,6 +72,16 @@ def test_natural_end_budget_end_and_stop_string(backend):
     cut, _ = run(backend, GenerationRequest(FRANCE, GREEDY, max_tokens=40, stop=("Paris",)))
     assert cut.events[-1].reason == "stop"
     assert cut.text == natural.text[: natural.text.index("Paris")]
+    assert finish.stop_sequence is None and budget.events[-1].stop_sequence is None
+    assert cut.events[-1].stop_sequence == "Paris"  # the fired stop string is attributed
+
+
+def test_tokenize_counts_prompts_of_any_length(backend):
+    request = GenerationRequest(FRANCE)
+    assert backend.tokenize(request) == backend.validate(request).tokens
+    long_request = GenerationRequest((Message("user", "word " * 400),))
+    assert len(backend.tokenize(long_request)) > backend.n_ctx  # validate refuses it; counting does not
+    assert not backend.supports_reasoning  # no family's think block is routed yet
 
 
 def test_cancel_stops_at_the_next_token(backend):

@@ -71,7 +71,8 @@ def assemble(spec: ChunkedModel, chunks: list[Path], target: Path) -> None:
     digest = hashlib.sha256()
     total = sum(p.stat().st_size for p in chunks)
     try:
-        with open(partial, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=spec.filename) as bar:
+        progress = tqdm(total=total, unit="B", unit_scale=True, desc=spec.filename)
+        with open(partial, "wb") as out, progress as bar:
             for chunk in chunks:
                 with open(chunk, "rb") as src:
                     while block := src.read(COPY_BLOCK):

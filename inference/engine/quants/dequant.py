@@ -1,0 +1,44 @@
+"""Dequantize selected rows of a GroupLayout to float32 (embedding lookup, full dequantization).
+
+The numba kernel must reproduce ``layout.dequantize_reference`` bit for bit, so it is compiled
+without fastmath: no fused multiply-add may merge ``q * scale`` and ``+ min``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numba
+import numpy as np
+
+from .layout import GroupLayout
+
+
+@functools.cache
+def gather_kernel(group_shift: int, has_mins: bool):
+    """The row-gather kernel for groups of ``1 << group_shift`` weights (numba caches each variant)."""
+
+    @numba.njit(parallel=True, cache=True)
+    def gather(q, scales, mins, row_ids, out):
+        cols = q.shape[1]
+        for i in numba.prange(row_ids.shape[0]):
+            r = row_ids[i]
+            for j in range(cols):
+                value = np.float32(q[r, j]) * scales[r, j >> group_shift]
+                if has_mins:
+                    value += mins[r, j >> group_shift]
+                out[i, j] = value
+
+    return gather
+
+
+def dequantize_rows(layout: GroupLayout, row_ids: np.ndarray) -> np.ndarray:
+    """Rows ``row_ids`` (k,) of the layout -> (k, cols) float32, equal to ``layout.dequantize_reference``."""
+    rows, cols = layout.q.shape
+    ids = np.ascontiguousarray(row_ids, dtype=np.int64).reshape(-1)
+    if ids.size and (ids.min() < -rows or ids.max() >= rows):
+        raise IndexError(f"row id out of range for a matrix of {rows} rows")
+    ids = np.where(ids < 0, ids + rows, ids)
+    out = np.empty((ids.size, cols), np.float32)  # (k, cols)
+    gather_kernel(layout.group_shift, layout.has_mins)(*layout.kernel_arrays, ids, out)
+    return out

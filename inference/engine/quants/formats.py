@@ -1,0 +1,182 @@
+"""Block quantization formats as data, plus how each one unpacks into the common layout.
+
+A quantized GGUF row is a run of fixed-size blocks, and every block is a fixed sequence of
+named byte fields. Each format below declares those fields (their sizes must add up to the
+``gguf`` package's type size, checked when the class is defined), how many weights share one
+scale once unpacked (``group_size``), and an ``unpack`` that turns blocks into the layout the
+kernels read::
+
+    q       (n_blocks, block_size)       int8      small integers
+    scales  (n_blocks, block_size // G)  float32
+    mins    (n_blocks, block_size // G)  float32   (None for formats without an offset)
+
+    weight = q * scale + min        (float32 multiply, then float32 add)
+
+Scales and mins are computed in float32 exactly as ``gguf.quants`` does, so the weights the
+kernels see are bit-for-bit the reference dequantization. This module holds the base class
+and the 32-weight formats; ``kquants`` holds the 256-weight super-block formats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
+
+import gguf
+import numpy as np
+
+GGMLType = gguf.GGMLQuantizationType
+
+
+@dataclass(frozen=True)
+class Field:
+    """A named run of bytes inside one block."""
+
+    name: str
+    nbytes: int
+
+
+class Unpacked(NamedTuple):
+    q: np.ndarray  # (n_blocks, block_size) int8
+    scales: np.ndarray  # (n_blocks, block_size // group_size) float32
+    mins: np.ndarray | None  # same shape as scales, or None
+
+
+FORMATS: dict[GGMLType, type[BlockFormat]] = {}
+
+
+class BlockFormat:
+    """One block quantization format; subclasses are data plus an ``unpack``."""
+
+    qtype: ClassVar[GGMLType]
+    block_size: ClassVar[int]  # weights per block
+    fields: ClassVar[tuple[Field, ...]]
+    group_size: ClassVar[int]  # weights sharing one scale (and min) after unpacking
+    has_mins: ClassVar[bool]
+
+    def __init_subclass__(cls, qtype: GGMLType, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.qtype = qtype
+        expected = gguf.GGML_QUANT_SIZES[qtype]
+        if (cls.block_size, cls.type_size()) != expected:
+            raise TypeError(
+                f"{cls.__name__}: fields give {(cls.block_size, cls.type_size())}, gguf {expected}"
+            )
+        if cls.block_size % cls.group_size:
+            raise TypeError(f"{cls.__name__}: group size must divide the block size")
+        FORMATS[qtype] = cls
+
+    @classmethod
+    def type_size(cls) -> int:
+        """Bytes per block."""
+        return sum(field.nbytes for field in cls.fields)
+
+    @classmethod
+    def split(cls, blocks: np.ndarray) -> dict[str, np.ndarray]:
+        """Column views of ``blocks`` (n_blocks, type_size) uint8, one per field."""
+        views, start = {}, 0
+        for field in cls.fields:
+            views[field.name] = blocks[:, start : start + field.nbytes]
+            start += field.nbytes
+        return views
+
+    @classmethod
+    def unpack(cls, blocks: np.ndarray) -> Unpacked:
+        """Blocks (n_blocks, type_size) uint8 -> int8 values, float32 scales (and mins)."""
+        raise NotImplementedError
+
+
+# ---- bit helpers shared by all formats (vectorized over blocks) ----
+
+
+def f16_field(field: np.ndarray) -> np.ndarray:
+    """A 2-byte field (n, 2) uint8 holding a little-endian float16 -> (n, 1) float32."""
+    return field.view("<f2").astype(np.float32)
+
+
+def nibbles(packed: np.ndarray) -> np.ndarray:
+    """(..., k) uint8 -> (..., 2, k): all low nibbles, then all high nibbles."""
+    return np.stack((packed & 0x0F, packed >> 4), axis=-2)
+
+
+def crumbs(packed: np.ndarray) -> np.ndarray:
+    """(..., k) uint8 -> (..., 4, k): the 2-bit fields at shifts 0, 2, 4, 6."""
+    return np.stack((packed & 3, (packed >> 2) & 3, (packed >> 4) & 3, packed >> 6), axis=-2)
+
+
+def bits_lsb_first(packed: np.ndarray) -> np.ndarray:
+    """(n, k) uint8 -> (n, 8 * k): bit i of the little-endian bit string at position i."""
+    return np.unpackbits(packed, axis=-1, bitorder="little")
+
+
+def bit_planes(packed: np.ndarray) -> np.ndarray:
+    """(n, k) uint8 -> (n, 8, k): plane p holds bit p of every byte."""
+    n, k = packed.shape
+    return bits_lsb_first(packed).reshape(n, k, 8).transpose(0, 2, 1)
+
+
+def _offset_q(codes: np.ndarray, offset: int) -> np.ndarray:
+    """uint8 codes -> int8 ``code - offset``; uint8 wrap-around then an int8 view is exact."""
+    return (codes - np.uint8(offset)).view(np.int8)
+
+
+# ---- the 32-weight formats ----
+
+
+class Q4_0(BlockFormat, qtype=GGMLType.Q4_0):
+    block_size, group_size, has_mins = 32, 32, False
+    fields = (Field("d", 2), Field("qs", 16))
+
+    @classmethod
+    def unpack(cls, blocks):
+        f = cls.split(blocks)
+        codes = nibbles(f["qs"]).reshape(len(blocks), 32)
+        return Unpacked(_offset_q(codes, 8), f16_field(f["d"]), None)
+
+
+class Q4_1(BlockFormat, qtype=GGMLType.Q4_1):
+    block_size, group_size, has_mins = 32, 32, True
+    fields = (Field("d", 2), Field("m", 2), Field("qs", 16))
+
+    @classmethod
+    def unpack(cls, blocks):
+        f = cls.split(blocks)
+        codes = nibbles(f["qs"]).reshape(len(blocks), 32)
+        return Unpacked(codes.view(np.int8), f16_field(f["d"]), f16_field(f["m"]))
+
+
+def _five_bit_codes(f: dict[str, np.ndarray], n_blocks: int) -> np.ndarray:
+    """Low nibbles from ``qs`` plus the fifth bit from the 32-bit ``qh`` -> (n, 32) uint8."""
+    low = nibbles(f["qs"]).reshape(n_blocks, 32)
+    return low | (bits_lsb_first(np.ascontiguousarray(f["qh"])) << 4)
+
+
+class Q5_0(BlockFormat, qtype=GGMLType.Q5_0):
+    block_size, group_size, has_mins = 32, 32, False
+    fields = (Field("d", 2), Field("qh", 4), Field("qs", 16))
+
+    @classmethod
+    def unpack(cls, blocks):
+        f = cls.split(blocks)
+        return Unpacked(_offset_q(_five_bit_codes(f, len(blocks)), 16), f16_field(f["d"]), None)
+
+
+class Q5_1(BlockFormat, qtype=GGMLType.Q5_1):
+    block_size, group_size, has_mins = 32, 32, True
+    fields = (Field("d", 2), Field("m", 2), Field("qh", 4), Field("qs", 16))
+
+    @classmethod
+    def unpack(cls, blocks):
+        f = cls.split(blocks)
+        codes = _five_bit_codes(f, len(blocks))
+        return Unpacked(codes.view(np.int8), f16_field(f["d"]), f16_field(f["m"]))
+
+
+class Q8_0(BlockFormat, qtype=GGMLType.Q8_0):
+    block_size, group_size, has_mins = 32, 32, False
+    fields = (Field("d", 2), Field("qs", 32))
+
+    @classmethod
+    def unpack(cls, blocks):
+        f = cls.split(blocks)
+        return Unpacked(np.ascontiguousarray(f["qs"]).view(np.int8), f16_field(f["d"]), None)

@@ -1,0 +1,181 @@
+"""Weight matrices ready for products, built from a GGUF tensor's raw bytes by ``load_matrix``."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import gguf
+import numpy as np
+
+from ..gguf_file import GGUFError
+from . import kquants  # noqa: F401  (defining the K-quant classes registers them in FORMATS)
+from .activations import ACTIVATION_ROUNDING
+from .dequant import dequantize_rows
+from .formats import FORMATS, GGMLType
+from .layout import GroupLayout, repack
+from .matmul import matmul
+from .matvec import matvec
+from .quantize import ACTIVATION_KIND
+
+FLOAT_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
+SUPPORTED_TYPES = frozenset(FLOAT_TYPES | FORMATS.keys())
+# Up to this many tokens, one matvec per token beat the matmul kernel (measured on SmolLM2 and
+# Qwen2.5 shapes: equal at 2 tokens for short rows, 1.8x faster for 4864-column rows).
+MATVEC_MAX_TOKENS = 2
+
+
+class QuantMatrix(ABC):
+    """A 2-D weight matrix W (rows, cols), held in a layout the product kernels read fast."""
+
+    rows: int
+    cols: int
+    qtype: GGMLType
+    nbytes: int  # memory held after repacking
+
+    @abstractmethod
+    def matvec(self, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        """W @ x (+ bias): x (cols,) float32 -> (rows,) float32."""
+
+    @abstractmethod
+    def matmul(self, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        """x @ W.T (+ bias): x (n, cols) float32 -> (n, rows) float32."""
+
+    @abstractmethod
+    def take_rows(self, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` (k,) dequantized -> (k, cols) float32 (embedding lookup)."""
+
+    def dequantize(self) -> np.ndarray:
+        """All of W as float32 (rows, cols)."""
+        return self.take_rows(np.arange(self.rows))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.qtype.name}, {self.rows}x{self.cols}, {self.nbytes} bytes)"
+
+
+class GroupedMatrix(QuantMatrix):
+    """A block-quantized matrix repacked to int8 values + float32 group scales (and mins).
+
+    Products first round the activations as ggml does for this format (activations.py), so
+    results agree with llama.cpp's to float noise."""
+
+    def __init__(self, qtype: GGMLType, layout: GroupLayout):
+        self.qtype, self.layout = qtype, layout
+        self.rows, self.cols = layout.q.shape
+        self.nbytes = layout.nbytes
+        self.activation_kind = ACTIVATION_KIND[qtype]
+
+    def matvec(self, x, bias=None):
+        return matvec(self.layout, x, self.activation_kind, bias)
+
+    def matmul(self, x, bias=None):
+        x = np.asarray(x)
+        if x.ndim == 2 and 0 < x.shape[0] <= MATVEC_MAX_TOKENS:
+            return np.stack([self.matvec(row, bias) for row in x])  # (n, rows)
+        return matmul(self.layout, x, self.activation_kind, bias)
+
+    @staticmethod
+    def can_stack(matrices: list[QuantMatrix]) -> bool:
+        """Whether ``stack`` applies: all grouped, of one format and one row length."""
+        first = matrices[0]
+        return all(
+            isinstance(m, GroupedMatrix) and m.qtype == first.qtype and m.cols == first.cols for m in matrices
+        )
+
+    @classmethod
+    def stack(cls, matrices: list[GroupedMatrix]) -> GroupedMatrix:
+        """The rows of several matrices of one format as one matrix, so that linears sharing an
+        input (q/k/v, gate/up) round it once and run as one parallel kernel."""
+        layouts = [m.layout for m in matrices]
+        mins = None if layouts[0].mins is None else np.concatenate([lay.mins for lay in layouts])
+        q = np.concatenate([lay.q for lay in layouts])  # (sum rows, cols)
+        scales = np.concatenate([lay.scales for lay in layouts])  # (sum rows, groups)
+        return cls(matrices[0].qtype, GroupLayout(q, scales, mins, layouts[0].group_size))
+
+    def take_rows(self, ids):
+        return dequantize_rows(self.layout, ids)
+
+
+class FloatMatrix(QuantMatrix):
+    """An F32/F16/BF16 matrix held as float32; products go to numpy (BLAS)."""
+
+    def __init__(self, qtype: GGMLType, weights: np.ndarray):
+        self.qtype, self.weights = qtype, weights  # (rows, cols) float32
+        self.rows, self.cols = weights.shape
+        self.nbytes = weights.nbytes
+        self.round_activations = ACTIVATION_ROUNDING[qtype]
+
+    def matvec(self, x, bias=None):
+        x = np.asarray(x, np.float32)
+        if x.shape != (self.cols,):
+            raise ValueError(f"matvec expects x of shape ({self.cols},), got {x.shape}")
+        out = self.weights @ self.round_activations(x).values
+        return out if bias is None else out + bias
+
+    def matmul(self, x, bias=None):
+        x = np.asarray(x, np.float32)
+        if x.ndim != 2 or x.shape[1] != self.cols:
+            raise ValueError(f"matmul expects x of shape (n, {self.cols}), got {x.shape}")
+        out = self.round_activations(x).values @ self.weights.T
+        return out if bias is None else out + bias
+
+    def take_rows(self, ids):
+        return self.weights[np.asarray(ids, np.int64).reshape(-1)]
+
+    def dequantize(self):
+        return np.array(self.weights)
+
+
+def load_matrix(
+    qtype: GGMLType | int, data: np.ndarray, shape: tuple[int, int], name: str = ""
+) -> QuantMatrix:
+    """Build a QuantMatrix from a tensor's raw data as ``GGUFFile`` exposes it.
+
+    ``data`` is (rows, row_bytes) uint8 or, for F32/F16, typed (rows, cols); ``shape`` is
+    (rows, cols) in numpy order. 3-D tensors (experts) are sliced by the caller. Raises
+    GGUFError naming the tensor for an unsupported type or bytes that do not fit the shape.
+    """
+    label = name or "tensor"
+    try:
+        qtype = gguf.GGMLQuantizationType(qtype)
+    except ValueError:
+        raise GGUFError(f"{label}: tensor type id {qtype} is not supported") from None
+    if qtype not in SUPPORTED_TYPES:
+        raise GGUFError(f"{label}: tensor type {qtype.name} is not supported")
+    if len(shape) != 2:
+        raise GGUFError(f"{label}: expected a 2-D tensor, got shape {tuple(shape)}")
+    rows, cols = (int(n) for n in shape)
+    if qtype in FLOAT_TYPES:
+        return FloatMatrix(qtype, _float_weights(qtype, np.asarray(data), rows, cols, label))
+    fmt = FORMATS[qtype]
+    if cols % fmt.block_size:
+        raise GGUFError(f"{label}: row of {cols} is not whole {qtype.name} blocks of {fmt.block_size}")
+    expected = (rows, cols // fmt.block_size * fmt.type_size())
+    if data.dtype != np.uint8 or data.shape != expected:
+        raise GGUFError(
+            f"{label}: {qtype.name} data should be uint8 {expected}, got {data.dtype} {data.shape}"
+        )
+    return GroupedMatrix(qtype, repack(fmt, data, cols))
+
+
+_FLOAT_FILE_DTYPES = {
+    GGMLType.F32: np.dtype("<f4"),
+    GGMLType.F16: np.dtype("<f2"),
+    GGMLType.BF16: np.dtype("<u2"),
+}
+
+
+def _float_weights(qtype: GGMLType, data: np.ndarray, rows: int, cols: int, label: str) -> np.ndarray:
+    """F32/F16/BF16 data, typed or raw bytes -> (rows, cols) float32 (F32 stays a view)."""
+    file_dtype = _FLOAT_FILE_DTYPES[qtype]
+    if data.dtype == np.uint8 and data.ndim == 2 and data.shape[1] == cols * file_dtype.itemsize:
+        data = np.ascontiguousarray(data).view(file_dtype)
+    if qtype == GGMLType.BF16 and data.dtype == np.int16:
+        data = data.view(file_dtype)
+    if data.shape != (rows, cols) or data.dtype != file_dtype:
+        raise GGUFError(
+            f"{label}: {qtype.name} data of {data.dtype} {data.shape} does not fit ({rows}, {cols})"
+        )
+    if qtype == GGMLType.BF16:
+        # bfloat16 is the top half of a float32.
+        return (data.astype(np.uint32) << 16).view(np.float32)  # (rows, cols)
+    return np.ascontiguousarray(data, dtype=np.float32)  # (rows, cols)

@@ -1,0 +1,85 @@
+"""The management commands users run by hand: generate and fetch_models."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError
+
+from inference.management.commands.fetch_models import assemble
+from inference.model_files import ChunkedModel, ModelFileError, resolve_model
+
+ROOT = Path(__file__).resolve().parents[2]
+STATS_LINE = re.compile(r"^prefill: (\d+) tokens, [\d.]+ tok/s; decode: (\d+) tokens, [\d.]+ tok/s$")
+
+
+def generate(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "manage.py", "generate", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_generate_streams_only_text_and_ends_stderr_with_the_stats_line():
+    done = generate("--prompt", "The capital of France is", "--max-tokens", "8", "--ignore-eos")
+    assert done.returncode == 0, done.stderr
+    assert "Paris" in done.stdout
+    match = STATS_LINE.match(done.stderr.strip().splitlines()[-1])
+    assert match, done.stderr
+    assert match.groups() == ("5", "8")  # "The capital of France is" is 5 tokens for SmolLM2
+
+
+def test_generate_chat_mode_wraps_the_prompt_and_stops_at_end_of_turn():
+    done = generate("--chat", "--prompt", "Name the capital city of France.", "--max-tokens", "40")
+    assert done.returncode == 0, done.stderr
+    assert "Paris" in done.stdout and "<|im_end|>" not in done.stdout
+    prefill, decoded = STATS_LINE.match(done.stderr.strip().splitlines()[-1]).groups()
+    assert int(prefill) > 20 and 0 < int(decoded) < 40
+
+
+def test_generate_sampling_is_reproducible_with_a_seed():
+    args = ("--prompt", "Once upon a time", "--max-tokens", "12", "--temperature", "0.9", "--seed", "7")
+    first, second = generate(*args), generate(*args)
+    assert first.returncode == 0 and first.stdout == second.stdout
+
+
+def test_generate_rejects_bad_input_with_a_clear_message(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"nope")
+    done = generate(str(bad), "--prompt", "hi")
+    assert done.returncode != 0 and "not a GGUF file" in done.stderr
+    done = generate("--prompt", "hi", "--max-tokens", "0")
+    assert done.returncode != 0 and "--max-tokens must be at least 1" in done.stderr
+
+
+def test_resolve_model_names_what_is_missing(tmp_path):
+    with pytest.raises(ModelFileError, match="fetch_models gemma3-270m"):
+        resolve_model("gemma3-270m", directory=tmp_path)
+    assert resolve_model("").name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def chunks(tmp_path: Path, parts: list[bytes]) -> list[Path]:
+    paths = []
+    for i, data in enumerate(parts):
+        paths.append(tmp_path / f"part{i}")
+        paths[-1].write_bytes(data)
+    return paths
+
+
+def test_assemble_concatenates_and_checks_size_and_hash(tmp_path):
+    parts = [b"GGUF" + b"a" * 100, b"b" * 50]
+    whole = b"".join(parts)
+    spec = ChunkedModel("m.gguf", ("p1", "p2"), ("x", "y"), len(whole), hashlib.sha256(whole).hexdigest())
+    assemble(spec, chunks(tmp_path, parts), tmp_path / "m.gguf")
+    assert (tmp_path / "m.gguf").read_bytes() == whole
+
+
+def test_assemble_with_a_wrong_hash_leaves_nothing_behind(tmp_path):
+    parts = [b"GGUF", b"data"]
+    spec = ChunkedModel("m.gguf", ("p1", "p2"), ("x", "y"), 8, "0" * 64)
+    with pytest.raises(CommandError, match="expected 8 bytes with sha256 0000"):
+        assemble(spec, chunks(tmp_path, parts), tmp_path / "m.gguf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["part0", "part1"]
