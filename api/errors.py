@@ -1,8 +1,9 @@
 """API errors as values: a status code, a message, the offending parameter.
 
 Every failure a client can see is an :class:`ApiError`; each dialect renders it in its own
-envelope (OpenAI's ``{"error": {message, type, param, code}}`` here; the Anthropic envelope
-reuses the same values). Status codes are real: the SDKs dispatch on them.
+envelope: OpenAI's ``{"error": {message, type, param, code}}``, or Anthropic's
+``{"type": "error", "error": {type, message}}`` with the type derived from the same status.
+Status codes are real: the SDKs dispatch on them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,28 @@ ERROR_TYPES = {
     501: "not_implemented_error",
     503: "service_unavailable_error",
 }
+
+# Anthropic's error "type" per status; other 4xx are invalid_request_error, other 5xx api_error.
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def wants_anthropic_errors(path: str, headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a request's errors use the Anthropic envelope: on the Messages endpoints, and on
+    any request an Anthropic client sent (it always carries ``anthropic-version``)."""
+    relative = path.strip("/").removeprefix("v1/")
+    if relative == "messages" or relative.startswith("messages/"):
+        return True
+    return any(name.lower() == b"anthropic-version" for name, _ in headers)
 
 
 @dataclass(frozen=True)
@@ -60,6 +83,14 @@ class ApiError:
 
     def openai_body(self) -> bytes:
         return json.dumps(self.openai_payload(), ensure_ascii=False).encode()
+
+    @property
+    def anthropic_type(self) -> str:
+        fallback = "api_error" if self.status >= 500 else "invalid_request_error"
+        return ANTHROPIC_ERROR_TYPES.get(self.status, fallback)
+
+    def anthropic_payload(self) -> dict:
+        return {"type": "error", "error": {"type": self.anthropic_type, "message": self.message}}
 
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:

@@ -15,12 +15,17 @@ from django.urls import Resolver404, re_path, resolve
 from inference import service as services
 from inference.model_files import ModelFileError
 
+from .consumers.anthropic import CountTokensConsumer, MessagesConsumer
 from .consumers.chat import ChatCompletionsConsumer
 from .consumers.info import HealthConsumer, ModelConsumer, ModelListConsumer, NotFoundConsumer
-from .errors import ApiError
+from .consumers.responses import ResponsesConsumer
+from .errors import ApiError, wants_anthropic_errors
 
 api_urlpatterns = [
     re_path(r"^(?:v1/)?chat/completions/?$", ChatCompletionsConsumer.as_asgi()),
+    re_path(r"^(?:v1/)?responses/?$", ResponsesConsumer.as_asgi()),
+    re_path(r"^(?:v1/)?messages/?$", MessagesConsumer.as_asgi()),
+    re_path(r"^(?:v1/)?messages/count_tokens/?$", CountTokensConsumer.as_asgi()),
     re_path(r"^(?:v1/)?models/?$", ModelListConsumer.as_asgi()),
     re_path(r"^(?:v1/)?models/(?P<model_id>.+?)/?$", ModelConsumer.as_asgi()),
     re_path(r"^(?:v1/)?health/?$", HealthConsumer.as_asgi()),
@@ -44,11 +49,13 @@ def django_serves(path: str) -> bool:
     return False
 
 
-async def send_json_error(send, error: ApiError) -> None:
+async def send_json_error(scope, send, error: ApiError) -> None:
     """Answer with an error outside any consumer (the connection gate, a missing model)."""
     headers = [(b"content-type", b"application/json"), *error.headers()]
+    anthropic = wants_anthropic_errors(scope["path"], scope["headers"])
+    payload = error.anthropic_payload() if anthropic else error.openai_payload()
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "http.response.body", "body": json.dumps(error.openai_payload()).encode()})
+    await send({"type": "http.response.body", "body": json.dumps(payload).encode()})
 
 
 class LmserveRouter:
@@ -77,7 +84,7 @@ class ConnectionLimitMiddleware:
         try:
             service = services.current()
         except ModelFileError as exc:
-            return await send_json_error(send, ApiError(503, str(exc), None, "model_not_found"))
+            return await send_json_error(scope, send, ApiError(503, str(exc), None, "model_not_found"))
         gate = service.connections
         if scope["path"].strip("/") in UNGATED_PATHS:
             return await self.app(scope, receive, send)
@@ -89,7 +96,7 @@ class ConnectionLimitMiddleware:
                 "too_many_connections",
                 retry_after=1,
             )
-            return await send_json_error(send, refusal)
+            return await send_json_error(scope, send, refusal)
         try:
             return await self.app(scope, receive, send)
         finally:

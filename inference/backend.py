@@ -43,15 +43,27 @@ class ConversationBackend:
         self.slots = SlotPool(lambda: engine.new_cache(n_ctx), kv_slots)
 
     # -- connection side -------------------------------------------------------------------
-    def validate(self, request: GenerationRequest) -> PreparedPrompt | Error:
-        """Render and tokenize the conversation; reject it if it leaves no room to reply."""
+    @property
+    def supports_reasoning(self) -> bool:
+        """Whether a reasoning channel exists: the emitter would have to route the family's
+        think block apart from the reply. No family's is routed yet, so none has one."""
+        return False
+
+    def tokenize(self, request: GenerationRequest) -> list[int] | Error:
+        """The conversation rendered with the chat template and tokenized, whatever its length."""
         from inference.engine.chat_template import ChatTemplateError
 
         try:
             text = self.engine.render_chat(request.template_messages())
         except ChatTemplateError as exc:
             return Error(400, f"the model's chat template rejected the messages: {exc}", param="messages")
-        tokens = self.engine.encode_prompt(text)
+        return self.engine.encode_prompt(text)
+
+    def validate(self, request: GenerationRequest) -> PreparedPrompt | Error:
+        """Render and tokenize the conversation; reject it if it leaves no room to reply."""
+        tokens = self.tokenize(request)
+        if isinstance(tokens, Error):
+            return tokens
         room = self.n_ctx - len(tokens)
         if room < 1:
             return Error(
@@ -70,9 +82,10 @@ class ConversationBackend:
         Returns the number of tokens generated. Stops at the next token once ``sink`` is
         cancelled, then pushes nothing more."""
         stats = GenerationStats()
+        emitter = TextEmitter(request.stop)
         cache = self.slots.acquire(prompt.tokens)
         try:
-            reason = self._decode(request, prompt, cache, stats, sink)
+            reason = self._decode(request, prompt, cache, stats, emitter, sink)
         except Exception as exc:  # an engine failure ends this request, not the server
             logger.exception("generation failed")
             self.slots.reset(cache)
@@ -80,7 +93,7 @@ class ConversationBackend:
             return stats.generated_tokens
         if reason is not None:
             usage = Usage(stats.prompt_tokens, stats.generated_tokens, stats.cached_tokens)
-            sink.close(Finish(reason, usage))
+            sink.close(Finish(reason, usage, emitter.stopped_by))
         return stats.generated_tokens
 
     def _decode(
@@ -89,10 +102,10 @@ class ConversationBackend:
         prompt: PreparedPrompt,
         cache: KVCache,
         stats: GenerationStats,
+        emitter: TextEmitter,
         sink: Sink,
     ) -> str | None:
         """Run the decode loop; the finish reason, or None when the request was cancelled."""
-        emitter = TextEmitter(request.stop)
         token_bytes = self.engine.tokenizer.token_bytes
         tokens = self.engine.generate(
             cache,

@@ -103,9 +103,23 @@ class InferenceService:
             return Error(503, f"model {self.model_id} is still loading", code="model_loading", retry_after=1)
         return None
 
+    @property
+    def supports_reasoning(self) -> bool:
+        """Whether the loaded model has a reasoning channel (False until it is loaded)."""
+        backend = self.worker.backend
+        return backend is not None and backend.supports_reasoning
+
     async def prepare(self, request: GenerationRequest) -> PreparedPrompt | Error:
         """Render and tokenize off the event loop; a 400 here costs no model time."""
         return self.unavailable() or await asyncio.to_thread(self.worker.backend.validate, request)
+
+    async def count_tokens(self, request: GenerationRequest) -> int | Error:
+        """How many tokens the request's prompt takes (the context limit is not checked)."""
+        down = self.unavailable()
+        if down is not None:
+            return down
+        tokens = await asyncio.to_thread(self.worker.backend.tokenize, request)
+        return tokens if isinstance(tokens, Error) else len(tokens)
 
     def submit(self, request: GenerationRequest, prompt: PreparedPrompt, pipe: StreamPipe) -> Job | Error:
         """Queue a validated request; a full queue is a 429 with a Retry-After estimate."""

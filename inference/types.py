@@ -1,8 +1,8 @@
 """The one dialect-free request the worker serves, and the events it streams back.
 
-Every wire dialect (Chat Completions today; Responses and Anthropic Messages later) parses its
-own JSON into a :class:`GenerationRequest` and encodes the :data:`Event` stream in its own
-shape. Nothing here knows about HTTP or JSON.
+Every wire dialect (Chat Completions, Responses, Anthropic Messages) parses its own JSON into
+a :class:`GenerationRequest` and encodes the :data:`Event` stream in its own shape. Nothing
+here knows about HTTP or JSON.
 """
 
 from __future__ import annotations
@@ -66,6 +66,9 @@ class GenerationRequest:
     max_tokens: int | None = None  # None: the server default, always clamped to the context
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # The reasoning channel was asked for (and the backend has one): a leading think block
+    # streams as ReasoningDelta events instead of reply text.
+    reasoning: bool = False
 
     def template_messages(self) -> list[dict]:
         return [m.as_template_dict() for m in self.messages]
@@ -86,6 +89,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens reused from a resident KV cache
+    reasoning_tokens: int = 0  # the part of completion_tokens spent in the reasoning channel
 
     @property
     def total_tokens(self) -> int:
@@ -100,11 +104,19 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class ReasoningDelta:
+    """Reasoning text (the model's think block), routed apart from the reply; whole code points."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class Finish:
     """The reply ended normally; always the last event of a successful generation."""
 
     reason: FinishReason
     usage: Usage
+    stop_sequence: str | None = None  # the stop string that ended the reply, if one did
 
 
 @dataclass(frozen=True)
@@ -118,4 +130,4 @@ class Error:
     retry_after: int | None = None  # seconds, for overload answers (429, 503)
 
 
-Event = TextDelta | Finish | Error
+Event = TextDelta | ReasoningDelta | Finish | Error

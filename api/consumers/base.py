@@ -18,7 +18,7 @@ from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 
 from api.auth import check_api_key
-from api.errors import ApiError
+from api.errors import ApiError, wants_anthropic_errors
 from inference import service as services
 
 logger = logging.getLogger("lmserve.api")
@@ -137,8 +137,14 @@ class ApiConsumer(AsyncHttpConsumer):
         length = (b"content-length", str(len(body)).encode())
         await self.send_response(status, body, headers=[*JSON_HEADERS, length, *headers])
 
+    def error_payload(self, error: ApiError) -> dict:
+        """``error`` in the envelope of the dialect the client speaks."""
+        if wants_anthropic_errors(self.scope["path"], self.scope["headers"]):
+            return error.anthropic_payload()
+        return error.openai_payload()
+
     async def send_error(self, error: ApiError) -> None:
-        await self.send_json(error.status, error.openai_payload(), error.headers())
+        await self.send_json(error.status, self.error_payload(error), error.headers())
 
     async def start_stream(self, headers: list[tuple[bytes, bytes]]) -> None:
         self._headers_sent = True

@@ -67,7 +67,7 @@ class ChatCompletionRequest:
                 max_tokens=f.integer(body, "max_tokens", lo=1),
                 presence_penalty=f.number(body, "presence_penalty", -2.0, 2.0),
                 seed=f.integer(body, "seed"),
-                stop=_parse_stop(body.get("stop")),
+                stop=parse_stop(body.get("stop")),
                 stream=bool(f.boolean(body, "stream")),
                 include_usage=_parse_stream_options(body),
                 temperature=f.number(body, "temperature", 0.0, 2.0),
@@ -207,7 +207,8 @@ def _content_text(content: object, where: str) -> str:
     return "".join(texts)
 
 
-def _parse_stop(value: object) -> tuple[str, ...]:
+def parse_stop(value: object) -> tuple[str, ...]:
+    """``stop``: a string or up to four non-empty strings (the OpenAI dialects' limit)."""
     if value is None:
         return ()
     stops = [value] if isinstance(value, str) else value

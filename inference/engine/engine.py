@@ -121,15 +121,20 @@ class Engine:
             logits = self.model.forward(list(tokens[i : i + PREFILL_CHUNK]), cache)
         if logits is None:
             raise ValueError("prefill needs at least one token")
+        cache.prefill_logits = (cache.n_tokens, logits)
         return logits
 
     def decode_one(self, cache: KVCache, token: int) -> np.ndarray:
         return self.model.forward([token], cache)
 
     def reuse_prefix(self, cache: KVCache, prompt: Sequence[int]) -> int:
-        """Keep the cached rows the prompt starts with (at least one token is left to run, so
-        there are logits to sample from); return how many were kept."""
-        keep = min(cache.common_prefix(list(prompt)), len(prompt) - 1)
+        """Keep the cached rows the prompt starts with; return how many were kept. At least
+        one token is left to run, unless the whole prompt is cached together with the logits
+        that followed it."""
+        keep = cache.common_prefix(list(prompt))
+        saved = cache.prefill_logits
+        if keep == len(prompt) and not (saved is not None and saved[0] == keep):
+            keep -= 1
         cache.truncate(keep)
         return keep
 
@@ -150,7 +155,10 @@ class Engine:
         t0 = time.perf_counter()
         stats.prompt_tokens = len(prompt)
         stats.cached_tokens = self.reuse_prefix(cache, prompt)
-        logits = self.prefill(cache, prompt[stats.cached_tokens :])
+        if stats.cached_tokens == len(prompt):
+            logits = cache.prefill_logits[1]
+        else:
+            logits = self.prefill(cache, prompt[stats.cached_tokens :])
         history = list(prompt)
         stats.prefill_seconds = time.perf_counter() - t0
         t1 = time.perf_counter()

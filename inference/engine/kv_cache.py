@@ -39,6 +39,10 @@ class KVCache:
         self.k = np.zeros((g.n_layers, g.n_kv_heads, n_ctx, g.head_dim_k), np.float32)  # (L, kvh, ctx, hd)
         self.v = np.zeros((g.n_layers, g.n_kv_heads, n_ctx, g.head_dim_v), np.float32)  # (L, kvh, ctx, hd)
         self.tokens: list[int] = []
+        # The logits after the last prefill, keyed by its length: a request whose whole prompt is
+        # already cached starts from these instead of re-running its last token, so repeating a
+        # request reproduces its reply exactly (a 1-token re-run rounds differently).
+        self.prefill_logits: tuple[int, np.ndarray] | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -72,6 +76,8 @@ class KVCache:
     def truncate(self, n: int) -> None:
         """Forget every position from ``n`` on (rows stay allocated and are overwritten later)."""
         del self.tokens[n:]
+        if self.prefill_logits is not None and self.prefill_logits[0] > n:
+            self.prefill_logits = None
 
     def common_prefix(self, tokens: list[int]) -> int:
         """Length of the longest common prefix of the cached tokens and ``tokens``."""
@@ -90,3 +96,5 @@ class KVCache:
         self.k[:, :, :n] = other.k[:, :, :n]
         self.v[:, :, :n] = other.v[:, :, :n]
         self.tokens = list(other.tokens[:n])
+        saved = other.prefill_logits
+        self.prefill_logits = saved if saved is not None and saved[0] <= n else None

@@ -1,0 +1,172 @@
+"""The flow every generating endpoint shares: parse, validate, enqueue, then encode the
+worker's events in the endpoint's dialect (a stream, or one object at the end).
+
+A dialect consumer supplies the parser, the mapping onto the dialect-free GenerationRequest
+and its encoders; queueing, cancellation and the lazy start of streams live here. Dialects
+whose streams are named events (Responses, Anthropic Messages) only supply an EventEncoder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from api.errors import ApiError
+from api.protocol.fields import parse_json_object
+from api.sse import SSE_HEADERS, event_frame
+from inference.pipe import StreamPipe
+from inference.queue import Job
+from inference.types import Error, Event, Finish, GenerationRequest, ReasoningDelta, TextDelta
+
+from .base import ApiConsumer
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A whole reply collected from the pipe; ``end`` is None if it ended without a final event."""
+
+    text: str
+    reasoning: str
+    end: Finish | Error | None
+
+
+async def collect_reply(pipe: StreamPipe, event: Event | None) -> Reply:
+    """Read the pipe to its end, starting with the already received ``event``."""
+    text, reasoning = [], []
+    while isinstance(event, (TextDelta, ReasoningDelta)):
+        (text if isinstance(event, TextDelta) else reasoning).append(event.text)
+        event = await pipe.get()
+    return Reply("".join(text), "".join(reasoning), event)
+
+
+def failure(event: Event | None) -> ApiError:
+    """The error a reply that did not finish normally is answered with."""
+    if isinstance(event, Error):
+        return ApiError.from_event(event)
+    return ApiError(500, "the reply ended without a finish event", None, "internal_error")
+
+
+class GenerationConsumer(ApiConsumer):
+    """Subclasses implement ``parse``, ``generation``, ``complete`` and ``stream``; parsed
+    requests have a ``stream`` attribute."""
+
+    methods = ("POST",)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.job: Job | None = None
+
+    def parse(self, body: dict) -> Any:
+        """The validated dialect request, or an ApiError."""
+        raise NotImplementedError
+
+    def generation(self, request: Any) -> GenerationRequest | ApiError:
+        """The dialect-free request (the model is loaded: its capabilities are known)."""
+        raise NotImplementedError
+
+    async def complete(self, request: Any, pipe: StreamPipe, first: Event | None) -> None:
+        """Answer with one object once the reply is complete."""
+        raise NotImplementedError
+
+    async def stream(self, request: Any, pipe: StreamPipe, first: Event | None) -> None:
+        """Answer with a stream of events, starting with ``first``."""
+        raise NotImplementedError
+
+    async def respond(self, body: bytes) -> None:
+        parsed = parse_json_object(body)
+        request = parsed if isinstance(parsed, ApiError) else self.parse(parsed)
+        if isinstance(request, ApiError):
+            await self.send_error(request)
+            return
+        pipe = await self._enqueue(request)
+        if pipe is None:
+            return
+        try:
+            # Nothing is sent before the first event: an early failure is still a plain JSON error.
+            first = await pipe.get()
+            if isinstance(first, Error):
+                await self.send_error(ApiError.from_event(first))
+            elif request.stream:
+                await self.stream(request, pipe, first)
+            else:
+                await self.complete(request, pipe, first)
+        finally:
+            if not self._answered and self.job is not None:
+                self.service.cancel(self.job)
+
+    def client_gone(self) -> None:
+        if self.job is not None:
+            self.service.cancel(self.job)
+
+    async def _enqueue(self, request: Any) -> StreamPipe | None:
+        """Validate against the model and queue the job; None once an error was sent."""
+        down = self.service.unavailable()
+        generation = ApiError.from_event(down) if down is not None else self.generation(request)
+        if isinstance(generation, ApiError):
+            await self.send_error(generation)
+            return None
+        prepared = await self.service.prepare(generation)
+        if isinstance(prepared, Error):
+            await self.send_error(ApiError.from_event(prepared))
+            return None
+        pipe = StreamPipe(asyncio.get_running_loop())
+        job = self.service.submit(generation, prepared, pipe)
+        if isinstance(job, Error):
+            await self.send_error(ApiError.from_event(job))
+            return None
+        self.job = job
+        return pipe
+
+
+class EventEncoder(Protocol):
+    """A dialect encoder that builds named stream events and the final object alongside."""
+
+    @property
+    def final(self) -> dict: ...
+
+    def start(self) -> list[dict]: ...
+
+    def delta(self, event: TextDelta | ReasoningDelta) -> list[dict]: ...
+
+    def finish(self, finish: Finish) -> list[dict]: ...
+
+    def fail(self, error: ApiError) -> list[dict]: ...
+
+
+def event_frames(events: list[dict]) -> bytes:
+    """Named SSE frames; each event's ``type`` is its name."""
+    return b"".join(event_frame(event["type"], event) for event in events)
+
+
+class EventStreamConsumer(GenerationConsumer):
+    """The dialects whose streams are named events (Responses, Anthropic Messages): a
+    non-streamed reply runs through the same encoder and answers with its final object."""
+
+    def encoder(self, request: Any) -> EventEncoder:
+        raise NotImplementedError
+
+    async def complete(self, request: Any, pipe: StreamPipe, event: Event | None) -> None:
+        encoder = self.encoder(request)
+        while isinstance(event, (TextDelta, ReasoningDelta)):
+            encoder.delta(event)
+            event = await pipe.get()
+        if isinstance(event, Finish):
+            encoder.finish(event)
+            await self.send_json(200, encoder.final)
+        else:
+            await self.send_error(failure(event))
+
+    async def stream(self, request: Any, pipe: StreamPipe, event: Event | None) -> None:
+        encoder = self.encoder(request)
+        await self.start_stream(SSE_HEADERS)
+        events = encoder.start()
+        while isinstance(event, (TextDelta, ReasoningDelta)):
+            await self.send_chunk(event_frames(events + encoder.delta(event)))
+            events = []
+            event = await pipe.get()
+        if isinstance(event, Finish):
+            await self.end_stream(event_frames(events + encoder.finish(event)))
+        else:
+            # Mid-stream failure: in-band, in the dialect's own failure events.
+            await self.end_stream(event_frames(events + encoder.fail(failure(event))))

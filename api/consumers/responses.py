@@ -1,0 +1,21 @@
+"""POST /v1/responses: the Responses parser and encoder over the shared generation flow."""
+
+from __future__ import annotations
+
+from api.protocol.responses import ResponsesRequest
+from api.protocol.responses_encoder import ResponsesEncoder
+
+from .generation import EventStreamConsumer
+
+
+class ResponsesConsumer(EventStreamConsumer):
+    """One Responses request, streamed (named SSE events, no [DONE]) or answered whole."""
+
+    def parse(self, body: dict):
+        return ResponsesRequest.parse(body)
+
+    def generation(self, request: ResponsesRequest):
+        return request.to_generation(self.service.supports_reasoning)
+
+    def encoder(self, request: ResponsesRequest) -> ResponsesEncoder:
+        return ResponsesEncoder(self.service.model_id, request)

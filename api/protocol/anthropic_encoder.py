@@ -1,0 +1,141 @@
+"""Anthropic Messages encoders: the event sequence of a streamed reply and the message object.
+
+:class:`MessagesEncoder` turns the worker's events into Messages stream events (dicts with a
+``type``) and keeps the message they build; a non-streamed reply runs through the same machine
+and answers with its final message. Blocks come in the order the model produced them: a
+thinking block (from ReasoningDelta, closed by an empty signature_delta, since there is no
+signature to give), then the text block, which is always present, empty if the reply was.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from api.errors import ApiError
+from inference.types import Finish, ReasoningDelta, TextDelta, Usage
+
+
+def usage_payload(usage: Usage) -> dict:
+    """Anthropic's accounting: ``input_tokens`` are the prompt tokens actually processed; the
+    ones served from a resident KV cache are ``cache_read_input_tokens`` (the total prompt is
+    their sum, as with Anthropic's prompt caching)."""
+    return {
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": usage.cached_tokens,
+        "output_tokens": usage.completion_tokens,
+    }
+
+
+ZERO_USAGE = usage_payload(Usage(0, 0))
+
+
+def stop_reason(finish: Finish) -> str:
+    if finish.reason == "length":
+        return "max_tokens"
+    return "stop_sequence" if finish.stop_sequence is not None else "end_turn"
+
+
+@dataclass
+class ContentBlock:
+    """One content block being built: thinking or text."""
+
+    kind: str  # "thinking" | "text"
+    index: int
+    parts: list[str] = field(default_factory=list)
+    open: bool = True
+
+    def payload(self, with_content: bool = True) -> dict:
+        text = "".join(self.parts) if with_content else ""
+        if self.kind == "thinking":
+            return {"type": "thinking", "thinking": text, "signature": ""}
+        return {"type": "text", "text": text}
+
+    def delta(self, text: str) -> dict:
+        if self.kind == "thinking":
+            return {"type": "thinking_delta", "thinking": text}
+        return {"type": "text_delta", "text": text}
+
+
+class MessagesEncoder:
+    """The Messages event sequence of one reply, and the message object it builds."""
+
+    def __init__(self, model_id: str):
+        self.id = f"msg_{uuid.uuid4().hex}"
+        self.model = model_id
+        self.blocks: list[ContentBlock] = []
+        self.message = self._message(None, None, ZERO_USAGE)
+
+    @property
+    def final(self) -> dict:
+        """The message as it stands (complete after ``finish``)."""
+        return self.message
+
+    def start(self) -> list[dict]:
+        """message_start: the skeleton, usage zeroed (the counts are known at the end)."""
+        return [{"type": "message_start", "message": self._message(None, None, ZERO_USAGE, content=False)}]
+
+    def delta(self, event: TextDelta | ReasoningDelta) -> list[dict]:
+        events = self._switch_to("thinking" if isinstance(event, ReasoningDelta) else "text")
+        block = self.blocks[-1]
+        block.parts.append(event.text)
+        events.append({"type": "content_block_delta", "index": block.index, "delta": block.delta(event.text)})
+        return events
+
+    def finish(self, finish: Finish) -> list[dict]:
+        """Close the blocks, then message_delta (stop reason, full usage) and message_stop."""
+        events = self._switch_to("text")
+        events += self._close(self.blocks[-1])
+        reason, usage = stop_reason(finish), usage_payload(finish.usage)
+        self.message = self._message(reason, finish.stop_sequence, usage)
+        events.append(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": reason, "stop_sequence": finish.stop_sequence},
+                "usage": usage,
+            }
+        )
+        events.append({"type": "message_stop"})
+        return events
+
+    @staticmethod
+    def fail(error: ApiError) -> list[dict]:
+        """A mid-stream failure: one ``error`` event ends the stream."""
+        return [error.anthropic_payload()]
+
+    def _switch_to(self, kind: str) -> list[dict]:
+        """Make an open block of ``kind`` the last one, closing the one before it."""
+        current = self.blocks[-1] if self.blocks else None
+        if current is not None and current.kind == kind and current.open:
+            return []
+        events = self._close(current) if current is not None else []
+        block = ContentBlock(kind, len(self.blocks))
+        self.blocks.append(block)
+        start = {"type": "content_block_start", "index": block.index, "content_block": block.payload(False)}
+        events.append(start)
+        return events
+
+    @staticmethod
+    def _close(block: ContentBlock) -> list[dict]:
+        if not block.open:
+            return []
+        block.open = False
+        events = []
+        if block.kind == "thinking":
+            signature = {"type": "signature_delta", "signature": ""}
+            events.append({"type": "content_block_delta", "index": block.index, "delta": signature})
+        events.append({"type": "content_block_stop", "index": block.index})
+        return events
+
+    def _message(self, reason: str | None, stop: str | None, usage: dict, content: bool = True) -> dict:
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [block.payload() for block in self.blocks] if content else [],
+            "stop_reason": reason,
+            "stop_sequence": stop,
+            "usage": usage,
+        }
