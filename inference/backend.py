@@ -14,11 +14,15 @@ from typing import Protocol
 from inference.engine.engine import Engine, GenerationStats
 from inference.engine.kv_cache import KVCache
 
-from .emitter import TextEmitter
+from .constraints import ConstraintCompiler, TokenConstraint
+from .emitter import ReplyEmitter
+from .kv_disk import SidecarStore
 from .slots import SlotPool
-from .types import Error, Finish, GenerationRequest, Message, PreparedPrompt, TextDelta, Usage
+from .types import Error, Finish, GenerationRequest, Message, PreparedPrompt, Usage
 
 DEFAULT_MAX_TOKENS = 1024
+THINK_FAMILIES = frozenset({"qwen3", "qwen3moe"})  # replies may open with a <think> block
+HERMES_FAMILIES = frozenset({"qwen2", "qwen3", "qwen3moe"})  # <tool_call> JSON function calls
 logger = logging.getLogger("lmserve.backend")
 
 
@@ -36,31 +40,47 @@ class Sink(Protocol):
 class ConversationBackend:
     """Chat-template prompting, slot reuse and plain per-token decoding over an Engine."""
 
-    def __init__(self, engine: Engine, n_ctx: int, kv_slots: int = 1):
+    def __init__(self, engine: Engine, n_ctx: int, kv_slots: int = 1, disk: SidecarStore | None = None):
         self.engine = engine
         self.n_ctx = n_ctx
         self.defaults = engine.recommended_sampling()
-        self.slots = SlotPool(lambda: engine.new_cache(n_ctx), kv_slots)
+        self.slots = SlotPool(lambda: engine.new_cache(n_ctx), kv_slots, disk)
+        self.constraints = ConstraintCompiler(engine.tokenizer)
 
     # -- connection side -------------------------------------------------------------------
     @property
     def supports_reasoning(self) -> bool:
-        """Whether a reasoning channel exists: the emitter would have to route the family's
-        think block apart from the reply. No family's is routed yet, so none has one."""
-        return False
+        """Whether a reasoning channel exists: the family writes think blocks, which the
+        emitter routes apart from the reply."""
+        return self.engine.config.architecture in THINK_FAMILIES
+
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the family has a tool-call convention the emitter captures (and the
+        template renders declarations)."""
+        return self.engine.config.architecture in HERMES_FAMILIES and self.engine.chat_template.supports_tools
 
     def tokenize(self, request: GenerationRequest) -> list[int] | Error:
         """The conversation rendered with the chat template and tokenized, whatever its length."""
         from inference.engine.chat_template import ChatTemplateError
 
         try:
-            text = self.engine.render_chat(request.template_messages())
+            tools = [tool.template_dict() for tool in request.tools] or None
+            text = self.engine.render_chat(
+                request.template_messages(), tools=tools, enable_thinking=request.reasoning
+            )
         except ChatTemplateError as exc:
             return Error(400, f"the model's chat template rejected the messages: {exc}", param="messages")
         return self.engine.encode_prompt(text)
 
     def validate(self, request: GenerationRequest) -> PreparedPrompt | Error:
-        """Render and tokenize the conversation; reject it if it leaves no room to reply."""
+        """Check the constraint, render and tokenize the conversation; reject it if it leaves
+        no room to reply."""
+        if request.constraint is not None:
+            problem = self.constraints.validate(request.constraint)
+            if problem is not None:
+                param = request.constraint.param
+                return Error(400, f"invalid '{param}': {problem}", code="invalid_value", param=param)
         tokens = self.tokenize(request)
         if isinstance(tokens, Error):
             return tokens
@@ -82,7 +102,7 @@ class ConversationBackend:
         Returns the number of tokens generated. Stops at the next token once ``sink`` is
         cancelled, then pushes nothing more."""
         stats = GenerationStats()
-        emitter = TextEmitter(request.stop)
+        emitter = ReplyEmitter(request.stop, reasoning=request.reasoning, tools=bool(request.tools))
         cache = self.slots.acquire(prompt.tokens)
         try:
             reason = self._decode(request, prompt, cache, stats, emitter, sink)
@@ -91,8 +111,12 @@ class ConversationBackend:
             self.slots.reset(cache)
             sink.close(Error(500, f"generation failed: {type(exc).__name__}: {exc}", code="internal_error"))
             return stats.generated_tokens
+        if reason == "stop" and emitter.calls:
+            reason = "tool_calls"
         if reason is not None:
-            usage = Usage(stats.prompt_tokens, stats.generated_tokens, stats.cached_tokens)
+            usage = Usage(
+                stats.prompt_tokens, stats.generated_tokens, stats.cached_tokens, emitter.reasoning_tokens
+            )
             sink.close(Finish(reason, usage, emitter.stopped_by))
         return stats.generated_tokens
 
@@ -102,11 +126,14 @@ class ConversationBackend:
         prompt: PreparedPrompt,
         cache: KVCache,
         stats: GenerationStats,
-        emitter: TextEmitter,
+        emitter: ReplyEmitter,
         sink: Sink,
     ) -> str | None:
         """Run the decode loop; the finish reason, or None when the request was cancelled."""
         token_bytes = self.engine.tokenizer.token_bytes
+        constraint: TokenConstraint | None = None
+        if request.constraint is not None:
+            constraint = self.constraints.constraint(request.constraint)
         tokens = self.engine.generate(
             cache,
             prompt.tokens,
@@ -115,19 +142,22 @@ class ConversationBackend:
             ignore_eos=request.ignore_eos,
             stats=stats,
             should_stop=lambda: sink.cancelled,
+            constraint=constraint,
         )
         for token in tokens:
-            text = emitter.feed(token_bytes(token))
-            if text:
-                sink.push(TextDelta(text))
+            for event in emitter.feed(token_bytes(token)):
+                sink.push(event)
             if emitter.stopped:
                 tokens.close()
-                return None if sink.cancelled else "stop"
+                break
         if sink.cancelled:
             return None
-        tail = emitter.flush()
-        if tail:
-            sink.push(TextDelta(tail))
+        for event in emitter.flush():
+            sink.push(event)
+        if emitter.stopped:
+            return "stop"
+        if constraint is not None and constraint.completed:
+            return "stop"
         return "length" if stats.generated_tokens >= prompt.max_tokens else "stop"
 
     def warm_up(self) -> None:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import codecs
 from collections.abc import Sequence
 
+from .toolcall import ToolCall, ToolCallScanner
+from .types import ReasoningDelta, TextDelta, ToolCallDelta
+
 
 class TextEmitter:
     """Incremental UTF-8 decoding plus the stop-string scan of one reply."""
@@ -66,3 +69,134 @@ class TextEmitter:
                     longest = n
                     break
         return longest
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+class ThinkRouter:
+    """Splits a reply's decoded text into a leading think block (reasoning) and the reply.
+
+    Works on text, not token ids, so markers split over several tokens route the same. Only
+    a block at the very start counts (leading whitespace aside); a stray leading ``</think>``
+    (the template opened the block itself) is dropped, with what came before it treated as
+    reasoning only if an opening marker was seen."""
+
+    def __init__(self):
+        self._state = "start"  # start -> thinking -> gap (whitespace after the block) -> reply
+        self._held = ""
+
+    @property
+    def in_block(self) -> bool:
+        """Whether the text fed so far ends inside the think block."""
+        return self._state == "thinking"
+
+    @property
+    def thinking(self) -> bool:
+        """Whether text fed now may still be reasoning."""
+        return self._state in ("start", "thinking")
+
+    def feed(self, text: str) -> tuple[str, str]:
+        """Route more text; returns ``(reasoning, reply)`` that can be sent now."""
+        text = self._held + text
+        self._held = ""
+        if self._state == "start":
+            return self._feed_start(text)
+        if self._state == "thinking":
+            return self._feed_thinking(text)
+        if self._state == "gap":
+            return "", self._feed_gap(text)
+        return "", text
+
+    def flush(self) -> tuple[str, str]:
+        """The reply ended: release held text (an unclosed think block stays reasoning)."""
+        held, self._held = self._held, ""
+        if self._state == "thinking":
+            return held, ""
+        return "", held
+
+    def _feed_start(self, text: str) -> tuple[str, str]:
+        body = text.lstrip()
+        for marker in (THINK_OPEN, THINK_CLOSE):
+            if marker.startswith(body) and len(body) < len(marker):
+                self._held = text  # could still become a marker
+                return "", ""
+        if body.startswith(THINK_OPEN):
+            self._state = "thinking"
+            return self._feed_thinking(body[len(THINK_OPEN) :])
+        if body.startswith(THINK_CLOSE):
+            self._state = "gap"
+            return "", self._feed_gap(body[len(THINK_CLOSE) :])
+        self._state = "reply"
+        return "", text
+
+    def _feed_gap(self, text: str) -> str:
+        reply = text.lstrip()
+        if reply:
+            self._state = "reply"
+        return reply
+
+    def _feed_thinking(self, text: str) -> tuple[str, str]:
+        at = text.find(THINK_CLOSE)
+        if at >= 0:
+            self._state = "gap"
+            return text[:at], self._feed_gap(text[at + len(THINK_CLOSE) :])
+        keep = next((n for n in range(len(THINK_CLOSE) - 1, 0, -1) if text.endswith(THINK_CLOSE[:n])), 0)
+        self._held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep], ""
+
+
+class ReplyEmitter:
+    """A reply's token bytes as events: text through the stop-string scan, then (when the
+    reasoning channel is on) a leading think block routed to reasoning, then (when tools were
+    declared) function calls captured from the reply text."""
+
+    def __init__(self, stop: Sequence[str] = (), reasoning: bool = False, tools: bool = False):
+        self.text = TextEmitter(stop)
+        self.router = ThinkRouter() if reasoning else None
+        self.scanner = ToolCallScanner() if tools else None
+        self.reasoning_tokens = 0  # tokens fed while the reply could still be reasoning
+        self.calls = 0  # function calls emitted
+
+    @property
+    def stopped(self) -> bool:
+        return self.text.stopped
+
+    @property
+    def stopped_by(self) -> str | None:
+        return self.text.stopped_by
+
+    def feed(self, data: bytes) -> list:
+        """Events for one more token's bytes."""
+        was_in_block = self.router is not None and self.router.in_block
+        events = self._route(self.text.feed(data), final=False)
+        if was_in_block or (self.router is not None and self.router.in_block):
+            self.reasoning_tokens += 1
+        return events
+
+    def flush(self) -> list:
+        """Events for everything held back once the reply ended."""
+        return self._route(self.text.flush(), final=True)
+
+    def _route(self, text: str, final: bool) -> list:
+        reasoning, reply = "", text
+        if self.router is not None:
+            reasoning, reply = self.router.feed(text)
+            if final:
+                more_reasoning, more_reply = self.router.flush()
+                reasoning, reply = reasoning + more_reasoning, reply + more_reply
+        events = [ReasoningDelta(reasoning)] if reasoning else []
+        return events + self._reply_events(reply, final)
+
+    def _reply_events(self, reply: str, final: bool) -> list:
+        if self.scanner is None:
+            return [TextDelta(reply)] if reply else []
+        items = self.scanner.feed(reply) + (self.scanner.flush() if final else [])
+        events = []
+        for item in items:
+            if isinstance(item, ToolCall):
+                events.append(ToolCallDelta(item, self.calls))
+                self.calls += 1
+            else:
+                events.append(TextDelta(item))
+        return events

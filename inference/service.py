@@ -37,6 +37,9 @@ class ServeConfig:
     queue: int = 16
     conns: int = 64
     kv_slots: int = 1
+    kv_slots_force: bool = False
+    kv_cache_dir: str | None = None  # spill evicted slots to sidecar files here
+    kv_disk_slots: int = 8
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
@@ -68,7 +71,14 @@ class InferenceService:
         self.model_path = model_path
         self.queue = JobQueue(config.queue)
         self.worker = InferenceWorker(
-            model_path, self.queue, config.ctx, config.kv_slots, on_failure=on_failure
+            model_path,
+            self.queue,
+            config.ctx,
+            config.kv_slots,
+            kv_slots_force=config.kv_slots_force,
+            kv_cache_dir=Path(config.kv_cache_dir) if config.kv_cache_dir else None,
+            kv_disk_slots=config.kv_disk_slots,
+            on_failure=on_failure,
         )
         self.connections = ConnectionGate(config.conns)
         self.stopping = False
@@ -108,6 +118,12 @@ class InferenceService:
         """Whether the loaded model has a reasoning channel (False until it is loaded)."""
         backend = self.worker.backend
         return backend is not None and backend.supports_reasoning
+
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the loaded model has a function-calling convention (False until loaded)."""
+        backend = self.worker.backend
+        return backend is not None and backend.supports_tools
 
     async def prepare(self, request: GenerationRequest) -> PreparedPrompt | Error:
         """Render and tokenize off the event loop; a 400 here costs no model time."""
@@ -164,6 +180,44 @@ class InferenceService:
             "connections": self.connections.open,
             "tokens_generated": self.worker.tokens_generated,
         }
+
+    # -- the admin's view of the KV tiers ---------------------------------------------------
+    def kv_slots_status(self) -> list[dict]:
+        """The live resident slots (empty until the model is loaded)."""
+        backend = self.worker.backend
+        return backend.slots.status() if backend is not None else []
+
+    def kv_sidecars(self) -> list[dict]:
+        """The sidecar files under --kv-cache-dir, read from the directory."""
+        from .kv_disk import scan_sidecars
+
+        directory = self.kv_cache_dir
+        return scan_sidecars(directory) if directory is not None and directory.is_dir() else []
+
+    @property
+    def kv_cache_dir(self) -> Path | None:
+        return Path(self.config.kv_cache_dir) if self.config.kv_cache_dir else None
+
+    def evict_kv_slot(self, index: int) -> str:
+        """Free a resident slot now, or after the generation using it ("evicted" / "pending")."""
+        backend = self.worker.backend
+        if backend is None or not 0 <= index < len(backend.slots.slots):
+            raise IndexError(f"no KV slot {index}")
+        return backend.slots.evict(index)
+
+    def delete_kv_sidecar(self, name: str) -> bool:
+        """Delete one sidecar file by name; False when there is no such file."""
+        directory = self.kv_cache_dir
+        if directory is None or Path(name).name != name or not name.endswith(".kv"):
+            return False
+        backend = self.worker.backend
+        if backend is not None and backend.slots.delete_sidecar(name):
+            return True
+        path = directory / name  # not one the worker tracks (foreign or corrupt): just remove it
+        if not path.is_file():
+            return False
+        path.unlink()
+        return True
 
     def shutdown(self) -> None:
         """Refuse new work and fail every queued and in-flight job with a 503."""

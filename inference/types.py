@@ -10,10 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from inference.constraints import ConstraintSpec
 from inference.engine.sampler import SamplingParams
+from inference.toolcall import ToolCall, ToolSpec
 
 Role = Literal["system", "user", "assistant", "tool"]
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class Message:
     content: str
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant turn's calls (their ids stay with the client)
 
     def as_template_dict(self) -> dict:
         """The shape GGUF chat templates expect (they index ``message['role']`` etc.)."""
@@ -32,6 +35,8 @@ class Message:
             out["name"] = self.name
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            out["tool_calls"] = [call.template_dict() for call in self.tool_calls]
         return out
 
 
@@ -69,6 +74,9 @@ class GenerationRequest:
     # The reasoning channel was asked for (and the backend has one): a leading think block
     # streams as ReasoningDelta events instead of reply text.
     reasoning: bool = False
+    # The reply must match this grammar (a constrained reply never reasons).
+    constraint: ConstraintSpec | None = None
+    tools: tuple[ToolSpec, ...] = ()  # declared functions (the reply may call them)
 
     def template_messages(self) -> list[dict]:
         return [m.as_template_dict() for m in self.messages]
@@ -111,6 +119,14 @@ class ReasoningDelta:
 
 
 @dataclass(frozen=True)
+class ToolCallDelta:
+    """One completed function call of the reply (``index`` counts calls from 0)."""
+
+    call: ToolCall
+    index: int
+
+
+@dataclass(frozen=True)
 class Finish:
     """The reply ended normally; always the last event of a successful generation."""
 
@@ -130,4 +146,4 @@ class Error:
     retry_after: int | None = None  # seconds, for overload answers (429, 503)
 
 
-Event = TextDelta | ReasoningDelta | Finish | Error
+Event = TextDelta | ReasoningDelta | ToolCallDelta | Finish | Error

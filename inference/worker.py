@@ -34,12 +34,18 @@ class InferenceWorker:
         n_ctx: int,
         kv_slots: int = 1,
         batch: int = 1,
+        kv_slots_force: bool = False,
+        kv_cache_dir: Path | None = None,
+        kv_disk_slots: int = 8,
         on_failure: Callable[[str], None] | None = None,
     ):
         self.model_path = model_path
         self.queue = queue
         self.requested_ctx = n_ctx
         self.kv_slots = kv_slots
+        self.kv_slots_force = kv_slots_force
+        self.kv_cache_dir = kv_cache_dir
+        self.kv_disk_slots = kv_disk_slots
         self.batch = batch
         self.on_failure = on_failure
         self.state = LOADING
@@ -94,8 +100,10 @@ class InferenceWorker:
                 logger.warning(
                     "--ctx %d exceeds the model's training context; using %d", self.requested_ctx, n_ctx
                 )
-            backend = ConversationBackend(engine, n_ctx, self.kv_slots)
+            self.kv_slots = self._guard_kv_slots(engine, n_ctx)
+            backend = ConversationBackend(engine, n_ctx, self.kv_slots, self._disk_tier(engine))
             backend.warm_up()
+            backend.slots.release()
         except Exception as exc:
             logger.exception("loading %s failed", self.model_path)
             self.error = f"loading {self.model_path.name} failed: {type(exc).__name__}: {exc}"
@@ -110,6 +118,23 @@ class InferenceWorker:
         self.ready.set()
         logger.info("model %s ready in %.1f s (ctx %d)", engine.model_id, time.perf_counter() - t0, n_ctx)
         return True
+
+    def _guard_kv_slots(self, engine, n_ctx: int) -> int:
+        """The slot count the RAM guard allows, its arithmetic logged."""
+        from .ram_guard import available_memory, judge_kv_slots
+
+        slot_bytes = engine.new_cache(n_ctx).nbytes  # zeroed pages are not committed: free to probe
+        verdict = judge_kv_slots(self.kv_slots, slot_bytes, available_memory(), self.kv_slots_force)
+        getattr(logger, verdict.level)("%s", verdict.message)
+        return verdict.slots
+
+    def _disk_tier(self, engine):
+        """The sidecar store under --kv-cache-dir (files of an earlier run found again), if any."""
+        if self.kv_cache_dir is None:
+            return None
+        from .kv_disk import SidecarStore
+
+        return SidecarStore(self.kv_cache_dir, self.kv_disk_slots, engine.config.kv_geometry)
 
     def _serve_batch(self, jobs: list[Job]) -> None:
         """Serve jobs taken together. Sequential for now: each runs to completion in order."""
@@ -132,6 +157,7 @@ class InferenceWorker:
             logger.exception("job %d failed", job.id)
             job.pipe.close(Error(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
         finally:
+            self.backend.slots.release()
             with self._lock:
                 self.tokens_generated += generated
                 self._in_flight.remove(job)

@@ -21,7 +21,7 @@ class MessagesConsumer(EventStreamConsumer):
         return MessagesRequest.parse(body)
 
     def generation(self, request: MessagesRequest):
-        return request.to_generation(self.service.supports_reasoning)
+        return request.to_generation(self.service.supports_reasoning, self.service.supports_tools)
 
     def encoder(self, request: MessagesRequest) -> MessagesEncoder:
         return MessagesEncoder(self.service.model_id)
@@ -39,7 +39,9 @@ class CountTokensConsumer(ApiConsumer):
         if isinstance(request, ApiError):
             await self.send_error(request)
             return
-        counted = await self.service.count_tokens(request.to_generation(self.service.supports_reasoning))
+        counted = await self.service.count_tokens(
+            request.to_generation(self.service.supports_reasoning, self.service.supports_tools)
+        )
         if isinstance(counted, Error):
             await self.send_error(ApiError.from_event(counted))
             return

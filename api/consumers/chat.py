@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from api.errors import ApiError
 from api.protocol.chat import ChatCompletionRequest, ChatEncoder
 from api.sse import SSE_HEADERS, data_frame
 from inference.pipe import StreamPipe
-from inference.types import Event, Finish, GenerationRequest, ReasoningDelta, TextDelta
+from inference.types import Event, Finish, GenerationRequest, ReasoningDelta, TextDelta, ToolCallDelta
 
 from .generation import GenerationConsumer, collect_reply, failure
 
@@ -16,23 +17,31 @@ class ChatCompletionsConsumer(GenerationConsumer):
     def parse(self, body: dict):
         return ChatCompletionRequest.parse(body)
 
-    def generation(self, request: ChatCompletionRequest) -> GenerationRequest:
-        return request.to_generation()
+    def generation(self, request: ChatCompletionRequest) -> GenerationRequest | ApiError:
+        return request.to_generation(self.service.supports_reasoning, self.service.supports_tools)
 
     async def complete(self, request: ChatCompletionRequest, pipe: StreamPipe, first: Event | None) -> None:
         encoder = ChatEncoder(self.service.model_id)
         reply = await collect_reply(pipe, first)
         if isinstance(reply.end, Finish):
-            await self.send_json(200, encoder.completion(reply.text, reply.end.reason, reply.end.usage))
+            await self.send_json(
+                200,
+                encoder.completion(
+                    reply.text, reply.end.reason, reply.end.usage, reply.reasoning, reply.calls
+                ),
+            )
         else:
             await self.send_error(failure(reply.end))
 
     async def stream(self, request: ChatCompletionRequest, pipe: StreamPipe, event: Event | None) -> None:
         encoder = ChatEncoder(self.service.model_id)
         await self.start_stream(SSE_HEADERS)
-        while isinstance(event, (TextDelta, ReasoningDelta)):
-            if isinstance(event, TextDelta):  # chat's reasoning_content lands with think routing
-                await self.send_chunk(data_frame(encoder.delta_chunk(event.text)))
+        while isinstance(event, (TextDelta, ReasoningDelta, ToolCallDelta)):
+            if isinstance(event, ToolCallDelta):
+                await self.send_chunk(data_frame(encoder.tool_call_chunk(event)))
+            else:
+                field = "content" if isinstance(event, TextDelta) else "reasoning_content"
+                await self.send_chunk(data_frame(encoder.delta_chunk(event.text, field)))
             event = await pipe.get()
         if not isinstance(event, Finish):
             # Mid-stream failure: in-band, as a data frame with a top-level error key.

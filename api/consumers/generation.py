@@ -17,7 +17,7 @@ from api.protocol.fields import parse_json_object
 from api.sse import SSE_HEADERS, event_frame
 from inference.pipe import StreamPipe
 from inference.queue import Job
-from inference.types import Error, Event, Finish, GenerationRequest, ReasoningDelta, TextDelta
+from inference.types import Error, Event, Finish, GenerationRequest, ReasoningDelta, TextDelta, ToolCallDelta
 
 from .base import ApiConsumer
 
@@ -29,15 +29,19 @@ class Reply:
     text: str
     reasoning: str
     end: Finish | Error | None
+    calls: tuple[ToolCallDelta, ...] = ()
 
 
 async def collect_reply(pipe: StreamPipe, event: Event | None) -> Reply:
     """Read the pipe to its end, starting with the already received ``event``."""
-    text, reasoning = [], []
-    while isinstance(event, (TextDelta, ReasoningDelta)):
-        (text if isinstance(event, TextDelta) else reasoning).append(event.text)
+    text, reasoning, calls = [], [], []
+    while isinstance(event, (TextDelta, ReasoningDelta, ToolCallDelta)):
+        if isinstance(event, ToolCallDelta):
+            calls.append(event)
+        else:
+            (text if isinstance(event, TextDelta) else reasoning).append(event.text)
         event = await pipe.get()
-    return Reply("".join(text), "".join(reasoning), event)
+    return Reply("".join(text), "".join(reasoning), event, tuple(calls))
 
 
 def failure(event: Event | None) -> ApiError:
@@ -127,7 +131,7 @@ class EventEncoder(Protocol):
 
     def start(self) -> list[dict]: ...
 
-    def delta(self, event: TextDelta | ReasoningDelta) -> list[dict]: ...
+    def delta(self, event: TextDelta | ReasoningDelta | ToolCallDelta) -> list[dict]: ...
 
     def finish(self, finish: Finish) -> list[dict]: ...
 
@@ -148,7 +152,7 @@ class EventStreamConsumer(GenerationConsumer):
 
     async def complete(self, request: Any, pipe: StreamPipe, event: Event | None) -> None:
         encoder = self.encoder(request)
-        while isinstance(event, (TextDelta, ReasoningDelta)):
+        while isinstance(event, (TextDelta, ReasoningDelta, ToolCallDelta)):
             encoder.delta(event)
             event = await pipe.get()
         if isinstance(event, Finish):
@@ -161,7 +165,7 @@ class EventStreamConsumer(GenerationConsumer):
         encoder = self.encoder(request)
         await self.start_stream(SSE_HEADERS)
         events = encoder.start()
-        while isinstance(event, (TextDelta, ReasoningDelta)):
+        while isinstance(event, (TextDelta, ReasoningDelta, ToolCallDelta)):
             await self.send_chunk(event_frames(events + encoder.delta(event)))
             events = []
             event = await pipe.get()

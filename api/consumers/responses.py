@@ -15,7 +15,7 @@ class ResponsesConsumer(EventStreamConsumer):
         return ResponsesRequest.parse(body)
 
     def generation(self, request: ResponsesRequest):
-        return request.to_generation(self.service.supports_reasoning)
+        return request.to_generation(self.service.supports_reasoning, self.service.supports_tools)
 
     def encoder(self, request: ResponsesRequest) -> ResponsesEncoder:
         return ResponsesEncoder(self.service.model_id, request)

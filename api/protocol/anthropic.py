@@ -4,27 +4,36 @@ A translation layer over the same normalized request as the OpenAI dialects. Hon
 (a string or text blocks), messages with text blocks (earlier thinking / redacted_thinking
 blocks are dropped, like replayed reasoning items), temperature, top_p, top_k, the required
 max_tokens, stop_sequences, stream and thinking (enabled / adaptive switch the reasoning
-channel on where the model has one; a no-op elsewhere). metadata and service_tier are
-ignored. Images, documents and server tools are refused (400); client tools, tool_choice and
-structured output are 501 until constrained decoding lands. The encoders live in
-:mod:`api.protocol.anthropic_encoder`.
+channel on where the model has one; a no-op elsewhere), output_config.format, and client tools
+(:mod:`api.protocol.anthropic_tools`; dropped on a model without a tool convention). metadata
+and service_tier are ignored. Images, documents and server tools are refused (400). The
+encoders live in :mod:`api.protocol.anthropic_encoder`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from api.errors import ApiError, bad_request, not_implemented, unsupported
+from api.errors import ApiError, bad_request, unsupported
+from inference.constraints import ConstraintSpec
+from inference.toolcall import ToolSpec
 from inference.types import GenerationRequest, Message, SamplingOverrides
 
 from . import fields as f
+from .anthropic_tools import (
+    SERVER_TOOL_PREFIXES,
+    parse_anthropic_tool_choice,
+    parse_anthropic_tools,
+    tool_result_message,
+    tool_use_call,
+    without_tools,
+)
 from .fields import Invalid
+from .formats import one_constraint, parse_format
 
 ROLES = ("user", "assistant")
 DROPPED_BLOCKS = ("thinking", "redacted_thinking")  # earlier reasoning never reaches the prompt
 MEDIA_BLOCKS = {"image": "image input", "document": "document input", "search_result": "search results"}
-TOOL_BLOCKS = ("tool_use", "tool_result")  # client tool history: lands with tool calling
-SERVER_TOOL_PREFIXES = ("web_search", "web_fetch", "code_execution", "mcp_", "tool_search")
 THINKING_TYPES = ("enabled", "adaptive", "disabled")
 BLOCK_SEPARATOR = "\n"  # text blocks are separate pieces of text: never glue words together
 
@@ -44,6 +53,9 @@ class MessagesRequest:
     top_k: int | None = None
     top_p: float | None = None
     ignore_eos: bool = False  # extension, as on the OpenAI dialects
+    constraint: ConstraintSpec | None = None  # output_config.format (or output_format), or a forced call
+    tools: tuple[ToolSpec, ...] = ()  # as the model sees them (none under tool_choice "none")
+    forced_call: bool = False  # tool_choice any / tool: the constraint is the call grammar
 
     @classmethod
     def parse(cls, body: dict, *, count_only: bool = False) -> MessagesRequest | ApiError:
@@ -56,7 +68,10 @@ class MessagesRequest:
                 raise Invalid(
                     bad_request("'max_tokens' is required", "max_tokens", "missing_required_parameter")
                 )
+            tools, forced = parse_anthropic_tool_choice(body, parse_anthropic_tools(body))
             return cls(
+                tools=tools,
+                forced_call=forced is not None,
                 max_tokens=max_tokens,
                 messages=parse_messages(body.get("messages")),
                 model=f.string(body, "model"),
@@ -68,22 +83,30 @@ class MessagesRequest:
                 top_k=f.integer(body, "top_k", lo=0),
                 top_p=f.number(body, "top_p", 0.0, 1.0),
                 ignore_eos=bool(f.boolean(body, "ignore_eos")),
+                constraint=one_constraint(_parse_output_format(body), forced),
             )
         except Invalid as exc:
             return exc.error
 
-    def to_generation(self, reasoning_available: bool) -> GenerationRequest:
+    def to_generation(self, reasoning_available: bool, tools_available: bool = False) -> GenerationRequest:
         """The dialect-free request; thinking is honored only where a reasoning channel exists
-        (elsewhere it is a no-op, so thinking-by-default clients stay usable)."""
+        (elsewhere it is a no-op, so thinking-by-default clients stay usable), and likewise
+        tools only where the model has a tool convention (elsewhere the request is plain chat)."""
         system = (Message("system", self.system),) if self.system is not None else ()
+        messages, tools, constraint = self.messages, self.tools, self.constraint
+        if not tools_available:
+            messages, tools = without_tools(messages), ()
+            constraint = None if self.forced_call else constraint
         sampling = SamplingOverrides(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
         return GenerationRequest(
-            (*system, *self.messages),
+            (*system, *messages),
             sampling,
             self.max_tokens,
             self.stop_sequences,
             self.ignore_eos,
-            reasoning=self.thinking and reasoning_available,
+            reasoning=self.thinking and reasoning_available and constraint is None,
+            constraint=constraint,
+            tools=tools,
         )
 
 
@@ -93,25 +116,12 @@ def _refuse_unsupported(body: dict) -> None:
         raise Invalid(unsupported("mcp_servers", "(server-side MCP tools) is not supported"))
     if body.get("container") is not None:
         raise Invalid(unsupported("container", "(server-side code execution) is not supported"))
-    tools = f.array(body, "tools") or []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict):
-            raise f.wrong_type(f"tools[{i}]", "an object", tool)
-        kind = tool.get("type")
-        if isinstance(kind, str) and kind.startswith(SERVER_TOOL_PREFIXES):
-            raise Invalid(
-                unsupported(f"tools[{i}].type", f"{kind!r} is a server tool; this server runs no tools")
-            )
-    if tools:
-        raise Invalid(not_implemented("tools"))
-    tool_choice = f.obj(body, "tool_choice")
-    if tool_choice is not None and tool_choice.get("type") not in ("auto", "none"):
-        raise Invalid(not_implemented("tool_choice"))
+
+
+def _parse_output_format(body: dict) -> ConstraintSpec | None:
     output_config = f.obj(body, "output_config")
-    if output_config is not None and output_config.get("format") is not None:
-        raise Invalid(not_implemented("output_config.format"))
-    if body.get("output_format") is not None:
-        raise Invalid(not_implemented("output_format"))
+    current = parse_format(output_config.get("format"), "output_config.format") if output_config else None
+    return one_constraint(current, parse_format(body.get("output_format"), "output_format"))
 
 
 def _parse_thinking(body: dict) -> bool:
@@ -176,8 +186,8 @@ def parse_messages(value: object) -> tuple[Message, ...]:
         raise f.wrong_type("messages", "an array", value)
     if not value:
         raise Invalid(bad_request("'messages' must contain at least one message", "messages"))
-    parsed = [_parse_message(item, f"messages[{i}]") for i, item in enumerate(value)]
-    if parsed[-1] is not None and parsed[-1].role == "assistant":
+    turns = [_parse_message(item, f"messages[{i}]") for i, item in enumerate(value)]
+    if turns[-1] and turns[-1][-1].role == "assistant":
         last = f"messages[{len(value) - 1}]"
         raise Invalid(
             unsupported(
@@ -187,10 +197,12 @@ def parse_messages(value: object) -> tuple[Message, ...]:
                 status=501,
             )
         )
-    return tuple(m for m in parsed if m is not None)
+    return tuple(turn for message_turns in turns for turn in message_turns)
 
 
-def _parse_message(item: object, where: str) -> Message | None:
+def _parse_message(item: object, where: str) -> list[Message]:
+    """One message as turns: a user message's tool results come first as tool messages; an
+    assistant turn carries its tool_use blocks as calls."""
     if not isinstance(item, dict):
         raise f.wrong_type(where, "an object", item)
     role = item.get("role")
@@ -202,34 +214,48 @@ def _parse_message(item: object, where: str) -> Message | None:
         )
     content = item.get("content")
     if isinstance(content, str):
-        return Message(role, content)
+        return [Message(role, content)]
     if content is None:
         raise Invalid(
             bad_request(f"'{where}.content' is required", f"{where}.content", "missing_required_parameter")
         )
     if not isinstance(content, list):
         raise f.wrong_type(f"{where}.content", "a string or an array of content blocks", content)
-    texts = [_block_text(block, f"{where}.content[{j}]") for j, block in enumerate(content)]
-    kept = [text for text in texts if text is not None]
-    return Message(role, BLOCK_SEPARATOR.join(kept)) if kept or not content else None
+    texts, calls, results = [], [], []
+    for j, block in enumerate(content):
+        _route_block(block, f"{where}.content[{j}]", role, (texts, calls, results))
+    if role == "assistant":
+        turn = Message(role, BLOCK_SEPARATOR.join(texts), tool_calls=tuple(calls))
+        return [turn] if texts or calls or not content else []
+    text_turn = [Message(role, BLOCK_SEPARATOR.join(texts))] if texts or not content else []
+    return results + text_turn
 
 
-def _block_text(block: object, at: str) -> str | None:
-    """A content block's text; None for a dropped (thinking) block."""
+def _route_block(block: object, at: str, role: str, into: tuple[list, list, list]) -> None:
+    """File a block's text, call (tool_use) or result (tool_result); thinking is dropped."""
+    texts, calls, results = into
     if not isinstance(block, dict):
         raise f.wrong_type(at, "an object", block)
     kind = block.get("type")
+    expected = "tool_use" if role == "assistant" else "tool_result"
     if kind == "text":
-        return _text_of(block, at)
-    if kind in DROPPED_BLOCKS:
-        return None
-    if kind in MEDIA_BLOCKS:
+        texts.append(_text_of(block, at))
+    elif kind in DROPPED_BLOCKS:
+        return
+    elif kind in MEDIA_BLOCKS:
         raise Invalid(unsupported(f"{at}.type", f"{kind!r}: {MEDIA_BLOCKS[kind]} is not supported"))
-    if kind in TOOL_BLOCKS:
-        raise Invalid(not_implemented(f"{at}.type"))
-    if isinstance(kind, str) and _is_server_tool_block(kind):
+    elif kind in ("tool_use", "tool_result") and kind != expected:
+        raise Invalid(
+            bad_request(f"'{at}': a {kind} block does not belong in a {role} message", f"{at}.type")
+        )
+    elif kind == "tool_use":
+        calls.append(tool_use_call(block, at))
+    elif kind == "tool_result":
+        results.append(tool_result_message(block, at))
+    elif isinstance(kind, str) and _is_server_tool_block(kind):
         raise Invalid(unsupported(f"{at}.type", f"{kind!r}: server tools are not supported"))
-    raise Invalid(bad_request(f"Invalid value for '{at}.type': {kind!r}; expected 'text'", f"{at}.type"))
+    else:
+        raise Invalid(bad_request(f"Invalid value for '{at}.type': {kind!r}; expected 'text'", f"{at}.type"))
 
 
 def _is_server_tool_block(kind: str) -> bool:

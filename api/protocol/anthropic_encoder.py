@@ -4,16 +4,19 @@
 ``type``) and keeps the message they build; a non-streamed reply runs through the same machine
 and answers with its final message. Blocks come in the order the model produced them: a
 thinking block (from ReasoningDelta, closed by an empty signature_delta, since there is no
-signature to give), then the text block, which is always present, empty if the reply was.
+signature to give), then the text block, then a ``tool_use`` block per completed call (its
+input sent whole in one input_json_delta). The text block is present, empty if the reply was,
+unless the reply made calls.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
 
 from api.errors import ApiError
-from inference.types import Finish, ReasoningDelta, TextDelta, Usage
+from inference.types import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 
 
 def usage_payload(usage: Usage) -> dict:
@@ -34,20 +37,27 @@ ZERO_USAGE = usage_payload(Usage(0, 0))
 def stop_reason(finish: Finish) -> str:
     if finish.reason == "length":
         return "max_tokens"
+    if finish.reason == "tool_calls":
+        return "tool_use"
     return "stop_sequence" if finish.stop_sequence is not None else "end_turn"
 
 
 @dataclass
 class ContentBlock:
-    """One content block being built: thinking or text."""
+    """One content block being built: thinking, text or a tool_use call."""
 
-    kind: str  # "thinking" | "text"
+    kind: str  # "thinking" | "text" | "tool_use"
     index: int
     parts: list[str] = field(default_factory=list)
     open: bool = True
+    call: ToolCallDelta | None = None  # the tool_use block's call
+    call_id: str = ""
 
     def payload(self, with_content: bool = True) -> dict:
         text = "".join(self.parts) if with_content else ""
+        if self.kind == "tool_use":
+            arguments = json.loads(self.call.call.arguments) if with_content else {}
+            return {"type": "tool_use", "id": self.call_id, "name": self.call.call.name, "input": arguments}
         if self.kind == "thinking":
             return {"type": "thinking", "thinking": text, "signature": ""}
         return {"type": "text", "text": text}
@@ -76,7 +86,9 @@ class MessagesEncoder:
         """message_start: the skeleton, usage zeroed (the counts are known at the end)."""
         return [{"type": "message_start", "message": self._message(None, None, ZERO_USAGE, content=False)}]
 
-    def delta(self, event: TextDelta | ReasoningDelta) -> list[dict]:
+    def delta(self, event: TextDelta | ReasoningDelta | ToolCallDelta) -> list[dict]:
+        if isinstance(event, ToolCallDelta):
+            return self._tool_use(event)
         events = self._switch_to("thinking" if isinstance(event, ReasoningDelta) else "text")
         block = self.blocks[-1]
         block.parts.append(event.text)
@@ -85,7 +97,8 @@ class MessagesEncoder:
 
     def finish(self, finish: Finish) -> list[dict]:
         """Close the blocks, then message_delta (stop reason, full usage) and message_stop."""
-        events = self._switch_to("text")
+        answered = any(block.kind in ("text", "tool_use") for block in self.blocks)
+        events = [] if answered else self._switch_to("text")
         events += self._close(self.blocks[-1])
         reason, usage = stop_reason(finish), usage_payload(finish.usage)
         self.message = self._message(reason, finish.stop_sequence, usage)
@@ -103,6 +116,21 @@ class MessagesEncoder:
     def fail(error: ApiError) -> list[dict]:
         """A mid-stream failure: one ``error`` event ends the stream."""
         return [error.anthropic_payload()]
+
+    def _tool_use(self, event: ToolCallDelta) -> list[dict]:
+        """Close the open block, then the whole tool_use block (a reply that is only calls has
+        no text block, as with Anthropic's own forced tool use)."""
+        events = self._close(self.blocks[-1]) if self.blocks else []
+        block = ContentBlock("tool_use", len(self.blocks), call=event, open=False)
+        block.call_id = f"toolu_{self.id[4:20]}{event.index:02d}"
+        self.blocks.append(block)
+        delta = {"type": "input_json_delta", "partial_json": event.call.arguments}
+        return [
+            *events,
+            {"type": "content_block_start", "index": block.index, "content_block": block.payload(False)},
+            {"type": "content_block_delta", "index": block.index, "delta": delta},
+            {"type": "content_block_stop", "index": block.index},
+        ]
 
     def _switch_to(self, kind: str) -> list[dict]:
         """Make an open block of ``kind`` the last one, closing the one before it."""

@@ -13,11 +13,15 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from api.errors import ApiError, bad_request, not_implemented, unsupported
-from inference.types import FinishReason, GenerationRequest, Message, SamplingOverrides, Usage
+from api.errors import ApiError, bad_request, unsupported
+from inference.constraints import ConstraintSpec
+from inference.toolcall import ToolSpec
+from inference.types import FinishReason, GenerationRequest, Message, SamplingOverrides, ToolCallDelta, Usage
 
 from . import fields as f
 from .fields import Invalid
+from .formats import one_constraint, parse_extensions, parse_format
+from .tools import parse_chat_tool_choice, parse_chat_tools, parse_tool_calls
 
 MAX_STOP_STRINGS = 4
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -30,6 +34,7 @@ REFUSED_PART_TYPES = {
     "input_file": "file input",
 }
 REASONING_OFF = (None, "none", "minimal")  # reasoning is off by default: these are honored as-is
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
 @dataclass(frozen=True)
@@ -53,14 +58,23 @@ class ChatCompletionRequest:
     min_p: float | None = None
     repeat_penalty: float | None = None
     ignore_eos: bool = False
+    # response_format json_object / json_schema, or the regex / lark extensions.
+    constraint: ConstraintSpec | None = None
+    reasoning_effort: str | None = None
+    tools: tuple[ToolSpec, ...] = ()  # as the model sees them (none under tool_choice "none")
+    declares_tools: bool = False  # tools or a tool history arrived, whatever tool_choice says
 
     @classmethod
     def parse(cls, body: dict) -> ChatCompletionRequest | ApiError:
         """Validate a decoded JSON object; the first problem found is returned as an ApiError."""
         try:
             _refuse_unsupported(body)
+            tools, forced = parse_chat_tool_choice(body, parse_chat_tools(body))
+            messages = parse_messages(body.get("messages"))
             return cls(
-                messages=parse_messages(body.get("messages")),
+                tools=tools,
+                declares_tools=bool(f.array(body, "tools")) or any(m.tool_calls for m in messages),
+                messages=messages,
                 model=f.string(body, "model"),
                 frequency_penalty=f.number(body, "frequency_penalty", -2.0, 2.0),
                 max_completion_tokens=f.integer(body, "max_completion_tokens", lo=1),
@@ -76,12 +90,31 @@ class ChatCompletionRequest:
                 min_p=f.number(body, "min_p", 0.0, 1.0),
                 repeat_penalty=f.number(body, "repeat_penalty", 0.0, 10.0, lo_open=True),
                 ignore_eos=bool(f.boolean(body, "ignore_eos")),
+                reasoning_effort=_parse_effort(body),
+                constraint=one_constraint(
+                    parse_format(body.get("response_format"), "response_format"),
+                    parse_extensions(body),
+                    forced,
+                ),
             )
         except Invalid as exc:
             return exc.error
 
-    def to_generation(self) -> GenerationRequest:
-        """The dialect-free request the worker serves."""
+    def to_generation(
+        self, reasoning_available: bool, tools_available: bool = False
+    ) -> GenerationRequest | ApiError:
+        """The dialect-free request the worker serves; reasoning needs a model with a
+        reasoning channel (and a constrained reply never reasons), tools a model with a
+        function-calling convention."""
+        if self.declares_tools and not tools_available:
+            return unsupported("tools", "needs a model with a function-calling convention; this one has none")
+        wants_reasoning = self.reasoning_effort not in REASONING_OFF
+        if wants_reasoning and not reasoning_available:
+            return unsupported(
+                "reasoning_effort",
+                f"{self.reasoning_effort!r} needs a model with a reasoning channel, and this one has "
+                "none; use 'none' or 'minimal'",
+            )
         sampling = SamplingOverrides(
             temperature=self.temperature,
             top_p=self.top_p,
@@ -93,7 +126,16 @@ class ChatCompletionRequest:
             seed=self.seed,
         )
         budget = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return GenerationRequest(self.messages, sampling, budget, self.stop, self.ignore_eos)
+        return GenerationRequest(
+            self.messages,
+            sampling,
+            budget,
+            self.stop,
+            self.ignore_eos,
+            reasoning=wants_reasoning and self.constraint is None,
+            constraint=self.constraint,
+            tools=self.tools,
+        )
 
 
 # -- refused parameters ----------------------------------------------------------------------
@@ -117,26 +159,6 @@ def _refuse_unsupported(body: dict) -> None:
         raise Invalid(unsupported("modalities", "other than ['text'] are not supported"))
     if body.get("web_search_options") is not None:
         raise Invalid(unsupported("web_search_options", "(a hosted tool) is not supported"))
-    _refuse_not_yet_implemented(body)
-
-
-def _refuse_not_yet_implemented(body: dict) -> None:
-    """Fields a later version honors; until then a 501 naming them, never silence."""
-    tools = f.array(body, "tools")
-    if tools:
-        raise Invalid(not_implemented("tools"))
-    if body.get("tool_choice") not in (None, "none", "auto"):
-        raise Invalid(not_implemented("tool_choice"))
-    response_format = f.obj(body, "response_format")
-    if response_format is not None and response_format.get("type") != "text":
-        kind = response_format.get("type")
-        if kind in ("json_object", "json_schema"):
-            raise Invalid(not_implemented("response_format"))
-        raise Invalid(
-            bad_request(f"Invalid value for 'response_format.type': {kind!r}", "response_format.type")
-        )
-    if body.get("reasoning_effort") not in REASONING_OFF:
-        raise Invalid(not_implemented("reasoning_effort"))
 
 
 # -- messages --------------------------------------------------------------------------------
@@ -162,8 +184,6 @@ def _parse_message(item: object, where: str) -> Message:
                 f"{where}.role",
             )
         )
-    if item.get("tool_calls"):
-        raise Invalid(not_implemented(f"{where}.tool_calls"))
     if item.get("function_call") is not None:
         raise Invalid(unsupported(f"{where}.function_call", "belongs to the legacy functions API"))
     content = item.get("content")
@@ -176,6 +196,7 @@ def _parse_message(item: object, where: str) -> Message:
         content=_content_text(content, f"{where}.content"),
         name=f.string(item, "name", f"{where}.name"),
         tool_call_id=f.string(item, "tool_call_id", f"{where}.tool_call_id"),
+        tool_calls=parse_tool_calls(item, where) if role == "assistant" else (),
     )
 
 
@@ -223,6 +244,18 @@ def parse_stop(value: object) -> tuple[str, ...]:
     return tuple(stops)
 
 
+def _parse_effort(body: dict) -> str | None:
+    effort = f.string(body, "reasoning_effort")
+    if effort is not None and effort not in EFFORTS:
+        raise Invalid(
+            bad_request(
+                f"Invalid value for 'reasoning_effort': {effort!r}; expected one of {', '.join(EFFORTS)}",
+                "reasoning_effort",
+            )
+        )
+    return effort
+
+
 def _parse_stream_options(body: dict) -> bool:
     options = f.obj(body, "stream_options")
     if options is None:
@@ -237,6 +270,7 @@ def usage_payload(usage: Usage) -> dict:
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
     }
 
 
@@ -249,18 +283,37 @@ class ChatEncoder:
         self.model = model_id
         self._role_sent = False
 
-    def completion(self, text: str, reason: FinishReason, usage: Usage) -> dict:
-        message = {"role": "assistant", "content": text, "refusal": None}
+    def completion(
+        self, text: str, reason: FinishReason, usage: Usage, reasoning: str = "", calls: tuple = ()
+    ) -> dict:
+        message = {"role": "assistant", "content": text or (None if calls else ""), "refusal": None}
+        if calls:
+            message["tool_calls"] = [self._tool_call(call) for call in calls]
+        if reasoning:
+            message["reasoning_content"] = reasoning
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
         return self._envelope("chat.completion", [choice], usage=usage_payload(usage))
 
-    def delta_chunk(self, text: str) -> dict:
-        """A content delta; the first one of the stream also carries the role."""
-        delta = {"content": text}
+    def delta_chunk(self, text: str, field: str = "content") -> dict:
+        """A content (or reasoning_content) delta; the first one of the stream also carries
+        the role."""
+        delta = {field: text}
         if not self._role_sent:
             delta = {"role": "assistant", **delta}
             self._role_sent = True
         return self._chunk(delta, None)
+
+    def tool_call_chunk(self, delta: ToolCallDelta) -> dict:
+        """A whole function call, sent as soon as it closed."""
+        chunk = {"tool_calls": [{"index": delta.index, **self._tool_call(delta)}]}
+        if not self._role_sent:
+            chunk = {"role": "assistant", **chunk}
+            self._role_sent = True
+        return self._chunk(chunk, None)
+
+    def _tool_call(self, delta: ToolCallDelta) -> dict:
+        function = {"name": delta.call.name, "arguments": delta.call.arguments}
+        return {"id": f"call_{self.id[-12:]}_{delta.index}", "type": "function", "function": function}
 
     def finish_chunk(self, reason: FinishReason) -> dict:
         return self._chunk({} if self._role_sent else {"role": "assistant", "content": ""}, reason)

@@ -3,7 +3,8 @@
 Stateless (``store: false`` semantics): every request carries its whole conversation, so
 anything that points at server-side state (previous_response_id, conversation, item_reference,
 stored prompts, background runs) is refused by name, as are hosted tools and
-``truncation: "auto"``. Bookkeeping fields (store, metadata, include, user, ...) are accepted
+``truncation: "auto"``. Function tools and their history items live in
+:mod:`api.protocol.responses_tools`. Bookkeeping fields (store, metadata, include, user, ...) are accepted
 and ignored. The encoders live in :mod:`api.protocol.responses_encoder`.
 """
 
@@ -12,18 +13,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from api.errors import ApiError, bad_request, not_implemented, unsupported
+from inference.constraints import ConstraintSpec
+from inference.toolcall import ToolSpec
 from inference.types import GenerationRequest, Message, SamplingOverrides
 
 from . import fields as f
 from .chat import REFUSED_PART_TYPES, parse_stop
 from .fields import Invalid
+from .formats import one_constraint, parse_extensions, parse_format
+from .responses_tools import (
+    function_call_message,
+    function_output_message,
+    merge_call_turns,
+    parse_responses_tool_choice,
+    parse_responses_tools,
+)
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 REASONING_OFF = (None, "none", "minimal")
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PART_KEYS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
-TOOL_ITEM_TYPES = ("function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output")
-CLIENT_TOOL_TYPES = ("function", "custom")  # run by the client: they land with tool calling
+CUSTOM_TOOL_ITEM_TYPES = ("custom_tool_call", "custom_tool_call_output")  # free-form tools: not yet
 STATELESS = "this server is stateless (store: false semantics); send the whole conversation in 'input'"
 
 
@@ -48,16 +58,26 @@ class ResponsesRequest:
     min_p: float | None = None
     repeat_penalty: float | None = None
     ignore_eos: bool = False
+    constraint: ConstraintSpec | None = None  # text.format, regex, lark, or a forced call
+    tools: tuple[ToolSpec, ...] = ()  # as the model sees them (none under tool_choice "none")
+    declared_tools: tuple[ToolSpec, ...] = ()  # as declared, echoed in the response object
+    tool_choice: str | dict = "auto"
+    declares_tools: bool = False  # tools or a tool history arrived, whatever tool_choice says
 
     @classmethod
     def parse(cls, body: dict) -> ResponsesRequest | ApiError:
         """Validate a decoded JSON object; the first problem found is returned as an ApiError."""
         try:
             _refuse_stateful(body)
-            _refuse_tools(body)
-            _check_text_format(body)
+            declared = parse_responses_tools(body)
+            tools, forced = parse_responses_tool_choice(body, declared)
+            messages = parse_input(body.get("input"))
             return cls(
-                input=parse_input(body.get("input")),
+                input=messages,
+                tools=tools,
+                declared_tools=declared,
+                tool_choice=body.get("tool_choice") or "auto",
+                declares_tools=bool(declared) or any(m.tool_calls or m.role == "tool" for m in messages),
                 instructions=f.string(body, "instructions"),
                 max_output_tokens=f.integer(body, "max_output_tokens", lo=1),
                 model=f.string(body, "model"),
@@ -73,6 +93,7 @@ class ResponsesRequest:
                 min_p=f.number(body, "min_p", 0.0, 1.0),
                 repeat_penalty=f.number(body, "repeat_penalty", 0.0, 10.0, lo_open=True),
                 ignore_eos=bool(f.boolean(body, "ignore_eos")),
+                constraint=one_constraint(_parse_text_format(body), parse_extensions(body), forced),
             )
         except Invalid as exc:
             return exc.error
@@ -81,8 +102,13 @@ class ResponsesRequest:
     def wants_reasoning(self) -> bool:
         return self.reasoning_effort not in REASONING_OFF
 
-    def to_generation(self, reasoning_available: bool) -> GenerationRequest | ApiError:
-        """The dialect-free request; reasoning needs a model with a reasoning channel."""
+    def to_generation(
+        self, reasoning_available: bool, tools_available: bool = False
+    ) -> GenerationRequest | ApiError:
+        """The dialect-free request; reasoning needs a model with a reasoning channel, tools a
+        model with a function-calling convention."""
+        if self.declares_tools and not tools_available:
+            return unsupported("tools", "needs a model with a function-calling convention; this one has none")
         if self.wants_reasoning and not reasoning_available:
             return unsupported(
                 "reasoning.effort",
@@ -106,7 +132,9 @@ class ResponsesRequest:
             self.max_output_tokens,
             self.stop,
             self.ignore_eos,
-            reasoning=self.wants_reasoning,
+            reasoning=self.wants_reasoning and self.constraint is None,
+            constraint=self.constraint,
+            tools=self.tools,
         )
 
 
@@ -131,33 +159,10 @@ def _refuse_stateful(body: dict) -> None:
         raise Invalid(unsupported("top_logprobs"))
 
 
-def _refuse_tools(body: dict) -> None:
-    """Hosted tools are refused (400); client tools land with tool calling (501 until then)."""
-    tools = f.array(body, "tools") or []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict):
-            raise f.wrong_type(f"tools[{i}]", "an object", tool)
-        kind = tool.get("type")
-        if kind not in CLIENT_TOOL_TYPES:
-            raise Invalid(
-                unsupported(f"tools[{i}].type", f"{kind!r} is a hosted tool; this server runs no tools")
-            )
-    if tools:
-        raise Invalid(not_implemented("tools"))
-    if body.get("tool_choice") not in (None, "none", "auto"):
-        raise Invalid(not_implemented("tool_choice"))
-
-
-def _check_text_format(body: dict) -> None:
+def _parse_text_format(body: dict) -> ConstraintSpec | None:
     text = f.obj(body, "text")
     text_format = f.obj(text, "format", "text.format") if text is not None else None
-    if text_format is None:
-        return
-    kind = text_format.get("type")
-    if kind in ("json_schema", "json_object"):
-        raise Invalid(not_implemented("text.format"))
-    if kind != "text":
-        raise Invalid(bad_request(f"Invalid value for 'text.format.type': {kind!r}", "text.format.type"))
+    return parse_format(text_format, "text.format")
 
 
 def _parse_effort(body: dict) -> str | None:
@@ -186,7 +191,7 @@ def parse_input(value: object) -> tuple[Message, ...]:
     if not isinstance(value, list):
         raise f.wrong_type("input", "a string or an array of input items", value)
     messages = [_parse_item(item, f"input[{i}]") for i, item in enumerate(value)]
-    kept = tuple(m for m in messages if m is not None)
+    kept = merge_call_turns([m for m in messages if m is not None])
     if not kept:
         raise Invalid(bad_request("'input' must contain at least one message", "input"))
     return kept
@@ -202,7 +207,11 @@ def _parse_item(item: object, where: str) -> Message | None:
         return None
     if kind == "item_reference":
         raise Invalid(unsupported(f"{where}.type", f"'item_reference' is not supported: {STATELESS}"))
-    if kind in TOOL_ITEM_TYPES:
+    if kind == "function_call":
+        return function_call_message(item, where)
+    if kind == "function_call_output":
+        return function_output_message(item, where)
+    if kind in CUSTOM_TOOL_ITEM_TYPES:
         raise Invalid(not_implemented(f"{where}.type"))
     raise Invalid(
         bad_request(

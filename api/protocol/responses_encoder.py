@@ -4,7 +4,9 @@
 with ``type`` and a monotonic ``sequence_number``) and keeps the response object they build.
 A non-streamed reply runs through the same machine and answers with its final object, so the
 two shapes cannot drift apart. Reasoning (ReasoningDelta) is its own output item ahead of the
-message; the message item is always present, empty if the reply was.
+message; the message item is always present, empty if the reply was. Each completed function
+call (ToolCallDelta) closes the message and becomes a ``function_call`` item after it, its
+arguments sent whole in one delta.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import uuid
 from dataclasses import dataclass, field
 
 from api.errors import ApiError
-from inference.types import Finish, ReasoningDelta, TextDelta, Usage
+from inference.types import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 
 from .responses import ResponsesRequest
+from .responses_tools import tools_echo
 
 
 def usage_payload(usage: Usage) -> dict:
@@ -38,13 +41,14 @@ def failure_code(error: ApiError) -> str:
 
 @dataclass
 class OutputItem:
-    """One output item being built: a reasoning item or the assistant message."""
+    """One output item being built: a reasoning item, the assistant message or a function call."""
 
-    kind: str  # "reasoning" | "message"
+    kind: str  # "reasoning" | "message" | "function_call"
     id: str
     index: int
     parts: list[str] = field(default_factory=list)
     status: str = "in_progress"
+    call: ToolCallDelta | None = None  # the function_call item's call
 
     @property
     def text(self) -> str:
@@ -57,6 +61,10 @@ class OutputItem:
 
     def payload(self, with_content: bool = True) -> dict:
         item = {"id": self.id, "type": self.kind, "status": self.status}
+        if self.kind == "function_call":
+            arguments = self.call.call.arguments if with_content else ""
+            call_id = f"call_{self.id[3:27]}"
+            return {**item, "call_id": call_id, "name": self.call.call.name, "arguments": arguments}
         content = [self.part(self.text)] if with_content else []
         if self.kind == "reasoning":
             return {**item, "summary": [], "content": content}
@@ -87,7 +95,9 @@ class ResponsesEncoder:
             self._event("response.in_progress", response=self.response),
         ]
 
-    def delta(self, event: TextDelta | ReasoningDelta) -> list[dict]:
+    def delta(self, event: TextDelta | ReasoningDelta | ToolCallDelta) -> list[dict]:
+        if isinstance(event, ToolCallDelta):
+            return self._function_call(event)
         kind = "reasoning" if isinstance(event, ReasoningDelta) else "message"
         events = self._switch_to(kind)
         item = self.items[-1]
@@ -99,8 +109,8 @@ class ResponsesEncoder:
 
     def finish(self, finish: Finish) -> list[dict]:
         """Close the open items and end with response.completed (or .incomplete on the budget)."""
-        events = self._switch_to("message")
         complete = finish.reason != "length"
+        events = [] if self._has_message() else self._switch_to("message")
         events += self._close(self.items[-1], "completed" if complete else "incomplete")
         status = "completed" if complete else "incomplete"
         details = None if complete else {"reason": "max_output_tokens"}
@@ -122,6 +132,30 @@ class ResponsesEncoder:
         return events
 
     # -- items -----------------------------------------------------------------------------
+    def _has_message(self) -> bool:
+        return any(item.kind == "message" for item in self.items)
+
+    def _function_call(self, event: ToolCallDelta) -> list[dict]:
+        """Close the message (present even if empty), then the whole function_call item."""
+        events = [] if self._has_message() else self._switch_to("message")
+        events += self._close(self.items[-1], "completed")
+        item = OutputItem("function_call", f"fc_{uuid.uuid4().hex}", len(self.items), call=event)
+        self.items.append(item)
+        where = {"item_id": item.id, "output_index": item.index}
+        arguments = event.call.arguments
+        events.append(
+            self._event("response.output_item.added", output_index=item.index, item=item.payload(False))
+        )
+        item.status = "completed"
+        return [
+            *events,
+            self._event("response.function_call_arguments.delta", **where, delta=arguments),
+            self._event(
+                "response.function_call_arguments.done", **where, name=event.call.name, arguments=arguments
+            ),
+            self._event("response.output_item.done", output_index=item.index, item=item.payload()),
+        ]
+
     def _switch_to(self, kind: str) -> list[dict]:
         """Make an open item of ``kind`` the last one, closing the one before it."""
         current = self.items[-1] if self.items else None
@@ -182,8 +216,8 @@ class ResponsesEncoder:
             "store": False,
             "temperature": request.temperature,
             "text": {"format": {"type": "text"}},
-            "tool_choice": "auto",
-            "tools": [],
+            "tool_choice": request.tool_choice,
+            "tools": tools_echo(request.declared_tools),
             "top_p": request.top_p,
             "truncation": "disabled",
             "usage": usage,

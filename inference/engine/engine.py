@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -42,6 +43,15 @@ GGUF_SAMPLING_KEYS = {
     "penalty_repeat": "repeat_penalty",
     "penalty_last_n": "repeat_last_n",
 }
+
+
+class TokenMask(Protocol):
+    """A constraint on generated tokens (a grammar): which may come next, and whether the
+    token just taken completed it."""
+
+    def allowed(self, n_logits: int) -> np.ndarray: ...  # (n_logits,) bool
+
+    def accept(self, token: int) -> bool: ...
 
 
 @dataclass
@@ -147,9 +157,11 @@ class Engine:
         ignore_eos: bool = False,
         stats: GenerationStats | None = None,
         should_stop: Callable[[], bool] | None = None,
+        constraint: TokenMask | None = None,
     ) -> Iterator[int]:
         """Yield generated token ids until an end-of-generation token (not yielded),
-        ``max_tokens``, a full context, or ``should_stop()``. Reuses the cache's common prefix."""
+        ``max_tokens``, a full context, ``should_stop()``, or the completion of ``constraint``.
+        Reuses the cache's common prefix."""
         stats = stats if stats is not None else GenerationStats()
         sampler = Sampler(params)
         t0 = time.perf_counter()
@@ -163,13 +175,15 @@ class Engine:
         stats.prefill_seconds = time.perf_counter() - t0
         t1 = time.perf_counter()
         while stats.generated_tokens < max_tokens:
-            token = sampler.sample(logits, history)
+            allowed = constraint.allowed(logits.shape[0]) if constraint is not None else None
+            token = sampler.sample(logits, history, allowed)
             if token in self.tokenizer.eog_ids and not ignore_eos:
                 break
             stats.generated_tokens += 1
             history.append(token)
+            completed = constraint is not None and constraint.accept(token)
             yield token
-            if stats.generated_tokens >= max_tokens or cache.n_tokens >= cache.n_ctx:
+            if completed or stats.generated_tokens >= max_tokens or cache.n_tokens >= cache.n_ctx:
                 break
             if should_stop is not None and should_stop():
                 break

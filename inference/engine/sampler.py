@@ -35,10 +35,15 @@ class Sampler:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
 
-    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
-        """Return the next token id given the last position's logits and the tokens so far."""
+    def sample(
+        self, logits: np.ndarray, history: Sequence[int] = (), allowed: np.ndarray | None = None
+    ) -> int:
+        """Return the next token id given the last position's logits and the tokens so far;
+        ``allowed`` (a boolean mask over the logits) restricts the choice, e.g. to a grammar."""
         p = self.params
         logits = apply_penalties(logits, history, p)
+        if allowed is not None:
+            logits = np.where(allowed, logits, -np.inf)
         if p.temperature <= 0.0:
             return int(np.argmax(logits))
         ids, values = _candidates(logits, p.top_k)  # (k,), (k,) sorted descending

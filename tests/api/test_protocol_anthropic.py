@@ -108,18 +108,10 @@ def test_media_and_server_tools_are_400_naming_the_parameter(fields, param):
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "tools"),
-        ({"tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools"),
-        ({"tool_choice": {"type": "any"}}, "tool_choice"),
-        ({"output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_config.format"),
-        (
-            {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]},
-            "messages[0].content[0].type",
-        ),
         ({"messages": [*USER, {"role": "assistant", "content": "The answer is"}]}, "messages[1]"),
     ],
 )
-def test_tools_structured_output_and_prefill_are_501(fields, param):
+def test_prefill_is_501(fields, param):
     error = parse(**fields)
     assert isinstance(error, ApiError) and (error.status, error.param) == (501, param)
 

@@ -45,7 +45,7 @@ def test_full_request_maps_onto_the_generation_request():
     )
     assert isinstance(request, ChatCompletionRequest)
     assert request.stream and request.include_usage
-    generation = request.to_generation()
+    generation = request.to_generation(False)
     assert generation.max_tokens == 7  # max_completion_tokens wins
     assert generation.stop == ("##",)
     params = generation.sampling.resolve(SamplingParams(temperature=0.8, top_k=40, repeat_last_n=64))
@@ -55,7 +55,7 @@ def test_full_request_maps_onto_the_generation_request():
 
 def test_absent_sampling_fields_keep_the_model_defaults():
     defaults = SamplingParams(temperature=0.7, top_k=20, top_p=0.8)
-    assert parse().to_generation().sampling.resolve(defaults) == defaults
+    assert parse().to_generation(False).sampling.resolve(defaults) == defaults
 
 
 def test_message_shapes():
@@ -87,10 +87,11 @@ def test_message_shapes():
         ({"functions": [{"name": "f"}]}, 400, "functions"),
         ({"function_call": "auto"}, 400, "function_call"),
         ({"audio": {"voice": "x"}}, 400, "audio"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 501, "tools"),
-        ({"tool_choice": "required"}, 501, "tool_choice"),
-        ({"response_format": {"type": "json_object"}}, 501, "response_format"),
-        ({"reasoning_effort": "high"}, 501, "reasoning_effort"),
+        ({"tools": [{"type": "function", "function": {}}]}, 400, "tools[0].function.name"),
+        ({"tools": [{"type": "retrieval"}]}, 400, "tools[0].type"),
+        ({"tool_choice": "required"}, 400, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, 400, "tool_choice"),
+        ({"reasoning_effort": "extreme"}, 400, "reasoning_effort"),
         ({"temperature": 2.5}, 400, "temperature"),
         ({"temperature": "hot"}, 400, "temperature"),
         ({"temperature": True}, 400, "temperature"),
@@ -123,8 +124,8 @@ def test_message_shapes():
         ({"messages": [{"role": "user", "content": [{"type": "file"}]}]}, 400, "messages[0].content[0].type"),
         (
             {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}]},
-            501,
-            "messages[0].tool_calls",
+            400,
+            "messages[0].tool_calls[0].function",
         ),
     ],
 )
@@ -158,6 +159,7 @@ def test_stream_chunks_carry_role_first_and_usage_last():
         "completion_tokens": 2,
         "total_tokens": 7,
         "prompt_tokens_details": {"cached_tokens": 3},
+        "completion_tokens_details": {"reasoning_tokens": 0},
     }
     assert first["id"] == usage["id"] and first["object"] == "chat.completion.chunk"
 

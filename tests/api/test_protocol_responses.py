@@ -98,14 +98,11 @@ def test_stateful_hosted_and_media_fields_are_400_naming_the_parameter(fields, p
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
-        ({"tool_choice": "required"}, "tool_choice"),
-        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
-        ({"text": {"format": {"type": "json_object"}}}, "text.format"),
-        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, "input[0].type"),
+        ({"tools": [{"type": "custom", "name": "f"}]}, "tools[0].type"),
+        ({"input": [{"type": "custom_tool_call", "call_id": "c", "input": "x"}]}, "input[0].type"),
     ],
 )
-def test_tools_and_structured_output_are_501_until_constrained_decoding(fields, param):
+def test_custom_tools_are_501(fields, param):
     error = parse(**fields)
     assert isinstance(error, ApiError) and (error.status, error.param) == (501, param)
 

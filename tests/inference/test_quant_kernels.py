@@ -114,7 +114,9 @@ def test_kernels_are_cached_on_disk():
     layout = _layout(Q.Q4_1, 8, 64)
     dequantize_rows(layout, np.arange(8))
     matvec(layout, np.ones(64, np.float32), ACTIVATION_KIND[Q.Q4_1])
-    matmul(layout, np.ones((3, 64), np.float32), ACTIVATION_KIND[Q.Q4_1])  # compiled (or loaded) and saved by now
+    matmul(
+        layout, np.ones((3, 64), np.float32), ACTIVATION_KIND[Q.Q4_1]
+    )  # compiled (or loaded) and saved by now
     script = textwrap.dedent(
         """
         import numpy as np, gguf

@@ -12,15 +12,44 @@ import numpy as np
 
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
-from ..layers import apply_rope, attention, rms_norm, rope_angles
-from ..quants import QuantMatrix, load_matrix
+from ..layers import ROPE_NEOX, apply_rope, rms_norm, rope_angles
+from ..quants import GroupedMatrix, QuantMatrix, load_matrix
 from .config import ModelConfig
+from .kernels import decode_attention, prefill_attention
 
 
 def linear(weight: QuantMatrix, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     """x (n, cols) @ weight.T (+ bias) -> (n, rows); one token goes through the matvec kernel."""
-    out = weight.matvec(x[0])[None, :] if x.shape[0] == 1 else weight.matmul(np.ascontiguousarray(x))
-    return out + bias if bias is not None else out
+    if x.shape[0] == 1:
+        return weight.matvec(x[0], bias)[None, :]
+    return weight.matmul(np.ascontiguousarray(x), bias)
+
+
+def stack_linears(layer: dict, names: tuple[str, ...], key: str) -> None:
+    """Replace the matrices ``names`` of a layer by one stacked matrix under ``key`` when they
+    share a format (with their biases stacked too, absent ones as zeros): one kernel call, one
+    rounding of the shared input. Otherwise the layer stays as it is."""
+    matrices = [layer[name] for name in names]
+    if not GroupedMatrix.can_stack(matrices):
+        return
+    biases = [layer.get(name + "_bias") for name in names]
+    if any(b is not None for b in biases):
+        parts = [
+            np.zeros(m.rows, np.float32) if b is None else b for m, b in zip(matrices, biases, strict=True)
+        ]
+        layer[key + "_bias"] = np.concatenate(parts).astype(np.float32)  # (sum rows,)
+    layer[key] = GroupedMatrix.stack(matrices)
+    layer[key + "_splits"] = np.cumsum([m.rows for m in matrices])[:-1]
+    for name in names:
+        del layer[name]
+
+
+def stacked_linears(layer: dict, names: tuple[str, ...], key: str, x: np.ndarray) -> list[np.ndarray]:
+    """The outputs of linears ``names`` on x (n, cols), through their stacked matrix if any."""
+    if key in layer:
+        out = linear(layer[key], x, layer.get(key + "_bias"))  # (n, sum rows)
+        return np.split(out, layer[key + "_splits"], axis=-1)
+    return [linear(layer[name], x, layer.get(name + "_bias")) for name in names]
 
 
 class DecoderModel(ABC):
@@ -82,12 +111,59 @@ class DecoderModel(ABC):
         return x.reshape(x.shape[0], n_heads, -1)  # (n, heads, head_dim)
 
     def attend(
-        self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: KVCache, start: int,
-        scale: float | None = None, window: int = 0,
+        self,
+        layer: int,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        cache: KVCache,
+        start: int,
+        scale: float | None = None,
+        window: int = 0,
+        rope_base: float | None = None,
     ) -> np.ndarray:
-        """Store k, v rows, attend with q; returns (n, n_heads * head_dim_v)."""
-        cache.write(layer, start, k, v)
+        """Rotate q (n, heads, hd) and k (n, kvh, hd), store k, v rows, attend with q;
+        returns (n, n_heads * head_dim_v). One token goes through the fused decode kernel."""
         if scale is None:
             scale = 1.0 / np.sqrt(self.config.head_dim_k)
-        out = attention(q, cache, layer, start, scale, window)  # (n, heads, hd_v)
+        if q.shape[0] == 1:
+            cos, sin = self.rope_table(start, rope_base)
+            out = np.empty((q.shape[1], v.shape[2]), np.float32)  # (heads, hd_v)
+            decode_attention(
+                np.ascontiguousarray(q[0]),
+                np.ascontiguousarray(k[0]),
+                np.ascontiguousarray(v[0]),
+                cos,
+                sin,
+                self.rope_style == ROPE_NEOX,
+                cache.k[layer],
+                cache.v[layer],
+                start,
+                window,
+                np.float32(scale),
+                out,
+            )
+            return out.reshape(1, -1)
+        q, k = self.rope(q, start, rope_base), self.rope(k, start, rope_base)
+        cache.write(layer, start, k, v)
+        out = np.empty((q.shape[0], q.shape[1], v.shape[2]), np.float32)  # (n, heads, hd_v)
+        prefill_attention(
+            np.ascontiguousarray(q, np.float32),
+            cache.k[layer],
+            cache.v[layer],
+            start,
+            window,
+            np.float32(scale),
+            out,
+        )
         return out.reshape(out.shape[0], -1)
+
+    def rope_table(self, position: int, base: float | None) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin (n_rot/2,) of one position, remembered for the layers that follow."""
+        if getattr(self, "_rope_position", None) != position:
+            self._rope_position, self._rope_tables = position, {}
+        if base not in self._rope_tables:
+            c = self.config
+            cos, sin = rope_angles(np.array([position]), c.n_rot, c.rope_base if base is None else base)
+            self._rope_tables[base] = (cos[0], sin[0])
+        return self._rope_tables[base]

@@ -12,6 +12,7 @@ from .llama import LlamaModel
 
 class Qwen3Model(LlamaModel):
     rope_style = ROPE_NEOX
+    fused_decode = False  # q/k norms: the fused llama layer does not apply them
 
     def load_layer(self, i: int) -> dict:
         layer = super().load_layer(i)
@@ -26,9 +27,7 @@ class Qwen3Model(LlamaModel):
 
     def self_attention(self, layer: int, w: dict, h: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
         c = self.config
-        q = self.split_heads(linear(w["attn_q"], h), c.n_heads)  # (n, heads, hd)
-        k = self.split_heads(linear(w["attn_k"], h), c.n_kv_heads)  # (n, kvh, hd)
-        v = self.split_heads(linear(w["attn_v"], h), c.n_kv_heads)  # (n, kvh, hd)
-        q = self.rope(rms_norm(q, w["attn_q_norm"], c.norm_eps), start)
-        k = self.rope(rms_norm(k, w["attn_k_norm"], c.norm_eps), start)
+        q, k, v = self.qkv_heads(w, h)
+        q = rms_norm(q, w["attn_q_norm"], c.norm_eps)  # (n, heads, hd)
+        k = rms_norm(k, w["attn_k_norm"], c.norm_eps)  # (n, kvh, hd)
         return linear(w["attn_output"], self.attend(layer, q, k, v, cache, start))

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..gguf_file import GGUFFile
-from ..quants import load_matrix
 from ..layers import silu
+from ..quants import load_matrix
 from .base import linear
 from .config import ModelConfig
 from .qwen3 import Qwen3Model
@@ -35,7 +35,9 @@ class Qwen3MoeModel(Qwen3Model):
         layer["ffn_gate_inp"] = self.matrix(f"blk.{i}.ffn_gate_inp.weight")
         for name in EXPERT_MATRICES:
             t = self.file.tensor(f"blk.{i}.{name}.weight")  # (n_expert, rows, cols)
-            layer[name] = [load_matrix(t.type, t.data[e], t.shape[1:], f"{t.name}[{e}]") for e in range(t.shape[0])]
+            layer[name] = [
+                load_matrix(t.type, t.data[e], t.shape[1:], f"{t.name}[{e}]") for e in range(t.shape[0])
+            ]
         return layer
 
     def feed_forward(self, w: dict, h: np.ndarray) -> np.ndarray:

@@ -12,12 +12,15 @@ Dequantized values are bitwise equal to ``gguf.quants.dequantize``.
 import os
 
 # numba's parallel kernels run on libgomp, whose idle threads spin ~300k iterations before
-# sleeping. When another process holds a core (a web server thread, a test run), a spinning
-# thread waits for one that is descheduled, and every parallel region costs a time slice:
-# decode fell from 13 to 0.5 tok/s on a busy 2-core machine. Sleeping at once is robust; set
-# OMP_WAIT_POLICY=ACTIVE on a dedicated machine to spin instead. (Read when libgomp loads, at
-# the first parallel kernel call, so it must be set before.)
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# sleeping. When another process holds a core (a test run, the web server's threads), a
+# spinning thread waits for one that is descheduled and every parallel region can cost a time
+# slice: decode fell to 0.5 tok/s at load 6 on a 2-core machine (8 tok/s with a 10k spin at
+# load 3), against 13-47 tok/s sleeping at once (PASSIVE). On a quiet machine spinning is
+# about twice as fast in decode (90-97 against 48 tok/s at load ~1.5): a dedicated server
+# should set OMP_WAIT_POLICY=ACTIVE (or GOMP_SPINCOUNT). Any value the user set wins. (libgomp
+# reads these when it loads, at the first parallel kernel call.)
+if "GOMP_SPINCOUNT" not in os.environ:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from .matrix import SUPPORTED_TYPES, FloatMatrix, GroupedMatrix, QuantMatrix, load_matrix
 

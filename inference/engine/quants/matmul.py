@@ -19,7 +19,7 @@ from .layout import GroupLayout, dequantize_reference
 from .matvec import NO_BIAS
 from .quantize import ACT_NONE, round_row
 
-ROW_BLOCK = 4  # rows dequantized together; the kernel body below is written out for 4
+ROW_BLOCK = 4  # rows dequantized together; _dot_4x2 is written out for 4
 
 
 @numba.njit(fastmath=True, cache=True)
@@ -79,7 +79,9 @@ def matmul_kernel(group_shift: int, has_mins: bool, kind: int = ACT_NONE):
     return matmul
 
 
-def matmul(layout: GroupLayout, x: np.ndarray, kind: int = ACT_NONE, bias: np.ndarray | None = None) -> np.ndarray:
+def matmul(
+    layout: GroupLayout, x: np.ndarray, kind: int = ACT_NONE, bias: np.ndarray | None = None
+) -> np.ndarray:
     """round(x) @ W.T (+ bias): x (n, cols) float32 -> (n, rows) float32."""
     rows, cols = layout.q.shape
     x = np.ascontiguousarray(x, dtype=np.float32)

@@ -49,7 +49,9 @@ def matvec_kernel(group_shift: int, has_mins: bool, kind: int = ACT_NONE):
     return matvec
 
 
-def matvec(layout: GroupLayout, x: np.ndarray, kind: int = ACT_NONE, bias: np.ndarray | None = None) -> np.ndarray:
+def matvec(
+    layout: GroupLayout, x: np.ndarray, kind: int = ACT_NONE, bias: np.ndarray | None = None
+) -> np.ndarray:
     """W @ round(x) (+ bias): x (cols,) float32 -> (rows,) float32."""
     rows, cols = layout.q.shape
     x = np.ascontiguousarray(x, dtype=np.float32)

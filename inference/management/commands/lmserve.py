@@ -79,7 +79,28 @@ class Command(BaseCommand):
             "--kv-slots",
             type=positive_int,
             default=ServeConfig.kv_slots,
-            help="resident KV caches kept for prefix reuse across requests (default: %(default)s)",
+            help="resident KV caches kept for prefix reuse across requests; the start-up RAM guard "
+            "clamps the count to fit half the available memory when all of it would not do "
+            "(default: %(default)s)",
+        )
+        parser.add_argument(
+            "--kv-slots-force",
+            action="store_true",
+            help="keep --kv-slots even when the RAM guard would clamp it (it still warns)",
+        )
+        parser.add_argument(
+            "--kv-cache-dir",
+            default=None,
+            help="disk tier: spill a KV slot about to be overwritten by an unrelated request to a "
+            "sidecar file here and restore it, with no re-prefill, when a later request matches it "
+            "best; files left by an earlier run are used again (default: no disk tier)",
+        )
+        parser.add_argument(
+            "--kv-disk-slots",
+            type=positive_int,
+            default=ServeConfig.kv_disk_slots,
+            help="sidecar files kept under --kv-cache-dir, least recently used reused first "
+            "(default: %(default)s)",
         )
 
     def handle(self, *args, **options):
@@ -90,6 +111,9 @@ class Command(BaseCommand):
             queue=options["queue"],
             conns=options["conns"],
             kv_slots=options["kv_slots"],
+            kv_slots_force=options["kv_slots_force"],
+            kv_cache_dir=options["kv_cache_dir"],
+            kv_disk_slots=options["kv_disk_slots"],
             max_body_bytes=getattr(settings, "LMSERVE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
         )
         try:

@@ -1,0 +1,116 @@
+"""Anthropic Messages tool use: ``tools``, ``tool_choice`` and ``tool_use`` / ``tool_result``
+history blocks.
+
+Client tools (``{"name", "description", "input_schema"}``) become ToolSpecs; a forced choice
+(``any`` or a named ``tool``) becomes the Hermes call grammar with every input schema enforced.
+History blocks fold into assistant ``tool_calls`` and ``tool`` messages. On a model without a
+tool convention, :func:`without_tools` turns a request into plain chat, as Anthropic clients
+expect tools to be optional.
+"""
+
+from __future__ import annotations
+
+import json
+
+from api.errors import bad_request, unsupported
+from inference.constraints import ConstraintSpec
+from inference.toolcall import ToolCall, ToolSpec, forced_call_grammar
+from inference.types import Message
+
+from . import fields as f
+from .fields import Invalid
+
+SERVER_TOOL_PREFIXES = ("web_search", "web_fetch", "code_execution", "mcp_", "tool_search")
+CHOICE_TYPES = ("auto", "any", "tool", "none")
+
+
+def parse_anthropic_tools(body: dict) -> tuple[ToolSpec, ...]:
+    """``tools``: client tool declarations; server and Anthropic-defined tools are a 400."""
+    specs = []
+    for i, tool in enumerate(f.array(body, "tools") or []):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise f.wrong_type(where, "an object", tool)
+        kind = tool.get("type")
+        if isinstance(kind, str) and kind.startswith(SERVER_TOOL_PREFIXES):
+            raise Invalid(
+                unsupported(f"{where}.type", f"{kind!r} is a server tool; this server runs no tools")
+            )
+        if kind not in (None, "custom"):
+            raise Invalid(unsupported(f"{where}.type", f"{kind!r}: only custom (client) tools are supported"))
+        name = f.string(tool, "name", f"{where}.name")
+        schema = f.obj(tool, "input_schema", f"{where}.input_schema")
+        if not name or schema is None:
+            message = f"'{where}' needs a 'name' and an 'input_schema'"
+            raise Invalid(bad_request(message, where, "missing_required_parameter"))
+        description = f.string(tool, "description", f"{where}.description") or ""
+        strict = bool(f.boolean(tool, "strict", f"{where}.strict"))
+        specs.append(ToolSpec(name, description, schema, strict))
+    return tuple(specs)
+
+
+def parse_anthropic_tool_choice(
+    body: dict, tools: tuple[ToolSpec, ...]
+) -> tuple[tuple[ToolSpec, ...], ConstraintSpec | None]:
+    """The tools the model sees and the forced-call constraint (input schemas always enforced)."""
+    choice = f.obj(body, "tool_choice")
+    kind = choice.get("type") if choice is not None else "auto"
+    if kind not in CHOICE_TYPES:
+        expected = ", ".join(CHOICE_TYPES)
+        message = f"Invalid value for 'tool_choice.type': {kind!r}; expected one of {expected}"
+        raise Invalid(bad_request(message, "tool_choice.type"))
+    if kind == "auto":
+        return tools, None
+    if kind == "none":
+        return (), None
+    candidates = tools
+    if kind == "tool":
+        name = f.string(choice, "name", "tool_choice.name")
+        candidates = tuple(tool for tool in tools if tool.name == name)
+        if not candidates:
+            raise Invalid(bad_request(f"tool_choice names {name!r}, which is not in 'tools'", "tool_choice"))
+    if not candidates:
+        raise Invalid(bad_request(f"tool_choice {kind!r} needs at least one tool in 'tools'", "tool_choice"))
+    return tools, ConstraintSpec("lark", forced_call_grammar(list(candidates), True), "tool_choice")
+
+
+def tool_use_call(block: dict, at: str) -> ToolCall:
+    """A ``tool_use`` block of an assistant turn as the call it made."""
+    name = f.string(block, "name", f"{at}.name")
+    f.string(block, "id", f"{at}.id")
+    arguments = f.obj(block, "input", f"{at}.input")
+    if not name or arguments is None:
+        raise Invalid(bad_request(f"'{at}' needs a 'name' and an 'input' object", at))
+    return ToolCall(name, json.dumps(arguments, ensure_ascii=False))
+
+
+def tool_result_message(block: dict, at: str) -> Message:
+    """A ``tool_result`` block as a tool message; its content is a string or text blocks."""
+    content = block.get("content", "")
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise Invalid(unsupported(f"{at}.content[{j}]", "is not a text block: only text results"))
+            texts.append(f.string(part, "text", f"{at}.content[{j}].text") or "")
+        content = "\n".join(texts)
+    if not isinstance(content, str):
+        raise f.wrong_type(f"{at}.content", "a string or an array of text blocks", content)
+    if f.boolean(block, "is_error", f"{at}.is_error"):
+        content = f"Error: {content}"
+    return Message("tool", content, tool_call_id=f.string(block, "tool_use_id", f"{at}.tool_use_id"))
+
+
+def without_tools(messages: tuple[Message, ...]) -> tuple[Message, ...]:
+    """Plain chat for a model without a tool convention: calls dropped from assistant turns,
+    tool results handed over as user text."""
+    plain = []
+    for message in messages:
+        if message.role == "tool":
+            plain.append(Message("user", message.content))
+        elif message.tool_calls:
+            if message.content:
+                plain.append(Message("assistant", message.content))
+        else:
+            plain.append(message)
+    return tuple(plain)

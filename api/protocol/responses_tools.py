@@ -1,0 +1,125 @@
+"""Responses function calling: ``tools``, ``tool_choice`` and the ``function_call`` /
+``function_call_output`` history items.
+
+Declarations are flat (``{"type": "function", "name", "parameters", ...}``); a forced choice
+becomes the same Hermes call grammar as on Chat Completions. History items fold into the
+assistant ``tool_calls`` and ``tool`` messages chat templates render.
+"""
+
+from __future__ import annotations
+
+import json
+
+from api.errors import bad_request, not_implemented, unsupported
+from inference.constraints import ConstraintSpec
+from inference.toolcall import ToolCall, ToolSpec, forced_call_grammar
+from inference.types import Message
+
+from . import fields as f
+from .fields import Invalid
+from .tools import function_spec
+
+CHOICE_WORDS = ("auto", "none", "required")
+
+
+def parse_responses_tools(body: dict) -> tuple[ToolSpec, ...]:
+    """``tools``: function declarations; hosted tools are a 400, ``custom`` (free-form) a 501."""
+    specs = []
+    for i, tool in enumerate(f.array(body, "tools") or []):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise f.wrong_type(where, "an object", tool)
+        kind = tool.get("type")
+        if kind == "custom":
+            raise Invalid(not_implemented(f"{where}.type"))
+        if kind != "function":
+            raise Invalid(
+                unsupported(f"{where}.type", f"{kind!r} is a hosted tool; this server runs no tools")
+            )
+        specs.append(function_spec(tool, where))
+    return tuple(specs)
+
+
+def parse_responses_tool_choice(
+    body: dict, tools: tuple[ToolSpec, ...]
+) -> tuple[tuple[ToolSpec, ...], ConstraintSpec | None]:
+    """The tools the model sees and the forced-call constraint, if the choice forces one."""
+    choice = body.get("tool_choice")
+    if choice in (None, "auto"):
+        return tools, None
+    if choice == "none":
+        return (), None
+    if choice == "required":
+        candidates = tools
+    elif isinstance(choice, dict) and choice.get("type") == "function":
+        name = f.string(choice, "name", "tool_choice.name")
+        candidates = tuple(tool for tool in tools if tool.name == name)
+        if not candidates:
+            raise Invalid(bad_request(f"tool_choice names {name!r}, which is not in 'tools'", "tool_choice"))
+    elif isinstance(choice, dict):
+        kind = choice.get("type")
+        raise Invalid(unsupported("tool_choice.type", f"{kind!r} names a hosted tool; this server runs none"))
+    else:
+        expected = ", ".join(CHOICE_WORDS)
+        raise Invalid(
+            bad_request(f"Invalid value for 'tool_choice': {choice!r}; expected {expected}", "tool_choice")
+        )
+    if not candidates:
+        raise Invalid(bad_request("tool_choice 'required' needs at least one tool in 'tools'", "tool_choice"))
+    return tools, ConstraintSpec("lark", forced_call_grammar(list(candidates), False), "tool_choice")
+
+
+def function_call_message(item: dict, where: str) -> Message:
+    """A ``function_call`` item as an assistant turn holding that one call."""
+    name = f.string(item, "name", f"{where}.name")
+    f.string(item, "call_id", f"{where}.call_id")
+    arguments = item.get("arguments", "{}")
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else None
+    except ValueError:
+        parsed = None
+    if not name or not isinstance(parsed, dict):
+        raise Invalid(bad_request(f"'{where}' needs a name and JSON object arguments (a string)", where))
+    return Message("assistant", "", tool_calls=(ToolCall(name, json.dumps(parsed, ensure_ascii=False)),))
+
+
+def function_output_message(item: dict, where: str) -> Message:
+    """A ``function_call_output`` item as a tool message (output a string or text parts)."""
+    call_id = f.string(item, "call_id", f"{where}.call_id")
+    output = item.get("output")
+    if isinstance(output, list):
+        texts = [part.get("text") for part in output if isinstance(part, dict)]
+        if len(texts) != len(output) or not all(isinstance(t, str) for t in texts):
+            raise f.wrong_type(f"{where}.output", "a string or an array of text parts", output)
+        output = "".join(texts)
+    if not isinstance(output, str):
+        raise f.wrong_type(f"{where}.output", "a string", output)
+    return Message("tool", output, tool_call_id=call_id)
+
+
+def merge_call_turns(messages: list[Message]) -> tuple[Message, ...]:
+    """Consecutive assistant turns carrying calls become one turn (text first, then all calls),
+    the shape a model produced them in."""
+    merged: list[Message] = []
+    for message in messages:
+        last = merged[-1] if merged else None
+        if message.tool_calls and last is not None and last.role == "assistant":
+            content = last.content + message.content
+            merged[-1] = Message("assistant", content, tool_calls=last.tool_calls + message.tool_calls)
+        else:
+            merged.append(message)
+    return tuple(merged)
+
+
+def tools_echo(tools: tuple[ToolSpec, ...]) -> list[dict]:
+    """The declarations as a Response object lists them."""
+    return [
+        {
+            "type": "function",
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+            "strict": tool.strict,
+        }
+        for tool in tools
+    ]

@@ -1,0 +1,161 @@
+"""Constrained decoding with llguidance: a grammar decides which tokens may come next.
+
+A request's :class:`ConstraintSpec` (a JSON schema, a regex or a Lark grammar) is checked on
+the connection side (:meth:`ConstraintCompiler.validate`, a 400 carrying llguidance's message
+when it is invalid) and turned into a :class:`TokenConstraint` on the worker. Compiling a
+grammar walks the whole vocabulary, so compiled base matchers are kept in an LRU cache keyed
+by grammar source and cloned per request; only the worker thread touches that cache.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Literal
+
+import llguidance
+import numpy as np
+
+from inference.engine.tokenizer import Tokenizer
+
+ConstraintKind = Literal["json_schema", "regex", "lark"]
+CACHED_GRAMMARS = 32
+# Fixed separators: with free whitespace a model may pad a JSON reply until its budget runs out.
+JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """What a reply must match. ``source`` is the schema as JSON text, the regex, or the Lark
+    grammar; ``param`` is the request field it came from (named in errors)."""
+
+    kind: ConstraintKind
+    source: str
+    param: str
+
+    @classmethod
+    def json_schema(cls, schema: dict, param: str) -> ConstraintSpec:
+        return cls("json_schema", json.dumps(schema), param)
+
+    def grammar(self) -> str:
+        """The llguidance grammar text of this constraint."""
+        if self.kind == "json_schema":
+            return llguidance.LLMatcher.grammar_from_json_schema(self.source, defaults=JSON_OPTIONS)
+        if self.kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(self.source)
+        return llguidance.LLMatcher.grammar_from_lark(self.source)
+
+
+def build_lltokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
+    """The tokenizer bridge: our GGUF vocabulary as llguidance sees it (each token's bytes,
+    control tokens marked special so no grammar text can produce them)."""
+    tokens, special = [], []
+    for token_id in range(tokenizer.vocab_size):
+        if tokenizer.is_control(token_id):
+            special.append(token_id)
+            tokens.append(tokenizer.token_bytes(token_id, special=True))
+        else:
+            tokens.append(tokenizer.token_bytes(token_id))
+    eos = tokenizer.eos_id if tokenizer.eos_id is not None else min(tokenizer.eog_ids, default=0)
+    wrapper = _VocabularyWrapper(tokenizer, tokens, special, eos)
+    eog = sorted(tokenizer.eog_ids) or [eos]
+    return llguidance.LLTokenizer(wrapper, n_vocab=tokenizer.vocab_size, eos_token=eog)
+
+
+class _VocabularyWrapper(llguidance.TokenizerWrapper):
+    """The duck-typed object LLTokenizer reads: token bytes, special ids and an encoder."""
+
+    def __init__(self, tokenizer: Tokenizer, tokens: list[bytes], special: list[int], eos: int):
+        self.eos_token_id = eos
+        self.bos_token_id = tokenizer.bos_id
+        self.tokens = tokens
+        self.special_token_ids = special
+        self.is_tokenizer_wrapper = True
+        self._tokenizer = tokenizer
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._tokenizer.encode(text, add_bos=False, parse_special=False)
+
+
+class ConstraintCompiler:
+    """Validates constraint specs and hands out per-request matchers for one vocabulary."""
+
+    def __init__(self, tokenizer: Tokenizer, cache_size: int = CACHED_GRAMMARS):
+        self.lltokenizer = build_lltokenizer(tokenizer)
+        self.vocab_size = tokenizer.vocab_size
+        self.cache_size = cache_size
+        self._base: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._owner: int | None = None  # the one thread allowed to touch _base
+
+    def validate(self, spec: ConstraintSpec) -> str | None:
+        """llguidance's error message when the constraint cannot be compiled, else None.
+        Safe on any thread: it compiles a throwaway copy."""
+        try:
+            grammar = spec.grammar()
+        except (ValueError, TypeError, RuntimeError) as exc:
+            return str(exc)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.lltokenizer)
+        return messages[0] if is_error else None
+
+    def constraint(self, spec: ConstraintSpec) -> TokenConstraint:
+        """A fresh constraint for one request, cloned from the cached compiled grammar."""
+        self._check_thread()
+        grammar = spec.grammar()
+        base = self._base.get(grammar)
+        if base is None:
+            base = llguidance.LLMatcher(self.lltokenizer, grammar, log_level=0)
+            if base.is_error():
+                raise ValueError(base.get_error())
+            self._base[grammar] = base
+            while len(self._base) > self.cache_size:
+                self._base.popitem(last=False)
+        self._base.move_to_end(grammar)
+        return TokenConstraint(base.deep_copy(), self.vocab_size)
+
+    @property
+    def cached(self) -> int:
+        return len(self._base)
+
+    def _check_thread(self) -> None:
+        me = threading.get_ident()
+        if self._owner is None:
+            self._owner = me
+        elif self._owner != me:
+            raise RuntimeError("compiled grammars are owned by the worker thread")
+
+
+class TokenConstraint:
+    """One request's matcher: the allowed-token mask before each sample, then the token."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int):
+        self.matcher = matcher
+        self.vocab_size = vocab_size
+
+    def allowed(self, n_logits: int) -> np.ndarray:
+        """Boolean mask over the model's ``n_logits`` outputs (padding rows never allowed)."""
+        bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        mask = np.unpackbits(bits, bitorder="little").astype(bool)  # (32 * words,)
+        out = np.zeros(n_logits, dtype=bool)  # (n_logits,)
+        n = min(n_logits, self.vocab_size, mask.shape[0])
+        out[:n] = mask[:n]
+        return out
+
+    def accept(self, token: int) -> bool:
+        """Advance past ``token``; True when the grammar is complete (the turn must end)."""
+        if not self.matcher.consume_token(token):
+            raise ValueError(f"constraint rejected token {token}: {self.matcher.get_error()}")
+        return self.matcher.is_stopped()
+
+    @property
+    def completed(self) -> bool:
+        """Whether the grammar is finished: nothing but the end of the turn may follow."""
+        return self.matcher.is_stopped()
+
+    @property
+    def satisfied(self) -> bool:
+        """Whether the reply so far is a complete match."""
+        return self.matcher.is_accepting()

@@ -1,0 +1,196 @@
+"""The KV sidecar file: a conversation's cache rows on disk, restorable with no re-prefill.
+
+Little-endian, append-only::
+
+    magic "LMSKV001" | record count u32 | layer count u32 | dtype u32 (0 f16, 1 q8_0)
+    | per layer: kv heads u32, key head dim u32, value head dim u32 | crc32 of the header u32
+    then per position: token id i32, and for each layer that position's K row and V row.
+
+The record count is rewritten last, so an interrupted append leaves a valid shorter file, and a
+torn tail (a record cut short) is dropped on load. The CRC covers every header field but the
+count, so a corrupted header is told apart from a foreign one. Rows are a (kv heads x head dim)
+slice of the cache in f16 (lossless for a cache holding f16-rounded values) or q8_0 (blocks of
+32 values: an f16 scale, then 32 int8).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from inference.engine.kv_cache import KVCache, KVGeometry
+
+MAGIC = b"LMSKV001"
+F16, Q8_0 = 0, 1
+DTYPE_NAMES = {F16: "f16", Q8_0: "q8_0"}
+Q8_BLOCK = 32
+COUNT_OFFSET = len(MAGIC)
+
+
+class SidecarError(ValueError):
+    """The file is not a usable sidecar (bad magic, corrupted header)."""
+
+
+@dataclass(frozen=True)
+class SidecarHeader:
+    """What a sidecar's rows look like and how many complete records it holds."""
+
+    geometry: KVGeometry
+    dtype: int
+    count: int
+
+    @property
+    def size(self) -> int:
+        return len(MAGIC) + 4 * 3 + 12 * self.geometry.n_layers + 4
+
+    def row_bytes(self, n_values: int) -> int:
+        if self.dtype == F16:
+            return 2 * n_values
+        return (n_values // Q8_BLOCK) * (2 + Q8_BLOCK)
+
+    @property
+    def record_dtype(self) -> np.dtype:
+        g = self.geometry
+        layer = [
+            ("k", np.uint8, (self.row_bytes(g.n_kv_heads * g.head_dim_k),)),
+            ("v", np.uint8, (self.row_bytes(g.n_kv_heads * g.head_dim_v),)),
+        ]
+        return np.dtype([("token", "<i4"), ("layers", layer, (g.n_layers,))])
+
+    def encode(self) -> bytes:
+        g = self.geometry
+        static = struct.pack("<II", g.n_layers, self.dtype)
+        static += struct.pack("<III", g.n_kv_heads, g.head_dim_k, g.head_dim_v) * g.n_layers
+        return MAGIC + struct.pack("<I", self.count) + static + struct.pack("<I", zlib.crc32(static))
+
+
+def read_header(data: bytes) -> SidecarHeader:
+    """Parse a header from the file's first bytes; raises SidecarError when it is corrupt."""
+    if data[: len(MAGIC)] != MAGIC:
+        raise SidecarError("not a sidecar (bad magic)")
+    count, n_layers, dtype = struct.unpack_from("<III", data, COUNT_OFFSET)
+    static_end = COUNT_OFFSET + 12 + 12 * n_layers
+    if n_layers < 1 or n_layers > 4096 or len(data) < static_end + 4:
+        raise SidecarError(f"corrupted header (layer count {n_layers})")
+    static = data[COUNT_OFFSET + 4 : static_end]
+    (crc,) = struct.unpack_from("<I", data, static_end)
+    if crc != zlib.crc32(static):
+        raise SidecarError("corrupted header (checksum mismatch)")
+    if dtype not in DTYPE_NAMES:
+        raise SidecarError(f"unknown row dtype {dtype}")
+    dims = set(struct.iter_unpack("<III", data[COUNT_OFFSET + 12 : static_end]))
+    if len(dims) != 1:
+        raise SidecarError("per-layer geometries differ; this server's caches are uniform")
+    kv_heads, head_dim_k, head_dim_v = dims.pop()
+    return SidecarHeader(KVGeometry(n_layers, kv_heads, head_dim_k, head_dim_v), dtype, count)
+
+
+def open_sidecar(path: Path) -> tuple[SidecarHeader, np.memmap | None]:
+    """The header and the complete records (a torn tail dropped); None when it has none."""
+    with path.open("rb") as f:
+        header = read_header(f.read(len(MAGIC) + 12 + 12 * 4096 + 4))
+    record = header.record_dtype
+    complete = (path.stat().st_size - header.size) // record.itemsize
+    count = max(0, min(header.count, complete))
+    header = SidecarHeader(header.geometry, header.dtype, count)
+    if count == 0:
+        return header, None
+    return header, np.memmap(path, dtype=record, mode="r", offset=header.size, shape=(count,))
+
+
+# -- row codecs ----------------------------------------------------------------------------
+def encode_rows(rows: np.ndarray, dtype: int) -> np.ndarray:
+    """(n, values) float32 -> (n, row bytes) uint8."""
+    if dtype == F16:
+        return rows.astype("<f2").view(np.uint8)
+    blocks = rows.reshape(rows.shape[0], -1, Q8_BLOCK)  # (n, blocks, 32)
+    scale = np.abs(blocks).max(axis=2) / 127.0  # (n, blocks)
+    safe = np.where(scale == 0, 1.0, scale)
+    quants = np.clip(np.rint(blocks / safe[..., None]), -127, 127).astype(np.int8)  # (n, blocks, 32)
+    scale16 = scale.astype("<f2").view(np.uint8).reshape(rows.shape[0], -1, 2)  # (n, blocks, 2)
+    packed = np.concatenate([scale16, quants.view(np.uint8)], axis=2)  # (n, blocks, 34)
+    return packed.reshape(rows.shape[0], -1)
+
+
+def decode_rows(data: np.ndarray, dtype: int) -> np.ndarray:
+    """(n, row bytes) uint8 -> (n, values) float32."""
+    data = np.ascontiguousarray(data)
+    if dtype == F16:
+        return data.view("<f2").astype(np.float32)
+    packed = data.reshape(data.shape[0], -1, 2 + Q8_BLOCK)  # (n, blocks, 34)
+    scale = np.ascontiguousarray(packed[..., :2]).view("<f2").astype(np.float32)  # (n, blocks, 1)
+    quants = np.ascontiguousarray(packed[..., 2:]).view(np.int8).astype(np.float32)  # (n, blocks, 32)
+    return (quants * scale).reshape(data.shape[0], -1)
+
+
+def _records(cache: KVCache, start: int, end: int, header: SidecarHeader) -> np.ndarray:
+    """Cache positions [start, end) as sidecar records."""
+    g = cache.geometry
+    n = end - start
+    out = np.zeros(n, dtype=header.record_dtype)  # (n,) records
+    out["token"] = cache.tokens[start:end]
+    for layer in range(g.n_layers):
+        k = cache.k[layer, :, start:end].transpose(1, 0, 2).reshape(n, -1)  # (n, kvh * hd)
+        v = cache.v[layer, :, start:end].transpose(1, 0, 2).reshape(n, -1)  # (n, kvh * hd)
+        out["layers"]["k"][:, layer] = encode_rows(k, header.dtype)
+        out["layers"]["v"][:, layer] = encode_rows(v, header.dtype)
+    return out
+
+
+# -- writing -------------------------------------------------------------------------------
+def write_sidecar(path: Path, cache: KVCache, dtype: int = F16) -> None:
+    """Store every committed position of ``cache`` at ``path``. Written under a temporary name
+    and renamed into place, so no half-written file ever carries a loadable name."""
+    header = SidecarHeader(cache.geometry, dtype, cache.n_tokens)
+    temp = path.with_name(f".{path.name}.tmp")
+    with temp.open("wb") as f:
+        f.write(header.encode())
+        f.write(_records(cache, 0, cache.n_tokens, header).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, path)
+
+
+def append_sidecar(path: Path, cache: KVCache) -> int:
+    """Extend a sidecar whose tokens ``cache`` continues with the positions it lacks; the count
+    is rewritten only after the new records are on disk. Returns the new record count."""
+    header, records = open_sidecar(path)
+    old = header.count
+    del records
+    with path.open("r+b") as f:
+        f.seek(header.size + old * header.record_dtype.itemsize)
+        f.truncate()  # a torn tail from an earlier interrupted append
+        f.write(_records(cache, old, cache.n_tokens, header).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+        f.seek(COUNT_OFFSET)
+        f.write(struct.pack("<I", cache.n_tokens))
+        f.flush()
+        os.fsync(f.fileno())
+    return cache.n_tokens
+
+
+# -- reading -------------------------------------------------------------------------------
+def sidecar_tokens(records: np.ndarray | None) -> list[int]:
+    return [] if records is None else records["token"].tolist()
+
+
+def load_into(records: np.ndarray, header: SidecarHeader, cache: KVCache) -> None:
+    """Replace ``cache``'s contents with the sidecar's positions (no logits: the engine re-runs
+    the last prompt token when a request is wholly cached)."""
+    g = cache.geometry
+    if header.geometry != g:
+        raise ValueError(f"sidecar geometry {header.geometry} does not fit the cache's {g}")
+    n = min(len(records), cache.n_ctx)
+    for layer in range(g.n_layers):
+        k = decode_rows(records["layers"]["k"][:n, layer], header.dtype)  # (n, kvh * hd)
+        v = decode_rows(records["layers"]["v"][:n, layer], header.dtype)  # (n, kvh * hd)
+        cache.k[layer, :, :n] = k.reshape(n, g.n_kv_heads, g.head_dim_k).transpose(1, 0, 2)
+        cache.v[layer, :, :n] = v.reshape(n, g.n_kv_heads, g.head_dim_v).transpose(1, 0, 2)
+    cache.tokens = records["token"][:n].tolist()
+    cache.prefill_logits = None

@@ -1,0 +1,145 @@
+"""Hermes-style function calls (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``),
+the convention of the qwen2 and qwen3 families' chat templates.
+
+:class:`ToolCallScanner` captures call regions in a reply's text as it streams: plain text
+passes through at once (except what may be the start of a marker), each call is reported as
+soon as its closing marker arrives, and a region whose JSON is not a call passes through as
+plain text, markers intact. :func:`forced_call_grammar` compiles "the reply is exactly one
+call to one of these tools" into a Lark grammar for llguidance.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+PERMISSIVE_ARGUMENTS = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One declared function: its JSON-schema ``parameters`` and whether they are enforced."""
+
+    name: str
+    description: str = ""
+    parameters: dict | None = None
+    strict: bool = False
+
+    def template_dict(self) -> dict:
+        """The OpenAI tool shape chat templates iterate over."""
+        function = {"name": self.name, "description": self.description}
+        function["parameters"] = self.parameters if self.parameters is not None else PERMISSIVE_ARGUMENTS
+        return {"type": "function", "function": function}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A completed call; ``arguments`` is the arguments object as compact JSON text."""
+
+    name: str
+    arguments: str
+
+    def template_dict(self) -> dict:
+        """The OpenAI shape chat templates read, arguments as an object (templates tojson it)."""
+        return {"type": "function", "function": {"name": self.name, "arguments": json.loads(self.arguments)}}
+
+
+def parse_call(body: str) -> ToolCall | None:
+    """The call a region's JSON describes, or None when it is not a well-formed call."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
+        return None
+    arguments = value.get("arguments", {})
+    if isinstance(arguments, str):  # some models write the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+class ToolCallScanner:
+    """Splits streamed reply text into plain text and completed :class:`ToolCall` s."""
+
+    def __init__(self):
+        self._held = ""  # text that may start a call marker
+        self._region: list[str] | None = None  # the text inside an open call region
+
+    def feed(self, text: str) -> list[str | ToolCall]:
+        """Route more text; returns the text pieces and calls that can be sent now, in order."""
+        out: list[str | ToolCall] = []
+        text = self._held + text
+        self._held = ""
+        while text:
+            if self._region is None:
+                text = self._scan_plain(text, out)
+            else:
+                text = self._scan_region(text, out)
+        return out
+
+    def flush(self) -> list[str | ToolCall]:
+        """The reply ended: an unclosed region passes through as plain text."""
+        out: list[str | ToolCall] = []
+        if self._region is not None:
+            out.append(CALL_OPEN + "".join(self._region) + self._held)
+        elif self._held:
+            out.append(self._held)
+        self._region, self._held = None, ""
+        return out
+
+    def _scan_plain(self, text: str, out: list) -> str:
+        at = text.find(CALL_OPEN)
+        if at < 0:
+            keep = _marker_prefix(text, CALL_OPEN)
+            self._held = text[len(text) - keep :] if keep else ""
+            _emit(out, text[: len(text) - keep])
+            return ""
+        _emit(out, text[:at])
+        self._region = []
+        return text[at + len(CALL_OPEN) :]
+
+    def _scan_region(self, text: str, out: list) -> str:
+        at = text.find(CALL_CLOSE)
+        if at < 0:
+            keep = _marker_prefix(text, CALL_CLOSE)
+            self._region.append(text[: len(text) - keep])
+            self._held = text[len(text) - keep :] if keep else ""
+            return ""
+        body = "".join(self._region) + text[:at]
+        self._region = None
+        call = parse_call(body)
+        out.append(call if call is not None else CALL_OPEN + body + CALL_CLOSE)
+        return text[at + len(CALL_CLOSE) :]
+
+
+def _emit(out: list, text: str) -> None:
+    if text:
+        out.append(text)
+
+
+def _marker_prefix(text: str, marker: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
+    return next((n for n in range(min(len(marker) - 1, len(text)), 0, -1) if text.endswith(marker[:n])), 0)
+
+
+def forced_call_grammar(tools: list[ToolSpec], enforce_schemas: bool) -> str:
+    """A Lark grammar whose only sentences are one Hermes call to one of ``tools``. Argument
+    schemas are enforced for tools that are ``strict`` or when ``enforce_schemas``; others get
+    any JSON object."""
+    if not tools:
+        raise ValueError("a forced call needs at least one tool")
+    rules = [f"start: {json.dumps(CALL_OPEN + chr(10))} call {json.dumps(chr(10) + CALL_CLOSE)}"]
+    rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(tools))))
+    for i, tool in enumerate(tools):
+        head = json.dumps('{"name": ' + json.dumps(tool.name) + ', "arguments": ')
+        rules.append(f'call_{i}: {head} args_{i} "}}"')
+        enforce = (enforce_schemas or tool.strict) and tool.parameters is not None
+        schema = tool.parameters if enforce else PERMISSIVE_ARGUMENTS
+        rules.append(f"args_{i}: %json {json.dumps(schema)}")
+    return "\n".join(rules) + "\n"

@@ -1,0 +1,95 @@
+"""Reasoning routing end to end: a synthetic qwen3 model that answers with a think block,
+served live and read through the SDKs in all three dialects, streamed and not."""
+
+from __future__ import annotations
+
+import anthropic
+import openai
+import pytest
+
+from tests.api.conftest import API_KEY, start_lmserve
+from tests.fixtures.think_gguf import ANSWER_TEXT, THINK_REPLY, THINK_TEXT, think_model_path
+
+pytestmark = pytest.mark.timeout(900)
+ASK = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.fixture(scope="module")
+def think_server(synthetic_dir, tmp_path_factory):
+    model = think_model_path(synthetic_dir)
+    server = start_lmserve(tmp_path_factory.mktemp("think"), str(model), "--api-key", API_KEY, "--ctx", "512")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def oai(think_server):
+    with openai.OpenAI(base_url=think_server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def claude(think_server):
+    return anthropic.Anthropic(base_url=think_server.url, api_key=API_KEY, max_retries=0, timeout=300)
+
+
+def test_chat_reasoning_content(oai):
+    reply = oai.chat.completions.create(
+        model="m", messages=ASK, max_tokens=40, temperature=0, reasoning_effort="low"
+    )
+    message = reply.choices[0].message
+    assert (message.content, message.model_extra["reasoning_content"]) == (ANSWER_TEXT, THINK_TEXT)
+    assert reply.usage.completion_tokens_details.reasoning_tokens > 0
+    reasoning, content = [], []
+    stream = oai.chat.completions.create(
+        model="m", messages=ASK, max_tokens=40, temperature=0, reasoning_effort="high", stream=True
+    )
+    for chunk in stream:
+        for choice in chunk.choices:
+            reasoning.append((choice.delta.model_extra or {}).get("reasoning_content") or "")
+            content.append(choice.delta.content or "")
+    assert ("".join(reasoning), "".join(content)) == (THINK_TEXT, ANSWER_TEXT)
+
+
+def test_reasoning_is_off_by_default(oai):
+    reply = oai.chat.completions.create(model="m", messages=ASK, max_tokens=40, temperature=0)
+    assert reply.choices[0].message.content == THINK_REPLY
+
+
+def test_a_constraint_forces_reasoning_off(oai):
+    reply = oai.chat.completions.create(
+        model="m",
+        messages=ASK,
+        max_tokens=40,
+        temperature=0,
+        reasoning_effort="high",
+        extra_body={"regex": "ok"},
+    )
+    assert reply.choices[0].message.content == "ok"
+    assert "reasoning_content" not in reply.choices[0].message.model_extra
+
+
+def test_responses_reasoning_item(oai):
+    response = oai.responses.create(
+        model="m", input="Hi", max_output_tokens=40, temperature=0, reasoning={"effort": "medium"}
+    )
+    kinds = [item.type for item in response.output]
+    assert kinds == ["reasoning", "message"] and response.output_text == ANSWER_TEXT
+    assert response.output[0].content[0].text == THINK_TEXT
+    with oai.responses.stream(
+        model="m", input="Hi", max_output_tokens=40, temperature=0, reasoning={"effort": "medium"}
+    ) as stream:
+        events = list(stream)
+    reasoning = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert (reasoning, text) == (THINK_TEXT, ANSWER_TEXT)
+
+
+def test_anthropic_thinking_block(claude):
+    thinking = {"type": "enabled", "budget_tokens": 1024}
+    message = claude.messages.create(model="m", max_tokens=40, messages=ASK, thinking=thinking)
+    assert [block.type for block in message.content] == ["thinking", "text"]
+    assert (message.content[0].thinking, message.content[1].text) == (THINK_TEXT, ANSWER_TEXT)
+    with claude.messages.stream(model="m", max_tokens=40, messages=ASK, thinking=thinking) as stream:
+        final = stream.get_final_message()
+    assert (final.content[0].thinking, final.content[1].text) == (THINK_TEXT, ANSWER_TEXT)

@@ -1,0 +1,107 @@
+"""Hermes tool calls: the streaming scanner, and the forced-call grammar driving the real
+Qwen2.5-Coder model to exactly one valid call."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import llguidance
+import pytest
+
+from inference.constraints import ConstraintCompiler, ConstraintSpec
+from inference.engine.engine import Engine
+from inference.engine.sampler import SamplingParams
+from inference.toolcall import ToolCall, ToolCallScanner, ToolSpec, forced_call_grammar, parse_call
+from tests.fixtures.model_files import optional_model_path
+
+pytestmark = pytest.mark.timeout(900)
+
+WEATHER = ToolSpec(
+    "get_weather",
+    "The weather in a city.",
+    {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["c", "f"]}},
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    },
+)
+CLOCK = ToolSpec("get_time", "The time now.", {"type": "object", "properties": {}})
+
+
+def scan(parts: list[str]) -> list:
+    scanner = ToolCallScanner()
+    out = [item for part in parts for item in scanner.feed(part)] + scanner.flush()
+    merged: list = []
+    for item in out:  # adjacent text pieces compare as one
+        if isinstance(item, str) and merged and isinstance(merged[-1], str):
+            merged[-1] += item
+        else:
+            merged.append(item)
+    return merged
+
+
+def test_scanner_captures_calls_split_anywhere():
+    reply = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    for size in (1, 3, 7, len(reply)):
+        parts = [reply[i : i + size] for i in range(0, len(reply), size)]
+        assert scan(parts) == ["Let me check.\n", ToolCall("get_weather", '{"city": "Oslo"}')]
+
+
+def test_scanner_passes_malformed_calls_through_with_markers():
+    bad = "<tool_call>{not json}</tool_call>"
+    assert scan(["a ", bad, " b"]) == ["a " + bad + " b"]
+    assert scan(['<tool_call>{"arguments": {}}</tool_call>']) == ['<tool_call>{"arguments": {}}</tool_call>']
+    assert scan(["x <tool_call>{unclosed"]) == ["x <tool_call>{unclosed"]
+    assert scan(["a <tool_c"]) == ["a <tool_c"]
+
+
+def test_scanner_reports_each_call_as_it_closes():
+    scanner = ToolCallScanner()
+    first = scanner.feed('<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>{"name"')
+    assert first == [ToolCall("a", "{}"), "\n"]
+    assert scanner.feed(': "b", "arguments": "{\\"x\\": 1}"}</tool_call>') == [ToolCall("b", '{"x": 1}')]
+
+
+def test_parse_call_rejects_non_calls():
+    assert parse_call('{"name": "f", "arguments": [1]}') is None
+    assert parse_call('{"name": "", "arguments": {}}') is None
+    assert parse_call('{"name": "f"}') == ToolCall("f", "{}")
+
+
+def test_forced_grammar_is_valid_lark():
+    grammar = llguidance.LLMatcher.grammar_from_lark(forced_call_grammar([WEATHER, CLOCK], True))
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    assert not is_error, messages
+    with pytest.raises(ValueError):
+        forced_call_grammar([], True)
+
+
+def test_non_strict_schemas_are_permissive():
+    loose = forced_call_grammar([WEATHER], enforce_schemas=False)
+    assert '"city"' not in loose and '%json {"type": "object"}' in loose
+    strict = ToolSpec(WEATHER.name, WEATHER.description, WEATHER.parameters, strict=True)
+    assert '"city"' in forced_call_grammar([strict], enforce_schemas=False)
+
+
+@pytest.fixture(scope="module")
+def qwen() -> Engine:
+    return Engine.load(optional_model_path("qwen2.5-coder-0.5b-instruct.gguf"))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_forced_call_on_qwen_is_one_valid_call(qwen, temperature):
+    compiler = ConstraintCompiler(qwen.tokenizer)
+    tools = [WEATHER, CLOCK]
+    messages = [{"role": "user", "content": "What's the weather in Paris?"}]
+    prompt = qwen.encode_prompt(qwen.render_chat(messages, tools=[t.template_dict() for t in tools]))
+    constraint = compiler.constraint(ConstraintSpec("lark", forced_call_grammar(tools, True), "tool_choice"))
+    params = SamplingParams(temperature=temperature, top_k=40, seed=5)
+    ids = list(qwen.generate(qwen.new_cache(1024), prompt, params, 80, constraint=constraint))
+    assert constraint.completed
+    items = scan([qwen.tokenizer.decode(ids)])
+    assert len(items) == 1 and isinstance(items[0], ToolCall)
+    call = items[0]
+    schema = {t.name: t.parameters for t in tools}[call.name]
+    jsonschema.validate(json.loads(call.arguments), schema)
