@@ -25,6 +25,7 @@ from .tools import parse_chat_tool_choice, parse_chat_tools, parse_tool_calls
 
 MAX_STOP_STRINGS = 4
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+CHAT_TEXT_KEYS = {"text": "text", "refusal": "refusal"}
 REFUSED_PART_TYPES = {
     "image_url": "image input",
     "input_image": "image input",
@@ -201,31 +202,10 @@ def _parse_message(item: object, where: str) -> Message:
 
 
 def _content_text(content: object, where: str) -> str:
-    """A message's content (a string or an array of text parts) as one string."""
+    """A chat message's content (absent, a string, or ``text`` / ``refusal`` parts) as one string."""
     if content is None:
         return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise f.wrong_type(where, "a string or an array of content parts", content)
-    texts = []
-    for j, part in enumerate(content):
-        at = f"{where}[{j}]"
-        if not isinstance(part, dict):
-            raise f.wrong_type(at, "an object", part)
-        kind = part.get("type")
-        if kind in REFUSED_PART_TYPES:
-            raise Invalid(unsupported(f"{at}.type", f"{kind!r}: {REFUSED_PART_TYPES[kind]} is not supported"))
-        key = {"text": "text", "refusal": "refusal"}.get(kind)
-        if key is None:
-            raise Invalid(
-                bad_request(f"Invalid value for '{at}.type': {kind!r}; expected 'text'", f"{at}.type")
-            )
-        text = part.get(key)
-        if not isinstance(text, str):
-            raise f.wrong_type(f"{at}.{key}", "a string", text)
-        texts.append(text)
-    return "".join(texts)
+    return f.text_content(content, where, CHAT_TEXT_KEYS, "text", REFUSED_PART_TYPES)
 
 
 def parse_stop(value: object) -> tuple[str, ...]:

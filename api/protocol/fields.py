@@ -10,7 +10,7 @@ import json
 import math
 from typing import Any
 
-from api.errors import ApiError, bad_request
+from api.errors import ApiError, bad_request, unsupported
 
 
 class Invalid(Exception):
@@ -128,3 +128,33 @@ def array(body: dict, name: str, param: str | None = None) -> list | None:
     if not isinstance(value, list):
         raise wrong_type(param or name, "an array", value)
     return value
+
+
+def text_content(
+    content: object, where: str, text_keys: dict[str, str], expected: str, refused: dict[str, str]
+) -> str:
+    """A message's content, a string or an array of text parts, as one string.
+
+    ``text_keys`` maps each accepted part type to the key holding its text; part types in
+    ``refused`` (images, audio, files) are a 400 naming what is not supported."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise wrong_type(where, "a string or an array of content parts", content)
+    texts = []
+    for j, part in enumerate(content):
+        at = f"{where}[{j}]"
+        if not isinstance(part, dict):
+            raise wrong_type(at, "an object", part)
+        kind = part.get("type")
+        if kind in refused:
+            raise Invalid(unsupported(f"{at}.type", f"{kind!r}: {refused[kind]} is not supported"))
+        key = text_keys.get(kind)
+        if key is None:
+            message = f"Invalid value for '{at}.type': {kind!r}; expected '{expected}'"
+            raise Invalid(bad_request(message, f"{at}.type"))
+        text = part.get(key)
+        if not isinstance(text, str):
+            raise wrong_type(f"{at}.{key}", "a string", text)
+        texts.append(text)
+    return "".join(texts)

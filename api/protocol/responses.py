@@ -239,26 +239,5 @@ def _parse_message(item: dict, where: str) -> Message:
 
 
 def _content_text(content: object, where: str) -> str:
-    """A message's content (a string or an array of text parts) as one string."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise f.wrong_type(where, "a string or an array of content parts", content)
-    texts = []
-    for j, part in enumerate(content):
-        at = f"{where}[{j}]"
-        if not isinstance(part, dict):
-            raise f.wrong_type(at, "an object", part)
-        kind = part.get("type")
-        if kind in REFUSED_PART_TYPES:
-            raise Invalid(unsupported(f"{at}.type", f"{kind!r}: {REFUSED_PART_TYPES[kind]} is not supported"))
-        key = TEXT_PART_KEYS.get(kind)
-        if key is None:
-            raise Invalid(
-                bad_request(f"Invalid value for '{at}.type': {kind!r}; expected 'input_text'", f"{at}.type")
-            )
-        text = part.get(key)
-        if not isinstance(text, str):
-            raise f.wrong_type(f"{at}.{key}", "a string", text)
-        texts.append(text)
-    return "".join(texts)
+    """An input message's content (a string or input/output text parts) as one string."""
+    return f.text_content(content, where, TEXT_PART_KEYS, "input_text", REFUSED_PART_TYPES)
