@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from api.errors import ApiError, bad_request, unsupported
 from inference.constraints import ConstraintSpec
 from inference.toolcall import ToolSpec
-from inference.types import GenerationRequest, Message, SamplingOverrides
+from inference.types import GenerationRequest, Message
 
 from . import fields as f
 from .anthropic_tools import (
@@ -97,10 +97,9 @@ class MessagesRequest:
         if not tools_available:
             messages, tools = without_tools(messages), ()
             constraint = None if self.forced_call else constraint
-        sampling = SamplingOverrides(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
         return GenerationRequest(
             (*system, *messages),
-            sampling,
+            f.sampling_overrides(self),
             self.max_tokens,
             self.stop_sequences,
             self.ignore_eos,
@@ -130,12 +129,7 @@ def _parse_thinking(body: dict) -> bool:
         return False
     kind = thinking.get("type")
     if kind not in THINKING_TYPES:
-        raise Invalid(
-            bad_request(
-                f"Invalid value for 'thinking.type': {kind!r}; expected one of {', '.join(THINKING_TYPES)}",
-                "thinking.type",
-            )
-        )
+        raise f.invalid_value("thinking.type", kind, f"one of {', '.join(THINKING_TYPES)}")
     if kind == "enabled" and f.integer(thinking, "budget_tokens", lo=1) is None:
         raise Invalid(
             bad_request(
@@ -171,8 +165,7 @@ def parse_system(value: object) -> str | None:
             raise f.wrong_type(at, "an object", block)
         kind = block.get("type")
         if kind != "text":
-            message = f"Invalid value for '{at}.type': {kind!r}; expected 'text'"
-            raise Invalid(bad_request(message, f"{at}.type"))
+            raise f.invalid_value(f"{at}.type", kind, "'text'")
         texts.append(_text_of(block, at))
     return BLOCK_SEPARATOR.join(texts)
 
@@ -180,15 +173,10 @@ def parse_system(value: object) -> str | None:
 def parse_messages(value: object) -> tuple[Message, ...]:
     """``messages`` as typed messages. A message left empty by dropping its thinking blocks is
     dropped whole; a final assistant message (a prefill) is not implemented."""
-    if value is None:
-        raise Invalid(bad_request("'messages' is required", "messages", "missing_required_parameter"))
-    if not isinstance(value, list):
-        raise f.wrong_type("messages", "an array", value)
-    if not value:
-        raise Invalid(bad_request("'messages' must contain at least one message", "messages"))
-    turns = [_parse_message(item, f"messages[{i}]") for i, item in enumerate(value)]
+    items = f.message_array(value)
+    turns = [_parse_message(item, f"messages[{i}]") for i, item in enumerate(items)]
     if turns[-1] and turns[-1][-1].role == "assistant":
-        last = f"messages[{len(value) - 1}]"
+        last = f"messages[{len(items) - 1}]"
         raise Invalid(
             unsupported(
                 last,
@@ -207,11 +195,7 @@ def _parse_message(item: object, where: str) -> list[Message]:
         raise f.wrong_type(where, "an object", item)
     role = item.get("role")
     if role not in ROLES:
-        raise Invalid(
-            bad_request(
-                f"Invalid value for '{where}.role': {role!r}; expected 'user' or 'assistant'", f"{where}.role"
-            )
-        )
+        raise f.invalid_value(f"{where}.role", role, "'user' or 'assistant'")
     content = item.get("content")
     if isinstance(content, str):
         return [Message(role, content)]
@@ -255,7 +239,7 @@ def _route_block(block: object, at: str, role: str, into: tuple[list, list, list
     elif isinstance(kind, str) and _is_server_tool_block(kind):
         raise Invalid(unsupported(f"{at}.type", f"{kind!r}: server tools are not supported"))
     else:
-        raise Invalid(bad_request(f"Invalid value for '{at}.type': {kind!r}; expected 'text'", f"{at}.type"))
+        raise f.invalid_value(f"{at}.type", kind, "'text'")
 
 
 def _is_server_tool_block(kind: str) -> bool:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 
 from api.errors import bad_request, unsupported
-from inference.constraints import ConstraintSpec
-from inference.toolcall import ToolCall, ToolSpec, forced_call_grammar
+from inference.toolcall import ToolCall, ToolSpec
 from inference.types import Message
 
 from . import fields as f
 from .fields import Invalid
+from .tools import ToolsAndConstraint, forced_call, named_tools, parse_tools
 
 SERVER_TOOL_PREFIXES = ("web_search", "web_fetch", "code_execution", "mcp_", "tool_search")
 CHOICE_TYPES = ("auto", "any", "tool", "none")
@@ -26,52 +26,37 @@ CHOICE_TYPES = ("auto", "any", "tool", "none")
 
 def parse_anthropic_tools(body: dict) -> tuple[ToolSpec, ...]:
     """``tools``: client tool declarations; server and Anthropic-defined tools are a 400."""
-    specs = []
-    for i, tool in enumerate(f.array(body, "tools") or []):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise f.wrong_type(where, "an object", tool)
-        kind = tool.get("type")
-        if isinstance(kind, str) and kind.startswith(SERVER_TOOL_PREFIXES):
-            raise Invalid(
-                unsupported(f"{where}.type", f"{kind!r} is a server tool; this server runs no tools")
-            )
-        if kind not in (None, "custom"):
-            raise Invalid(unsupported(f"{where}.type", f"{kind!r}: only custom (client) tools are supported"))
-        name = f.string(tool, "name", f"{where}.name")
-        schema = f.obj(tool, "input_schema", f"{where}.input_schema")
-        if not name or schema is None:
-            message = f"'{where}' needs a 'name' and an 'input_schema'"
-            raise Invalid(bad_request(message, where, "missing_required_parameter"))
-        description = f.string(tool, "description", f"{where}.description") or ""
-        strict = bool(f.boolean(tool, "strict", f"{where}.strict"))
-        specs.append(ToolSpec(name, description, schema, strict))
-    return tuple(specs)
+    return parse_tools(body, _anthropic_declaration)
 
 
-def parse_anthropic_tool_choice(
-    body: dict, tools: tuple[ToolSpec, ...]
-) -> tuple[tuple[ToolSpec, ...], ConstraintSpec | None]:
+def _anthropic_declaration(tool: dict, where: str) -> ToolSpec:
+    kind = tool.get("type")
+    if isinstance(kind, str) and kind.startswith(SERVER_TOOL_PREFIXES):
+        raise Invalid(unsupported(f"{where}.type", f"{kind!r} is a server tool; this server runs no tools"))
+    if kind not in (None, "custom"):
+        raise Invalid(unsupported(f"{where}.type", f"{kind!r}: only custom (client) tools are supported"))
+    name = f.string(tool, "name", f"{where}.name")
+    schema = f.obj(tool, "input_schema", f"{where}.input_schema")
+    if not name or schema is None:
+        message = f"'{where}' needs a 'name' and an 'input_schema'"
+        raise Invalid(bad_request(message, where, "missing_required_parameter"))
+    description = f.string(tool, "description", f"{where}.description") or ""
+    strict = bool(f.boolean(tool, "strict", f"{where}.strict"))
+    return ToolSpec(name, description, schema, strict)
+
+
+def parse_anthropic_tool_choice(body: dict, tools: tuple[ToolSpec, ...]) -> ToolsAndConstraint:
     """The tools the model sees and the forced-call constraint (input schemas always enforced)."""
     choice = f.obj(body, "tool_choice")
     kind = choice.get("type") if choice is not None else "auto"
     if kind not in CHOICE_TYPES:
-        expected = ", ".join(CHOICE_TYPES)
-        message = f"Invalid value for 'tool_choice.type': {kind!r}; expected one of {expected}"
-        raise Invalid(bad_request(message, "tool_choice.type"))
+        raise f.invalid_value("tool_choice.type", kind, f"one of {', '.join(CHOICE_TYPES)}")
     if kind == "auto":
         return tools, None
     if kind == "none":
         return (), None
-    candidates = tools
-    if kind == "tool":
-        name = f.string(choice, "name", "tool_choice.name")
-        candidates = tuple(tool for tool in tools if tool.name == name)
-        if not candidates:
-            raise Invalid(bad_request(f"tool_choice names {name!r}, which is not in 'tools'", "tool_choice"))
-    if not candidates:
-        raise Invalid(bad_request(f"tool_choice {kind!r} needs at least one tool in 'tools'", "tool_choice"))
-    return tools, ConstraintSpec("lark", forced_call_grammar(list(candidates), True), "tool_choice")
+    candidates = named_tools(tools, f.string(choice, "name", "tool_choice.name")) if kind == "tool" else tools
+    return tools, forced_call(candidates, kind, enforce_schemas=True)
 
 
 def tool_use_call(block: dict, at: str) -> ToolCall:

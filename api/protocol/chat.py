@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from api.errors import ApiError, bad_request, unsupported
 from inference.constraints import ConstraintSpec
 from inference.toolcall import ToolSpec
-from inference.types import FinishReason, GenerationRequest, Message, SamplingOverrides, ToolCallDelta, Usage
+from inference.types import FinishReason, GenerationRequest, Message, ToolCallDelta, Usage
 
 from . import fields as f
 from .fields import Invalid
@@ -116,20 +116,10 @@ class ChatCompletionRequest:
                 f"{self.reasoning_effort!r} needs a model with a reasoning channel, and this one has "
                 "none; use 'none' or 'minimal'",
             )
-        sampling = SamplingOverrides(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            repeat_penalty=self.repeat_penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            seed=self.seed,
-        )
         budget = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         return GenerationRequest(
             self.messages,
-            sampling,
+            f.sampling_overrides(self),
             budget,
             self.stop,
             self.ignore_eos,
@@ -165,13 +155,7 @@ def _refuse_unsupported(body: dict) -> None:
 # -- messages --------------------------------------------------------------------------------
 def parse_messages(value: object) -> tuple[Message, ...]:
     """The ``messages`` array as typed messages (developer folds into system)."""
-    if value is None:
-        raise Invalid(bad_request("'messages' is required", "messages", "missing_required_parameter"))
-    if not isinstance(value, list):
-        raise f.wrong_type("messages", "an array", value)
-    if not value:
-        raise Invalid(bad_request("'messages' must contain at least one message", "messages"))
-    return tuple(_parse_message(item, f"messages[{i}]") for i, item in enumerate(value))
+    return tuple(_parse_message(item, f"messages[{i}]") for i, item in enumerate(f.message_array(value)))
 
 
 def _parse_message(item: object, where: str) -> Message:
@@ -179,12 +163,7 @@ def _parse_message(item: object, where: str) -> Message:
         raise f.wrong_type(where, "an object", item)
     role = item.get("role")
     if role not in ROLES:
-        raise Invalid(
-            bad_request(
-                f"Invalid value for '{where}.role': {role!r}; expected one of {', '.join(ROLES)}",
-                f"{where}.role",
-            )
-        )
+        raise f.invalid_value(f"{where}.role", role, f"one of {', '.join(ROLES)}")
     if item.get("function_call") is not None:
         raise Invalid(unsupported(f"{where}.function_call", "belongs to the legacy functions API"))
     content = item.get("content")
@@ -227,12 +206,7 @@ def parse_stop(value: object) -> tuple[str, ...]:
 def _parse_effort(body: dict) -> str | None:
     effort = f.string(body, "reasoning_effort")
     if effort is not None and effort not in EFFORTS:
-        raise Invalid(
-            bad_request(
-                f"Invalid value for 'reasoning_effort': {effort!r}; expected one of {', '.join(EFFORTS)}",
-                "reasoning_effort",
-            )
-        )
+        raise f.invalid_value("reasoning_effort", effort, f"one of {', '.join(EFFORTS)}")
     return effort
 
 

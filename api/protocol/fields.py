@@ -6,11 +6,15 @@ a value. ``bool`` is never accepted where a number is wanted (JSON true is not 1
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
 
 from api.errors import ApiError, bad_request, unsupported
+from inference.types import SamplingOverrides
+
+SAMPLING_FIELDS = tuple(field.name for field in dataclasses.fields(SamplingOverrides))
 
 
 class Invalid(Exception):
@@ -44,6 +48,12 @@ def wrong_type(param: str, expected: str, value: Any) -> Invalid:
             "invalid_type",
         )
     )
+
+
+def invalid_value(param: str, value: Any, expected: str | None = None) -> Invalid:
+    """A value outside what ``param`` accepts; ``expected`` says what it does accept."""
+    message = f"Invalid value for '{param}': {value!r}" + (f"; expected {expected}" if expected else "")
+    return Invalid(bad_request(message, param))
 
 
 def out_of_range(param: str, value: Any, bounds: str) -> Invalid:
@@ -130,6 +140,23 @@ def array(body: dict, name: str, param: str | None = None) -> list | None:
     return value
 
 
+def message_array(value: object) -> list:
+    """``messages``: required, an array, and not empty."""
+    if value is None:
+        raise Invalid(bad_request("'messages' is required", "messages", "missing_required_parameter"))
+    if not isinstance(value, list):
+        raise wrong_type("messages", "an array", value)
+    if not value:
+        raise Invalid(bad_request("'messages' must contain at least one message", "messages"))
+    return value
+
+
+def sampling_overrides(request: object) -> SamplingOverrides:
+    """The sampling fields of an already-validated dialect request, read by name; a field the
+    dialect does not have (Anthropic has no seed, for one) stays unset."""
+    return SamplingOverrides(**{name: getattr(request, name, None) for name in SAMPLING_FIELDS})
+
+
 def text_content(
     content: object, where: str, text_keys: dict[str, str], expected: str, refused: dict[str, str]
 ) -> str:
@@ -151,8 +178,7 @@ def text_content(
             raise Invalid(unsupported(f"{at}.type", f"{kind!r}: {refused[kind]} is not supported"))
         key = text_keys.get(kind)
         if key is None:
-            message = f"Invalid value for '{at}.type': {kind!r}; expected '{expected}'"
-            raise Invalid(bad_request(message, f"{at}.type"))
+            raise invalid_value(f"{at}.type", kind, f"'{expected}'")
         text = part.get(key)
         if not isinstance(text, str):
             raise wrong_type(f"{at}.{key}", "a string", text)

@@ -31,13 +31,7 @@ def parse_format(value: object, param: str) -> ConstraintSpec | None:
     if kind == "json_object":
         return ConstraintSpec.json_schema(JSON_OBJECT_SCHEMA, param)
     if kind != "json_schema":
-        raise Invalid(
-            bad_request(
-                f"Invalid value for '{param}.type': {kind!r}; "
-                "expected 'text', 'json_object' or 'json_schema'",
-                f"{param}.type",
-            )
-        )
+        raise f.invalid_value(f"{param}.type", kind, "'text', 'json_object' or 'json_schema'")
     nested = value.get("json_schema")
     holder, where = (nested, f"{param}.json_schema") if isinstance(nested, dict) else (value, param)
     schema = holder.get("schema")

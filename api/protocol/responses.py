@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from api.errors import ApiError, bad_request, not_implemented, unsupported
 from inference.constraints import ConstraintSpec
 from inference.toolcall import ToolSpec
-from inference.types import GenerationRequest, Message, SamplingOverrides
+from inference.types import GenerationRequest, Message
 
 from . import fields as f
 from .chat import REFUSED_PART_TYPES, parse_stop
@@ -116,19 +116,9 @@ class ResponsesRequest:
                 "none; use 'none' or 'minimal'",
             )
         system = (Message("system", self.instructions),) if self.instructions is not None else ()
-        sampling = SamplingOverrides(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            repeat_penalty=self.repeat_penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            seed=self.seed,
-        )
         return GenerationRequest(
             (*system, *self.input),
-            sampling,
+            f.sampling_overrides(self),
             self.max_output_tokens,
             self.stop,
             self.ignore_eos,
@@ -153,7 +143,7 @@ def _refuse_stateful(body: dict) -> None:
             unsupported("truncation", "'auto' is not supported: a prompt that does not fit is refused")
         )
     if truncation not in (None, "disabled"):
-        raise Invalid(bad_request(f"Invalid value for 'truncation': {truncation!r}", "truncation"))
+        raise f.invalid_value("truncation", truncation)
     top_logprobs = f.integer(body, "top_logprobs", lo=0)
     if top_logprobs:
         raise Invalid(unsupported("top_logprobs"))
@@ -171,12 +161,7 @@ def _parse_effort(body: dict) -> str | None:
         return None
     effort = f.string(reasoning, "effort", "reasoning.effort")
     if effort is not None and effort not in EFFORTS:
-        raise Invalid(
-            bad_request(
-                f"Invalid value for 'reasoning.effort': {effort!r}; expected one of {', '.join(EFFORTS)}",
-                "reasoning.effort",
-            )
-        )
+        raise f.invalid_value("reasoning.effort", effort, f"one of {', '.join(EFFORTS)}")
     return effort
 
 
@@ -213,23 +198,13 @@ def _parse_item(item: object, where: str) -> Message | None:
         return function_output_message(item, where)
     if kind in CUSTOM_TOOL_ITEM_TYPES:
         raise Invalid(not_implemented(f"{where}.type"))
-    raise Invalid(
-        bad_request(
-            f"Invalid value for '{where}.type': {kind!r}; expected a message or a reasoning item",
-            f"{where}.type",
-        )
-    )
+    raise f.invalid_value(f"{where}.type", kind, "a message or a reasoning item")
 
 
 def _parse_message(item: dict, where: str) -> Message:
     role = item.get("role")
     if role not in ROLES:
-        raise Invalid(
-            bad_request(
-                f"Invalid value for '{where}.role': {role!r}; expected one of {', '.join(ROLES)}",
-                f"{where}.role",
-            )
-        )
+        raise f.invalid_value(f"{where}.role", role, f"one of {', '.join(ROLES)}")
     content = item.get("content")
     if content is None:
         raise Invalid(

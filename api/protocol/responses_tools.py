@@ -11,62 +11,47 @@ from __future__ import annotations
 import json
 
 from api.errors import bad_request, not_implemented, unsupported
-from inference.constraints import ConstraintSpec
-from inference.toolcall import ToolCall, ToolSpec, forced_call_grammar
+from inference.toolcall import ToolCall, ToolSpec
 from inference.types import Message
 
 from . import fields as f
 from .fields import Invalid
-from .tools import function_spec
+from .tools import ToolsAndConstraint, function_spec, parse_function_tool_choice, parse_tools
 
 CHOICE_WORDS = ("auto", "none", "required")
 
 
 def parse_responses_tools(body: dict) -> tuple[ToolSpec, ...]:
-    """``tools``: function declarations; hosted tools are a 400, ``custom`` (free-form) a 501."""
-    specs = []
-    for i, tool in enumerate(f.array(body, "tools") or []):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise f.wrong_type(where, "an object", tool)
-        kind = tool.get("type")
-        if kind == "custom":
-            raise Invalid(not_implemented(f"{where}.type"))
-        if kind != "function":
-            raise Invalid(
-                unsupported(f"{where}.type", f"{kind!r} is a hosted tool; this server runs no tools")
-            )
-        specs.append(function_spec(tool, where))
-    return tuple(specs)
+    """``tools``: flat function declarations; hosted tools are a 400, ``custom`` (free-form) a 501."""
+    return parse_tools(body, _responses_declaration)
 
 
-def parse_responses_tool_choice(
-    body: dict, tools: tuple[ToolSpec, ...]
-) -> tuple[tuple[ToolSpec, ...], ConstraintSpec | None]:
-    """The tools the model sees and the forced-call constraint, if the choice forces one."""
-    choice = body.get("tool_choice")
-    if choice in (None, "auto"):
-        return tools, None
-    if choice == "none":
-        return (), None
-    if choice == "required":
-        candidates = tools
-    elif isinstance(choice, dict) and choice.get("type") == "function":
-        name = f.string(choice, "name", "tool_choice.name")
-        candidates = tuple(tool for tool in tools if tool.name == name)
-        if not candidates:
-            raise Invalid(bad_request(f"tool_choice names {name!r}, which is not in 'tools'", "tool_choice"))
-    elif isinstance(choice, dict):
+def _responses_declaration(tool: dict, where: str) -> ToolSpec:
+    kind = tool.get("type")
+    if kind == "custom":
+        raise Invalid(not_implemented(f"{where}.type"))
+    if kind != "function":
+        raise Invalid(unsupported(f"{where}.type", f"{kind!r} is a hosted tool; this server runs no tools"))
+    return function_spec(tool, where)
+
+
+def parse_responses_tool_choice(body: dict, tools: tuple[ToolSpec, ...]) -> ToolsAndConstraint:
+    """The tools the model sees and the forced-call constraint; a named choice is
+    ``{"type": "function", "name": ...}``."""
+    return parse_function_tool_choice(body, tools, _responses_choice_name, _bad_responses_choice)
+
+
+def _responses_choice_name(choice: dict) -> object:
+    return f.string(choice, "name", "tool_choice.name")
+
+
+def _bad_responses_choice(choice: object) -> Invalid:
+    if isinstance(choice, dict):
         kind = choice.get("type")
-        raise Invalid(unsupported("tool_choice.type", f"{kind!r} names a hosted tool; this server runs none"))
-    else:
-        expected = ", ".join(CHOICE_WORDS)
-        raise Invalid(
-            bad_request(f"Invalid value for 'tool_choice': {choice!r}; expected {expected}", "tool_choice")
+        return Invalid(
+            unsupported("tool_choice.type", f"{kind!r} names a hosted tool; this server runs none")
         )
-    if not candidates:
-        raise Invalid(bad_request("tool_choice 'required' needs at least one tool in 'tools'", "tool_choice"))
-    return tools, ConstraintSpec("lark", forced_call_grammar(list(candidates), False), "tool_choice")
+    return f.invalid_value("tool_choice", choice, ", ".join(CHOICE_WORDS))
 
 
 def function_call_message(item: dict, where: str) -> Message:

@@ -1,12 +1,15 @@
-"""Chat Completions function calling: ``tools``, ``tool_choice`` and assistant ``tool_calls``.
+"""Function calling: the declaration and ``tool_choice`` parsers every dialect shares, and the
+Chat Completions shapes (``tools``, ``tool_choice`` and assistant ``tool_calls``).
 
-Declarations become ToolSpecs; a forced ``tool_choice`` ("required" or a named function)
+The shared parsers take a dialect's shape as small adapters (how one declaration reads, where
+a named choice keeps its name). Declarations become ToolSpecs; a forcing ``tool_choice``
 becomes a constraint over the Hermes call shape, so the reply is exactly one valid call.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from api.errors import bad_request
 from inference.constraints import ConstraintSpec
@@ -15,24 +18,75 @@ from inference.toolcall import ToolCall, ToolSpec, forced_call_grammar
 from . import fields as f
 from .fields import Invalid
 
+ToolsAndConstraint = tuple[tuple[ToolSpec, ...], ConstraintSpec | None]
 
-def parse_chat_tools(body: dict) -> tuple[ToolSpec, ...]:
-    """``tools``: function declarations ``{"type": "function", "function": {...}}``."""
-    tools = f.array(body, "tools") or []
+
+# -- shared by the dialects ------------------------------------------------------------------
+def parse_tools(body: dict, declaration: Callable[[dict, str], ToolSpec]) -> tuple[ToolSpec, ...]:
+    """``tools`` as ToolSpecs; ``declaration`` reads one object (at ``tools[i]``) in the
+    dialect's shape, or raises Invalid for a kind of tool it refuses."""
     specs = []
-    for i, tool in enumerate(tools):
+    for i, tool in enumerate(f.array(body, "tools") or []):
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
             raise f.wrong_type(where, "an object", tool)
-        if tool.get("type") != "function":
-            raise Invalid(
-                bad_request(f"Invalid value for '{where}.type': {tool.get('type')!r}", f"{where}.type")
-            )
-        function = f.obj(tool, "function", f"{where}.function")
-        if function is None:
-            raise Invalid(bad_request(f"'{where}.function' is required", f"{where}.function"))
-        specs.append(function_spec(function, f"{where}.function"))
+        specs.append(declaration(tool, where))
     return tuple(specs)
+
+
+def parse_function_tool_choice(
+    body: dict,
+    tools: tuple[ToolSpec, ...],
+    choice_name: Callable[[dict], object],
+    bad_choice: Callable[[object], Invalid],
+) -> ToolsAndConstraint:
+    """The OpenAI dialects' ``tool_choice`` ("auto", "none", "required" or a named function):
+    the tools the model sees and the forced-call constraint, if the choice forces one.
+    ``choice_name`` finds the name in a ``{"type": "function", ...}`` choice; ``bad_choice`` is
+    the error for any other value."""
+    choice = body.get("tool_choice")
+    if choice in (None, "auto"):
+        return tools, None
+    if choice == "none":
+        return (), None
+    if choice == "required":
+        return tools, forced_call(tools, "required", enforce_schemas=False)
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return tools, forced_call(named_tools(tools, choice_name(choice)), "required", enforce_schemas=False)
+    raise bad_choice(choice)
+
+
+def named_tools(tools: tuple[ToolSpec, ...], name: object) -> tuple[ToolSpec, ...]:
+    """The declared tool a choice names; a name not in ``tools`` is a 400."""
+    candidates = tuple(tool for tool in tools if tool.name == name)
+    if not candidates:
+        raise Invalid(bad_request(f"tool_choice names {name!r}, which is not in 'tools'", "tool_choice"))
+    return candidates
+
+
+def forced_call(candidates: tuple[ToolSpec, ...], choice: str, enforce_schemas: bool) -> ConstraintSpec:
+    """The constraint that makes the reply exactly one call to one of ``candidates``; forcing a
+    call with no tool to call is a 400 that quotes the ``choice``."""
+    if not candidates:
+        raise Invalid(
+            bad_request(f"tool_choice {choice!r} needs at least one tool in 'tools'", "tool_choice")
+        )
+    return ConstraintSpec("lark", forced_call_grammar(list(candidates), enforce_schemas), "tool_choice")
+
+
+# -- Chat Completions ------------------------------------------------------------------------
+def parse_chat_tools(body: dict) -> tuple[ToolSpec, ...]:
+    """``tools``: function declarations ``{"type": "function", "function": {...}}``."""
+    return parse_tools(body, _chat_declaration)
+
+
+def _chat_declaration(tool: dict, where: str) -> ToolSpec:
+    if tool.get("type") != "function":
+        raise f.invalid_value(f"{where}.type", tool.get("type"))
+    function = f.obj(tool, "function", f"{where}.function")
+    if function is None:
+        raise Invalid(bad_request(f"'{where}.function' is required", f"{where}.function"))
+    return function_spec(function, f"{where}.function")
 
 
 def function_spec(function: dict, where: str) -> ToolSpec:
@@ -51,27 +105,18 @@ def function_spec(function: dict, where: str) -> ToolSpec:
     )
 
 
-def parse_chat_tool_choice(
-    body: dict, tools: tuple[ToolSpec, ...]
-) -> tuple[tuple[ToolSpec, ...], ConstraintSpec | None]:
-    """The tools the model sees and the forced-call constraint, if the choice forces one."""
-    choice = body.get("tool_choice")
-    if choice in (None, "auto"):
-        return tools, None
-    if choice == "none":
-        return (), None
-    if choice == "required":
-        candidates = tools
-    elif isinstance(choice, dict) and choice.get("type") == "function":
-        name = (f.obj(choice, "function", "tool_choice.function") or {}).get("name")
-        candidates = tuple(tool for tool in tools if tool.name == name)
-        if not candidates:
-            raise Invalid(bad_request(f"tool_choice names {name!r}, which is not in 'tools'", "tool_choice"))
-    else:
-        raise Invalid(bad_request(f"Invalid value for 'tool_choice': {choice!r}", "tool_choice"))
-    if not candidates:
-        raise Invalid(bad_request("tool_choice 'required' needs at least one tool in 'tools'", "tool_choice"))
-    return tools, ConstraintSpec("lark", forced_call_grammar(list(candidates), False), "tool_choice")
+def parse_chat_tool_choice(body: dict, tools: tuple[ToolSpec, ...]) -> ToolsAndConstraint:
+    """The tools the model sees and the forced-call constraint; a named choice is
+    ``{"type": "function", "function": {"name": ...}}``."""
+    return parse_function_tool_choice(body, tools, _chat_choice_name, _bad_chat_choice)
+
+
+def _chat_choice_name(choice: dict) -> object:
+    return (f.obj(choice, "function", "tool_choice.function") or {}).get("name")
+
+
+def _bad_chat_choice(choice: object) -> Invalid:
+    return f.invalid_value("tool_choice", choice)
 
 
 def parse_tool_calls(item: dict, where: str) -> tuple[ToolCall, ...]:

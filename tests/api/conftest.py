@@ -1,4 +1,6 @@
-"""Real servers for the API tests: ``manage.py lmserve`` subprocesses on real sockets.
+"""Real servers for the API tests (``manage.py lmserve`` subprocesses on real sockets), and the
+helpers the API tests share: SDK clients, readers of SDK replies and streams, and drivers that
+run the dialect encoders without a server.
 
 The session server serves the default model with an API key, a one-deep queue and a small
 context, so the queue-full and prompt-too-long cases are cheap to reach. Tests that need
@@ -14,15 +16,31 @@ import sys
 import time
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
+from anthropic.lib.streaming._messages import accumulate_event
+from openai._models import construct_type
+from openai.lib.streaming.responses._responses import ResponseStreamState
+from openai.types.responses import ResponseStreamEvent
+
+from api.errors import ApiError
+from inference.types import Error, Finish
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-123"
 MAIN_SERVER_FLAGS = ["--api-key", API_KEY, "--queue", "1", "--conns", "8", "--ctx", "1024", "--kv-slots", "2"]
 START_TIMEOUT = 600.0  # a cold numba cache compiles every kernel on the first start
 POLL = 0.05
+# The function-calling tests' tool schema and question, shared by every dialect's tests.
+WEATHER_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
 
 
 class ServerProcess:
@@ -133,7 +151,21 @@ def idle_server(server) -> ServerProcess:
 
 @pytest.fixture
 def client(idle_server) -> openai.OpenAI:
-    with openai.OpenAI(base_url=idle_server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120) as c:
+    with openai_client(idle_server) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def oai(model_server) -> openai.OpenAI:
+    """An openai client for the server a test module starts for itself as ``model_server``."""
+    with openai_client(model_server, timeout=600) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def claude(model_server) -> anthropic.Anthropic:
+    """An anthropic client for the test module's own ``model_server``."""
+    with anthropic_client(model_server, timeout=600) as c:
         yield c
 
 
@@ -160,3 +192,73 @@ def start_server(tmp_path):
     yield start
     for proc in started:
         proc.stop()
+
+
+# -- SDK clients ---------------------------------------------------------------------------------
+def openai_client(server: ServerProcess, timeout: float = 120.0, api_key: str = API_KEY) -> openai.OpenAI:
+    """An openai SDK client for ``server`` that never retries, so a failure shows as it is."""
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=api_key, max_retries=0, timeout=timeout)
+
+
+def anthropic_client(
+    server: ServerProcess, timeout: float = 120.0, api_key: str = API_KEY
+) -> anthropic.Anthropic:
+    """An anthropic SDK client for ``server`` that never retries."""
+    return anthropic.Anthropic(base_url=server.url, api_key=api_key, max_retries=0, timeout=timeout)
+
+
+# -- reading SDK replies and streams -------------------------------------------------------------
+def chat_stream_text(chunks: list, field: str = "content") -> str:
+    """The text a Chat Completions stream carried in ``field`` of its deltas (``content``, or
+    the ``reasoning_content`` extension, which the SDK keeps as an extra attribute)."""
+    return "".join(getattr(choice.delta, field, None) or "" for chunk in chunks for choice in chunk.choices)
+
+
+def responses_stream_text(events: list, kind: str = "output_text") -> str:
+    """The text of a Responses stream's ``response.<kind>.delta`` events (output or reasoning)."""
+    return "".join(event.delta for event in events if event.type == f"response.{kind}.delta")
+
+
+def anthropic_text(message) -> str:
+    """The text blocks of an Anthropic message, joined."""
+    return "".join(block.text for block in message.content if block.type == "text")
+
+
+# -- driving the encoders without a server -------------------------------------------------------
+def encode(encoder, events: list) -> list[dict]:
+    """The payloads a Responses or Messages encoder writes for a stream of engine events."""
+    out = encoder.start()
+    for event in events:
+        if isinstance(event, Finish):
+            out += encoder.finish(event)
+        elif isinstance(event, Error):
+            out += encoder.fail(ApiError.from_event(event))
+        else:
+            out += encoder.delta(event)
+    return out
+
+
+def responses_types(events: list[dict]) -> str:
+    """Responses event types without their ``response.`` prefix, space-separated."""
+    return " ".join(e["type"].removeprefix("response.") for e in events)
+
+
+def replay_responses(events: list[dict]) -> ResponseStreamState:
+    """Responses events fed through the openai SDK's own stream state machine."""
+    state = ResponseStreamState(input_tools=openai.omit, text_format=openai.omit)
+    for event in events:
+        state.handle_event(construct_type(type_=ResponseStreamEvent, value=event))
+    return state
+
+
+def anthropic_shape(events: list[dict]) -> list[str]:
+    """Messages event types, with the delta kind for content_block_delta."""
+    return [e["delta"]["type"] if e["type"] == "content_block_delta" else e["type"] for e in events]
+
+
+def accumulate_anthropic(events: list[dict]):
+    """The message the anthropic SDK's own stream accumulator builds from Messages events."""
+    snapshot = None
+    for event in events:
+        snapshot = accumulate_event(event=event, current_snapshot=snapshot, json_bufs={})
+    return snapshot

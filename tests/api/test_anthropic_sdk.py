@@ -13,7 +13,7 @@ import anthropic
 import httpx
 import pytest
 
-from .conftest import API_KEY
+from .conftest import API_KEY, anthropic_client, anthropic_text
 from .rawhttp import RawRequest
 
 pytestmark = pytest.mark.timeout(600)
@@ -24,7 +24,7 @@ GREEDY = {"temperature": 0}
 
 @pytest.fixture
 def claude(idle_server):
-    with anthropic.Anthropic(base_url=idle_server.url, api_key=API_KEY, max_retries=0, timeout=300) as c:
+    with anthropic_client(idle_server, timeout=300) as c:
         yield c
 
 
@@ -39,14 +39,10 @@ def warm(claude, **kwargs):
     return claude.messages.create(**kwargs)
 
 
-def text_of(message) -> str:
-    return "".join(block.text for block in message.content if block.type == "text")
-
-
 def test_create_returns_a_message(claude):
     reply = claude.messages.create(**ask())
     assert reply.type == "message" and reply.role == "assistant" and reply.id.startswith("msg_")
-    assert [block.type for block in reply.content] == ["text"] and text_of(reply).strip()
+    assert [block.type for block in reply.content] == ["text"] and anthropic_text(reply).strip()
     assert reply.stop_reason == "end_turn" and reply.stop_sequence is None
     assert reply.model.startswith("SmolLM2-135M-Instruct")
     usage = reply.usage
@@ -62,7 +58,7 @@ def test_stream_helper_final_message_equals_create(claude):
     with claude.messages.stream(**ask()) as stream:
         events = list(stream)
         final = stream.get_final_message()
-    assert text_of(final) == text_of(whole) and final.stop_reason == "end_turn"
+    assert anthropic_text(final) == anthropic_text(whole) and final.stop_reason == "end_turn"
     assert final.usage.output_tokens == whole.usage.output_tokens
     assert final.usage.cache_read_input_tokens == whole.usage.cache_read_input_tokens
     raw = [e.type for e in events if e.type != "text"]  # "text" is the helper's own convenience event
@@ -71,7 +67,7 @@ def test_stream_helper_final_message_equals_create(claude):
     assert set(raw[2:-3]) == {"content_block_delta"}
     start = events[0].message
     assert start.content == [] and start.usage.input_tokens == start.usage.output_tokens == 0
-    assert "".join(e.text for e in events if e.type == "text") == text_of(whole)
+    assert "".join(e.text for e in events if e.type == "text") == anthropic_text(whole)
 
 
 def test_count_tokens_counts_system_and_thinking_is_a_no_op(claude):
@@ -84,7 +80,8 @@ def test_count_tokens_counts_system_and_thinking_is_a_no_op(claude):
     thinking = claude.messages.create(
         **ask(max_tokens=8, thinking={"type": "enabled", "budget_tokens": 1024})
     )
-    assert [b.type for b in thinking.content] == ["text"] and text_of(thinking) == text_of(plain)
+    assert [b.type for b in thinking.content] == ["text"]
+    assert anthropic_text(thinking) == anthropic_text(plain)
 
 
 def test_history_with_thinking_blocks_and_system_blocks(claude):
@@ -101,7 +98,7 @@ def test_history_with_thinking_blocks_and_system_blocks(claude):
         {"role": "user", "content": "What color is the sky?"},
     ]
     reply = claude.messages.create(**ask(messages=messages, system="Be brief.", max_tokens=8))
-    assert text_of(reply)
+    assert anthropic_text(reply)
     without_thinking = [messages[0], {"role": "assistant", "content": "Hello!"}, messages[2]]
     counts = [
         claude.messages.count_tokens(model="m", messages=m, system="Be brief.").input_tokens
@@ -111,11 +108,11 @@ def test_history_with_thinking_blocks_and_system_blocks(claude):
 
 
 def test_stop_sequences_are_attributed(claude):
-    full = text_of(warm(claude, **ask(max_tokens=16)))
+    full = anthropic_text(warm(claude, **ask(max_tokens=16)))
     word = next(w for w in re.findall(r"[A-Za-z]{3,}", full[3:]))
     expected = full[: full.index(word)]
     cut = claude.messages.create(**ask(max_tokens=16, stop_sequences=["zzzz", word]))
-    assert text_of(cut) == expected
+    assert anthropic_text(cut) == expected
     assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == word
     with claude.messages.stream(**ask(max_tokens=16, stop_sequences=["zzzz", word])) as stream:
         pieces = [e.text for e in stream if e.type == "text"]
@@ -169,7 +166,7 @@ def test_tools_are_dropped_on_a_model_without_a_tool_convention(claude):
 
 
 def test_401_with_either_header(idle_server):
-    with anthropic.Anthropic(base_url=idle_server.url, api_key="wrong", max_retries=0) as bad:
+    with anthropic_client(idle_server, api_key="wrong") as bad:
         error = expect_error(anthropic.AuthenticationError, lambda: bad.messages.create(**ask(max_tokens=2)))
     assert error["type"] == "authentication_error"
     body = {"model": "m", "max_tokens": 2, "messages": HELLO}
@@ -219,7 +216,7 @@ def test_unprefixed_paths(http):
 
 def test_mid_stream_failure_is_an_error_event(start_server):
     server = start_server()
-    client = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=120)
+    client = anthropic_client(server, api_key="none")
     with client.messages.stream(**ask(max_tokens=1000, extra_body={"ignore_eos": True})) as stream:
         events = iter(stream)
         while next(events).type != "text":

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from .conftest import POLL, ROOT, ServerProcess
+from .conftest import POLL, ROOT, ServerProcess, openai_client
 from .rawhttp import RawRequest, count_frames
 
 pytestmark = pytest.mark.timeout(600)
@@ -65,7 +65,7 @@ def test_conns_caps_requests_served_at_once(start_server):
 
 def test_sigterm_drains_and_exits_zero(start_server):
     server = start_server("--queue", "2")
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    client = openai_client(server, api_key="none")
     outcome: dict = {}
 
     def queued_request():
@@ -115,7 +115,7 @@ def test_runserver_serves_the_default_model(tmp_path):
                 time.sleep(POLL)  # the announcement comes just before the socket listens
         assert first.status_code == 503 and first.json()["status"] == "loading"  # the first request starts it
         proc.wait_ready()
-        with openai.OpenAI(base_url=proc.url + "/v1", api_key="none", max_retries=0, timeout=120) as client:
+        with openai_client(proc, api_key="none") as client:
             assert client.models.list().data[0].id.startswith("SmolLM2-135M-Instruct")
             reply = client.chat.completions.create(model="m", messages=HI, max_tokens=4)
             assert reply.choices[0].message.content

@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from .conftest import API_KEY
+from .conftest import API_KEY, chat_stream_text, openai_client
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -14,8 +14,7 @@ FRANCE = [{"role": "user", "content": "Name the capital city of France."}]
 
 def stream_text(client, **kwargs) -> tuple[str, list]:
     chunks = list(client.chat.completions.create(stream=True, **kwargs))
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    return text, chunks
+    return chat_stream_text(chunks), chunks
 
 
 def test_models_list_and_retrieve(client):
@@ -211,7 +210,7 @@ def test_noop_fields_are_accepted(client):
 
 def test_wrong_api_key_is_an_authentication_error(idle_server):
     for key in ("wrong-key", API_KEY + "x"):
-        with openai.OpenAI(base_url=idle_server.url + "/v1", api_key=key, max_retries=0) as bad:
+        with openai_client(idle_server, api_key=key) as bad:
             with pytest.raises(openai.AuthenticationError) as err:
                 bad.models.list()
             assert err.value.status_code == 401

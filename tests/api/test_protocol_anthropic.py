@@ -4,13 +4,13 @@ The encoder is also driven with synthetic event sequences that include reasoning
 served model produces yet) and accumulated by the anthropic SDK's own stream helper."""
 
 import pytest
-from anthropic.lib.streaming._messages import accumulate_event
 
 from api.errors import ApiError, wants_anthropic_errors
 from api.protocol.anthropic import MessagesRequest
 from api.protocol.anthropic_encoder import MessagesEncoder
 from inference.engine.sampler import SamplingParams
 from inference.types import Error, Finish, Message, ReasoningDelta, TextDelta, Usage
+from tests.api.conftest import accumulate_anthropic, anthropic_shape, encode
 
 USER = [{"role": "user", "content": "hi"}]
 USAGE = Usage(prompt_tokens=40, completion_tokens=9, cached_tokens=25)
@@ -173,33 +173,13 @@ def test_which_requests_get_the_anthropic_envelope():
 # -- the encoder ------------------------------------------------------------------------------
 def run(events) -> tuple[MessagesEncoder, list[dict]]:
     encoder = MessagesEncoder("the-model")
-    out = encoder.start()
-    for event in events:
-        if isinstance(event, Finish):
-            out += encoder.finish(event)
-        elif isinstance(event, Error):
-            out += encoder.fail(ApiError.from_event(event))
-        else:
-            out += encoder.delta(event)
-    return encoder, out
-
-
-def shape(events: list[dict]) -> list[str]:
-    """Event types, with the delta kind for content_block_delta."""
-    return [e["delta"]["type"] if e["type"] == "content_block_delta" else e["type"] for e in events]
-
-
-def accumulate(events: list[dict]):
-    snapshot = None
-    for event in events:
-        snapshot = accumulate_event(event=event, current_snapshot=snapshot, json_bufs={})
-    return snapshot
+    return encoder, encode(encoder, events)
 
 
 def test_thinking_block_comes_first_and_is_closed_by_a_signature():
     deltas = [ReasoningDelta("let me "), ReasoningDelta("see"), TextDelta("Hi"), TextDelta("!")]
     encoder, events = run([*deltas, Finish("stop", USAGE)])
-    assert shape(events) == [
+    assert anthropic_shape(events) == [
         "message_start",
         "content_block_start",
         "thinking_delta",
@@ -230,7 +210,7 @@ def test_thinking_block_comes_first_and_is_closed_by_a_signature():
         {"type": "thinking", "thinking": "let me see", "signature": ""},
         {"type": "text", "text": "Hi!"},
     ]
-    final = accumulate(events)
+    final = accumulate_anthropic(events)
     assert [block.type for block in final.content] == ["thinking", "text"]
     assert final.content[0].thinking == "let me see" and final.content[1].text == "Hi!"
     assert final.stop_reason == "end_turn" and final.usage.cache_read_input_tokens == 25
@@ -246,13 +226,13 @@ def test_thinking_block_comes_first_and_is_closed_by_a_signature():
 def test_stop_reasons(finish, reason, sequence):
     encoder, events = run([TextDelta("abc"), finish])
     assert encoder.message["stop_reason"] == reason and encoder.message["stop_sequence"] == sequence
-    final = accumulate(events)
+    final = accumulate_anthropic(events)
     assert (final.stop_reason, final.stop_sequence, final.content[0].text) == (reason, sequence, "abc")
 
 
 def test_an_empty_reply_still_has_a_text_block():
     encoder, events = run([Finish("stop", Usage(3, 1))])
-    assert shape(events) == [
+    assert anthropic_shape(events) == [
         "message_start",
         "content_block_start",
         "content_block_stop",
@@ -264,7 +244,7 @@ def test_an_empty_reply_still_has_a_text_block():
 
 def test_a_failure_is_one_error_event():
     _, events = run([TextDelta("partial"), Error(503, "the server is shutting down", code="shutting_down")])
-    assert shape(events) == ["message_start", "content_block_start", "text_delta", "error"]
+    assert anthropic_shape(events) == ["message_start", "content_block_start", "text_delta", "error"]
     assert events[-1] == {
         "type": "error",
         "error": {"type": "overloaded_error", "message": "the server is shutting down"},

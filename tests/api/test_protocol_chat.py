@@ -4,10 +4,12 @@ import pytest
 
 from api.auth import check_api_key
 from api.errors import ApiError
+from api.protocol.anthropic import MessagesRequest
 from api.protocol.chat import ChatCompletionRequest, ChatEncoder
 from api.protocol.fields import parse_json_object
+from api.protocol.responses import ResponsesRequest
 from inference.engine.sampler import SamplingParams
-from inference.types import Message, Usage
+from inference.types import Message, SamplingOverrides, Usage
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -56,6 +58,37 @@ def test_full_request_maps_onto_the_generation_request():
 def test_absent_sampling_fields_keep_the_model_defaults():
     defaults = SamplingParams(temperature=0.7, top_k=20, top_p=0.8)
     assert parse().to_generation(False).sampling.resolve(defaults) == defaults
+
+
+SAMPLING = {
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "top_k": 5,
+    "min_p": 0.05,
+    "repeat_penalty": 1.1,
+    "presence_penalty": 0.1,
+    "frequency_penalty": -0.2,
+    "seed": 3,
+}
+
+
+@pytest.mark.parametrize(
+    ("request_type", "body", "honored"),
+    [
+        (ChatCompletionRequest, {"messages": USER}, SAMPLING),
+        (ResponsesRequest, {"input": "hi"}, SAMPLING),
+        (
+            MessagesRequest,
+            {"max_tokens": 4, "messages": USER},
+            {"temperature": 0.5, "top_p": 0.9, "top_k": 5},
+        ),
+    ],
+)
+def test_every_honored_sampling_field_reaches_the_generation_request(request_type, body, honored):
+    # The dialects share one reader of their sampling fields: each must arrive under its own name,
+    # and a field a dialect ignores (Anthropic has no seed or penalties) must stay unset.
+    generation = request_type.parse({**body, **SAMPLING}).to_generation(False)
+    assert generation.sampling == SamplingOverrides(**honored)
 
 
 def test_message_shapes():

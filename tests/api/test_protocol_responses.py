@@ -5,17 +5,14 @@ served model produces yet) and replayed through the openai SDK's own stream stat
 
 import re
 
-import openai
 import pytest
-from openai._models import construct_type
-from openai.lib.streaming.responses._responses import ResponseStreamState
-from openai.types.responses import ResponseStreamEvent
 
 from api.errors import ApiError
 from api.protocol.responses import ResponsesRequest
 from api.protocol.responses_encoder import ResponsesEncoder
 from inference.engine.sampler import SamplingParams
 from inference.types import Error, Finish, Message, ReasoningDelta, TextDelta, Usage
+from tests.api.conftest import encode, replay_responses, responses_types
 
 USAGE = Usage(prompt_tokens=30, completion_tokens=7, cached_tokens=12, reasoning_tokens=3)
 
@@ -142,32 +139,13 @@ def test_reasoning_effort_needs_a_reasoning_channel():
 # -- the encoder ------------------------------------------------------------------------------
 def run(events, request=None) -> tuple[ResponsesEncoder, list[dict]]:
     encoder = ResponsesEncoder("the-model", request or parse())
-    out = encoder.start()
-    for event in events:
-        if isinstance(event, Finish):
-            out += encoder.finish(event)
-        elif isinstance(event, Error):
-            out += encoder.fail(ApiError.from_event(event))
-        else:
-            out += encoder.delta(event)
-    return encoder, out
-
-
-def types_of(events: list[dict]) -> str:
-    return " ".join(e["type"].removeprefix("response.") for e in events)
-
-
-def replay_through_sdk(events: list[dict]) -> ResponseStreamState:
-    state = ResponseStreamState(input_tools=openai.omit, text_format=openai.omit)
-    for event in events:
-        state.handle_event(construct_type(type_=ResponseStreamEvent, value=event))
-    return state
+    return encoder, encode(encoder, events)
 
 
 def test_reasoning_is_its_own_output_item_ahead_of_the_message():
     deltas = [ReasoningDelta("think "), ReasoningDelta("more"), TextDelta("Hel"), TextDelta("lo")]
     encoder, events = run([*deltas, Finish("stop", USAGE)])
-    assert types_of(events) == (
+    assert responses_types(events) == (
         "created in_progress "
         "output_item.added content_part.added reasoning_text.delta reasoning_text.delta "
         "reasoning_text.done content_part.done output_item.done "
@@ -190,13 +168,13 @@ def test_reasoning_is_its_own_output_item_ahead_of_the_message():
         "output_tokens_details": {"reasoning_tokens": 3},
         "total_tokens": 37,
     }
-    final = replay_through_sdk(events)._completed_response
+    final = replay_responses(events)._completed_response
     assert final.output_text == "Hello" and final.output[0].content[0].text == "think more"
 
 
 def test_budget_end_is_incomplete_and_an_empty_reply_still_has_a_message():
     encoder, events = run([Finish("length", Usage(5, 0))])
-    assert types_of(events) == (
+    assert responses_types(events) == (
         "created in_progress output_item.added content_part.added "
         "output_text.done content_part.done output_item.done incomplete"
     )
@@ -212,14 +190,14 @@ def test_budget_end_is_incomplete_and_an_empty_reply_still_has_a_message():
 
 def test_a_failure_is_an_error_event_then_response_failed():
     _, events = run([TextDelta("partial"), Error(503, "the server is shutting down", code="shutting_down")])
-    assert re.fullmatch(r"created in_progress .* output_text\.delta error failed", types_of(events))
+    assert re.fullmatch(r"created in_progress .* output_text\.delta error failed", responses_types(events))
     error, failed = events[-2:]
     assert (error["code"], error["message"]) == ("shutting_down", "the server is shutting down")
     assert failed["response"]["status"] == "failed"
     assert failed["response"]["error"] == {"code": "server_error", "message": "the server is shutting down"}
     assert failed["response"]["output"][0]["content"][0]["text"] == "partial"
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
-    replay_through_sdk(events)  # the SDK's state machine accepts the failed stream
+    replay_responses(events)  # the SDK's state machine accepts the failed stream
 
 
 def test_response_object_echoes_the_request():

@@ -5,16 +5,21 @@ declarations, tool_choice, history folding and the encoders' call items / tool_u
 import json
 
 import pytest
-from anthropic.lib.streaming._messages import accumulate_event
 
 from api.errors import ApiError
 from api.protocol.anthropic import MessagesRequest
 from api.protocol.anthropic_encoder import MessagesEncoder
 from api.protocol.responses import ResponsesRequest
+from api.protocol.responses_encoder import ResponsesEncoder
 from inference.toolcall import ToolCall, ToolSpec
 from inference.types import Finish, Message, ReasoningDelta, TextDelta, ToolCallDelta, Usage
-from tests.api.test_protocol_responses import replay_through_sdk, types_of
-from tests.api.test_protocol_responses import run as run_responses
+from tests.api.conftest import (
+    accumulate_anthropic,
+    anthropic_shape,
+    encode,
+    replay_responses,
+    responses_types,
+)
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 FUNCTION = {"type": "function", "name": "get_weather", "description": "Weather.", "parameters": SCHEMA}
@@ -25,6 +30,11 @@ USAGE = Usage(20, 6)
 
 def responses(**fields):
     return ResponsesRequest.parse({"input": "hi", **fields})
+
+
+def run_responses(events, request=None) -> tuple[ResponsesEncoder, list[dict]]:
+    encoder = ResponsesEncoder("the-model", request or responses())
+    return encoder, encode(encoder, events)
 
 
 def messages(**fields):
@@ -112,7 +122,7 @@ def test_responses_tools_need_a_tool_convention():
 # -- Responses encoder -------------------------------------------------------------------------
 def test_function_call_item_follows_the_message_and_replays_through_the_sdk():
     encoder, events = run_responses([TextDelta("Let me check."), CALL, Finish("tool_calls", USAGE)])
-    assert types_of(events) == (
+    assert responses_types(events) == (
         "created in_progress output_item.added content_part.added output_text.delta "
         "output_text.done content_part.done output_item.done "
         "output_item.added function_call_arguments.delta function_call_arguments.done output_item.done "
@@ -124,7 +134,7 @@ def test_function_call_item_follows_the_message_and_replays_through_the_sdk():
     assert call["type"] == "function_call" and call["name"] == "get_weather" and call["status"] == "completed"
     assert json.loads(call["arguments"]) == {"city": "Paris"} and call["call_id"].startswith("call_")
     assert events[8]["item"]["status"] == "in_progress" and events[8]["item"]["arguments"] == ""
-    final = replay_through_sdk(events)._completed_response
+    final = replay_responses(events)._completed_response
     assert final.status == "completed" and final.output[1].arguments == call["arguments"]
 
 
@@ -221,16 +231,12 @@ def test_anthropic_tools_are_dropped_on_a_model_without_a_tool_convention():
 # -- Anthropic encoder -------------------------------------------------------------------------
 def run_messages(events) -> tuple[MessagesEncoder, list[dict]]:
     encoder = MessagesEncoder("the-model")
-    out = encoder.start()
-    for event in events:
-        out += encoder.finish(event) if isinstance(event, Finish) else encoder.delta(event)
-    return encoder, out
+    return encoder, encode(encoder, events)
 
 
 def test_tool_use_block_streams_whole_and_accumulates_in_the_sdk():
     encoder, events = run_messages([TextDelta("Checking."), CALL, Finish("tool_calls", USAGE)])
-    kinds = [e["delta"]["type"] if e["type"] == "content_block_delta" else e["type"] for e in events]
-    assert kinds == [
+    assert anthropic_shape(events) == [
         "message_start",
         "content_block_start",
         "text_delta",
@@ -246,9 +252,7 @@ def test_tool_use_block_streams_whole_and_accumulates_in_the_sdk():
     assert text == {"type": "text", "text": "Checking."}
     assert tool_use["name"] == "get_weather" and tool_use["input"] == {"city": "Paris"}
     assert tool_use["id"].startswith("toolu_") and encoder.final["stop_reason"] == "tool_use"
-    snapshot = None
-    for event in events:
-        snapshot = accumulate_event(event=event, current_snapshot=snapshot, json_bufs={})
+    snapshot = accumulate_anthropic(events)
     assert snapshot.content[1].input == {"city": "Paris"} and snapshot.stop_reason == "tool_use"
 
 

@@ -3,11 +3,9 @@ served live and read through the SDKs in all three dialects, streamed and not.""
 
 from __future__ import annotations
 
-import anthropic
-import openai
 import pytest
 
-from tests.api.conftest import API_KEY, start_lmserve
+from tests.api.conftest import API_KEY, chat_stream_text, responses_stream_text, start_lmserve
 from tests.fixtures.think_gguf import ANSWER_TEXT, THINK_REPLY, THINK_TEXT, think_model_path
 
 pytestmark = pytest.mark.timeout(900)
@@ -15,22 +13,12 @@ ASK = [{"role": "user", "content": "Hi"}]
 
 
 @pytest.fixture(scope="module")
-def think_server(synthetic_dir, tmp_path_factory):
+def model_server(synthetic_dir, tmp_path_factory):
+    """A server for the synthetic thinking model."""
     model = think_model_path(synthetic_dir)
     server = start_lmserve(tmp_path_factory.mktemp("think"), str(model), "--api-key", API_KEY, "--ctx", "512")
     yield server
     server.stop()
-
-
-@pytest.fixture(scope="module")
-def oai(think_server):
-    with openai.OpenAI(base_url=think_server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def claude(think_server):
-    return anthropic.Anthropic(base_url=think_server.url, api_key=API_KEY, max_retries=0, timeout=300)
 
 
 def test_chat_reasoning_content(oai):
@@ -40,15 +28,12 @@ def test_chat_reasoning_content(oai):
     message = reply.choices[0].message
     assert (message.content, message.model_extra["reasoning_content"]) == (ANSWER_TEXT, THINK_TEXT)
     assert reply.usage.completion_tokens_details.reasoning_tokens > 0
-    reasoning, content = [], []
     stream = oai.chat.completions.create(
         model="m", messages=ASK, max_tokens=40, temperature=0, reasoning_effort="high", stream=True
     )
-    for chunk in stream:
-        for choice in chunk.choices:
-            reasoning.append((choice.delta.model_extra or {}).get("reasoning_content") or "")
-            content.append(choice.delta.content or "")
-    assert ("".join(reasoning), "".join(content)) == (THINK_TEXT, ANSWER_TEXT)
+    chunks = list(stream)
+    reasoning, content = chat_stream_text(chunks, "reasoning_content"), chat_stream_text(chunks)
+    assert (reasoning, content) == (THINK_TEXT, ANSWER_TEXT)
 
 
 def test_reasoning_is_off_by_default(oai):
@@ -80,8 +65,7 @@ def test_responses_reasoning_item(oai):
         model="m", input="Hi", max_output_tokens=40, temperature=0, reasoning={"effort": "medium"}
     ) as stream:
         events = list(stream)
-    reasoning = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
-    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    reasoning, text = responses_stream_text(events, "reasoning_text"), responses_stream_text(events)
     assert (reasoning, text) == (THINK_TEXT, ANSWER_TEXT)
 
 

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from .conftest import API_KEY
+from .conftest import API_KEY, openai_client, responses_stream_text
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -56,9 +56,9 @@ def test_stream_helper_yields_the_same_final_text_as_create(client):
         names,
     ), names
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    deltas = [e for e in events if e.type == "response.output_text.delta"]
-    assert "".join(e.delta for e in deltas) == whole.output_text
-    assert deltas[-1].snapshot == whole.output_text  # the SDK's own accumulation
+    assert responses_stream_text(events) == whole.output_text
+    last_delta = [e for e in events if e.type == "response.output_text.delta"][-1]
+    assert last_delta.snapshot == whole.output_text  # the SDK's own accumulation
     assert len({e.response.id for e in events if hasattr(e, "response")}) == 1
 
 
@@ -184,7 +184,7 @@ def test_wire_framing_and_the_unprefixed_path(http):
 
 def test_mid_stream_failure_is_an_error_event_then_response_failed(start_server):
     server = start_server("--queue", "2")
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    client = openai_client(server, api_key="none")
     stream = client.responses.create(
         model="m", input="Hi", max_output_tokens=1000, stream=True, extra_body={"ignore_eos": True}
     )
@@ -222,6 +222,6 @@ def test_mid_stream_failure_is_an_error_event_then_response_failed(start_server)
 
 
 def test_wrong_key_is_an_authentication_error(idle_server):
-    with openai.OpenAI(base_url=idle_server.url + "/v1", api_key=API_KEY + "x", max_retries=0) as bad:
+    with openai_client(idle_server, api_key=API_KEY + "x") as bad:
         with pytest.raises(openai.AuthenticationError):
             bad.responses.create(**ASK)

@@ -10,16 +10,10 @@ import jsonschema
 import openai
 import pytest
 
-from tests.api.conftest import API_KEY, start_lmserve
+from tests.api.conftest import API_KEY, ASK_WEATHER, WEATHER_SCHEMA, start_lmserve
 
 pytestmark = pytest.mark.timeout(1800)
 
-WEATHER_SCHEMA = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
 WEATHER = {
     "type": "function",
     "function": {
@@ -32,16 +26,15 @@ TIME = {
     "type": "function",
     "function": {"name": "get_time", "description": "The time now.", "parameters": {}},
 }
-ASK = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
 
 
 @pytest.fixture(scope="module")
-def oai(tmp_path_factory):
+def model_server(tmp_path_factory):
+    """A server for Qwen2.5-Coder, a model with the Hermes tool convention."""
     server = start_lmserve(
         tmp_path_factory.mktemp("tools"), "models/qwen2.5-coder-0.5b-instruct.gguf", "--api-key", API_KEY
     )
-    with openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=600) as client:
-        yield client
+    yield server
     server.stop()
 
 
@@ -49,7 +42,12 @@ def test_round_trip(oai):
     # The 0.5B coder tends to answer a plain "auto" turn with a markdown JSON block rather
     # than a <tool_call>, so the first turn forces the call; the follow-up is "auto".
     reply = oai.chat.completions.create(
-        model="m", messages=ASK, tools=[WEATHER, TIME], tool_choice="required", max_tokens=80, temperature=0
+        model="m",
+        messages=ASK_WEATHER,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        max_tokens=80,
+        temperature=0,
     )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls", choice.message.content
@@ -57,7 +55,7 @@ def test_round_trip(oai):
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments)["city"] == "Paris"
     follow_up = [
-        *ASK,
+        *ASK_WEATHER,
         choice.message.model_dump(exclude_none=True),
         {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "sky": "sunny"}'},
     ]
@@ -94,7 +92,7 @@ def test_streamed_tool_call(oai):
     calls, reason = [], None
     stream = oai.chat.completions.create(
         model="m",
-        messages=ASK,
+        messages=ASK_WEATHER,
         tools=[WEATHER],
         tool_choice="required",
         max_tokens=80,
@@ -112,7 +110,7 @@ def test_streamed_tool_call(oai):
 
 def test_tool_choice_none_hides_the_tools(oai):
     reply = oai.chat.completions.create(
-        model="m", messages=ASK, tools=[WEATHER], tool_choice="none", max_tokens=20, temperature=0
+        model="m", messages=ASK_WEATHER, tools=[WEATHER], tool_choice="none", max_tokens=20, temperature=0
     )
     assert reply.choices[0].finish_reason in ("stop", "length") and not reply.choices[0].message.tool_calls
 
@@ -121,7 +119,7 @@ def test_forced_call_with_a_format_is_400(oai):
     with pytest.raises(openai.BadRequestError) as err:
         oai.chat.completions.create(
             model="m",
-            messages=ASK,
+            messages=ASK_WEATHER,
             tools=[WEATHER],
             tool_choice="required",
             response_format={"type": "json_object"},

@@ -7,21 +7,22 @@ from __future__ import annotations
 
 import json
 
-import anthropic
 import jsonschema
 import openai
 import pytest
 
-from tests.api.conftest import API_KEY, start_lmserve
+from tests.api.conftest import (
+    API_KEY,
+    ASK_WEATHER,
+    WEATHER_SCHEMA,
+    anthropic_client,
+    anthropic_text,
+    openai_client,
+    start_lmserve,
+)
 
 pytestmark = pytest.mark.timeout(1800)
 
-WEATHER_SCHEMA = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
 DESCRIPTION = "Current weather in a city."
 FUNCTIONS = [
     {"type": "function", "name": "get_weather", "description": DESCRIPTION, "parameters": WEATHER_SCHEMA},
@@ -31,12 +32,12 @@ ANTHROPIC_TOOLS = [
     {"name": "get_weather", "description": DESCRIPTION, "input_schema": WEATHER_SCHEMA},
     {"name": "get_time", "description": "The time now.", "input_schema": {"type": "object"}},
 ]
-ASK = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
 RESULT = '{"temperature": 21, "sky": "sunny"}'
 
 
 @pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
+def model_server(tmp_path_factory):
+    """A server for Qwen2.5-Coder, a model with the Hermes tool convention."""
     server = start_lmserve(
         tmp_path_factory.mktemp("tools-dialects"),
         "models/qwen2.5-coder-0.5b-instruct.gguf",
@@ -47,18 +48,6 @@ def qwen(tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def oai(qwen):
-    with openai.OpenAI(base_url=qwen.url + "/v1", api_key=API_KEY, max_retries=0, timeout=600) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def claude(qwen):
-    with anthropic.Anthropic(base_url=qwen.url, api_key=API_KEY, max_retries=0, timeout=600) as client:
-        yield client
-
-
 def calls_of(response) -> list:
     return [item for item in response.output if item.type == "function_call"]
 
@@ -67,13 +56,18 @@ def calls_of(response) -> list:
 def test_responses_round_trip(oai):
     # As on Chat, the 0.5B coder answers an "auto" turn in markdown: the first turn forces the call.
     first = oai.responses.create(
-        model="m", input=ASK, tools=FUNCTIONS, tool_choice="required", max_output_tokens=80, temperature=0
+        model="m",
+        input=ASK_WEATHER,
+        tools=FUNCTIONS,
+        tool_choice="required",
+        max_output_tokens=80,
+        temperature=0,
     )
     (call,) = calls_of(first)
     assert first.status == "completed" and call.name == "get_weather"
     assert json.loads(call.arguments)["city"] == "Paris"
     follow_up = [
-        *ASK,
+        *ASK_WEATHER,
         *(item.model_dump(exclude_none=True) for item in first.output),
         {"type": "function_call_output", "call_id": call.call_id, "output": RESULT},
     ]
@@ -85,7 +79,12 @@ def test_responses_round_trip(oai):
 
 def test_responses_streamed_call(oai):
     with oai.responses.stream(
-        model="m", input=ASK, tools=FUNCTIONS[:1], tool_choice="required", max_output_tokens=80, temperature=0
+        model="m",
+        input=ASK_WEATHER,
+        tools=FUNCTIONS[:1],
+        tool_choice="required",
+        max_output_tokens=80,
+        temperature=0,
     ) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_response()
@@ -126,7 +125,7 @@ def test_anthropic_round_trip(claude):
     first = claude.messages.create(
         model="m",
         max_tokens=80,
-        messages=ASK,
+        messages=ASK_WEATHER,
         tools=ANTHROPIC_TOOLS,
         tool_choice={"type": "any"},
         extra_body={"temperature": 0},
@@ -135,7 +134,7 @@ def test_anthropic_round_trip(claude):
     (tool_use,) = [block for block in first.content if block.type == "tool_use"]
     assert tool_use.name == "get_weather" and tool_use.input["city"] == "Paris"
     follow_up = [
-        *ASK,
+        *ASK_WEATHER,
         {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use.id, "content": RESULT}]},
     ]
@@ -143,14 +142,14 @@ def test_anthropic_round_trip(claude):
         model="m", max_tokens=60, messages=follow_up, tools=ANTHROPIC_TOOLS, extra_body={"temperature": 0}
     )
     assert answer.stop_reason in ("end_turn", "max_tokens")
-    assert "21" in "".join(block.text for block in answer.content if block.type == "text")
+    assert "21" in anthropic_text(answer)
 
 
 def test_anthropic_streamed_tool_use(claude):
     with claude.messages.stream(
         model="m",
         max_tokens=80,
-        messages=ASK,
+        messages=ASK_WEATHER,
         tools=ANTHROPIC_TOOLS,
         tool_choice={"type": "tool", "name": "get_weather"},
         extra_body={"temperature": 0},
@@ -187,19 +186,19 @@ def test_anthropic_forced_calls_always_match_the_schema(claude, choice, temperat
 # -- a model without a tool convention -----------------------------------------------------------
 def test_smollm2_drops_anthropic_tools_but_refuses_responses_tools(idle_server):
     history = [
-        *ASK,
+        *ASK_WEATHER,
         {
             "role": "assistant",
             "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}],
         },
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": RESULT}]},
     ]
-    with anthropic.Anthropic(base_url=idle_server.url, api_key=API_KEY, max_retries=0, timeout=120) as client:
+    with anthropic_client(idle_server) as client:
         reply = client.messages.create(
             model="m", max_tokens=8, messages=history, tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"}
         )
     assert reply.stop_reason in ("end_turn", "max_tokens") and reply.content[0].type == "text"
-    with openai.OpenAI(base_url=idle_server.url + "/v1", api_key=API_KEY, max_retries=0) as client:
+    with openai_client(idle_server) as client:
         with pytest.raises(openai.BadRequestError) as err:
-            client.responses.create(model="m", input=ASK, tools=FUNCTIONS, max_output_tokens=8)
+            client.responses.create(model="m", input=ASK_WEATHER, tools=FUNCTIONS, max_output_tokens=8)
     assert err.value.body["param"] == "tools"
