@@ -127,7 +127,7 @@ def _parse_thinking(body: dict) -> bool:
     thinking = f.obj(body, "thinking")
     if thinking is None:
         return False
-    kind = thinking.get("type")
+    kind = f.string(thinking, "type", "thinking.type")
     if kind not in THINKING_TYPES:
         raise f.invalid_value("thinking.type", kind, f"one of {', '.join(THINKING_TYPES)}")
     if kind == "enabled" and f.integer(thinking, "budget_tokens", lo=1) is None:
@@ -163,7 +163,7 @@ def parse_system(value: object) -> str | None:
         at = f"system[{i}]"
         if not isinstance(block, dict):
             raise f.wrong_type(at, "an object", block)
-        kind = block.get("type")
+        kind = f.string(block, "type", f"{at}.type")
         if kind != "text":
             raise f.invalid_value(f"{at}.type", kind, "'text'")
         texts.append(_text_of(block, at))
@@ -193,7 +193,7 @@ def _parse_message(item: object, where: str) -> list[Message]:
     assistant turn carries its tool_use blocks as calls."""
     if not isinstance(item, dict):
         raise f.wrong_type(where, "an object", item)
-    role = item.get("role")
+    role = f.string(item, "role", f"{where}.role")
     if role not in ROLES:
         raise f.invalid_value(f"{where}.role", role, "'user' or 'assistant'")
     content = item.get("content")
@@ -220,7 +220,7 @@ def _route_block(block: object, at: str, role: str, into: tuple[list, list, list
     texts, calls, results = into
     if not isinstance(block, dict):
         raise f.wrong_type(at, "an object", block)
-    kind = block.get("type")
+    kind = f.string(block, "type", f"{at}.type")
     expected = "tool_use" if role == "assistant" else "tool_result"
     if kind == "text":
         texts.append(_text_of(block, at))
@@ -236,7 +236,7 @@ def _route_block(block: object, at: str, role: str, into: tuple[list, list, list
         calls.append(tool_use_call(block, at))
     elif kind == "tool_result":
         results.append(tool_result_message(block, at))
-    elif isinstance(kind, str) and _is_server_tool_block(kind):
+    elif kind is not None and _is_server_tool_block(kind):
         raise Invalid(unsupported(f"{at}.type", f"{kind!r}: server tools are not supported"))
     else:
         raise f.invalid_value(f"{at}.type", kind, "'text'")

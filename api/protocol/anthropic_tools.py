@@ -30,8 +30,8 @@ def parse_anthropic_tools(body: dict) -> tuple[ToolSpec, ...]:
 
 
 def _anthropic_declaration(tool: dict, where: str) -> ToolSpec:
-    kind = tool.get("type")
-    if isinstance(kind, str) and kind.startswith(SERVER_TOOL_PREFIXES):
+    kind = f.string(tool, "type", f"{where}.type")
+    if kind is not None and kind.startswith(SERVER_TOOL_PREFIXES):
         raise Invalid(unsupported(f"{where}.type", f"{kind!r} is a server tool; this server runs no tools"))
     if kind not in (None, "custom"):
         raise Invalid(unsupported(f"{where}.type", f"{kind!r}: only custom (client) tools are supported"))
@@ -48,7 +48,7 @@ def _anthropic_declaration(tool: dict, where: str) -> ToolSpec:
 def parse_anthropic_tool_choice(body: dict, tools: tuple[ToolSpec, ...]) -> ToolsAndConstraint:
     """The tools the model sees and the forced-call constraint (input schemas always enforced)."""
     choice = f.obj(body, "tool_choice")
-    kind = choice.get("type") if choice is not None else "auto"
+    kind = f.string(choice, "type", "tool_choice.type") if choice is not None else "auto"
     if kind not in CHOICE_TYPES:
         raise f.invalid_value("tool_choice.type", kind, f"one of {', '.join(CHOICE_TYPES)}")
     if kind == "auto":

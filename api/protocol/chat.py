@@ -161,7 +161,7 @@ def parse_messages(value: object) -> tuple[Message, ...]:
 def _parse_message(item: object, where: str) -> Message:
     if not isinstance(item, dict):
         raise f.wrong_type(where, "an object", item)
-    role = item.get("role")
+    role = f.string(item, "role", f"{where}.role")
     if role not in ROLES:
         raise f.invalid_value(f"{where}.role", role, f"one of {', '.join(ROLES)}")
     if item.get("function_call") is not None:

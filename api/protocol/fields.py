@@ -82,7 +82,9 @@ def number(body: dict, name: str, lo: float, hi: float, *, lo_open: bool = False
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise wrong_type(name, "a number", value)
-    ok = math.isfinite(value) and (lo < value if lo_open else lo <= value) and value <= hi
+    # JSON integers are unbounded: compare an int exactly, as math.isfinite overflows past 1e308.
+    finite = isinstance(value, int) or math.isfinite(value)
+    ok = finite and (lo < value if lo_open else lo <= value) and value <= hi
     if not ok:
         raise out_of_range(name, value, f"between {lo} ({'exclusive' if lo_open else 'inclusive'}) and {hi}")
     return float(value)
@@ -173,7 +175,7 @@ def text_content(
         at = f"{where}[{j}]"
         if not isinstance(part, dict):
             raise wrong_type(at, "an object", part)
-        kind = part.get("type")
+        kind = string(part, "type", f"{at}.type")
         if kind in refused:
             raise Invalid(unsupported(f"{at}.type", f"{kind!r}: {refused[kind]} is not supported"))
         key = text_keys.get(kind)

@@ -25,7 +25,7 @@ def parse_format(value: object, param: str) -> ConstraintSpec | None:
         return None
     if not isinstance(value, dict):
         raise f.wrong_type(param, "an object", value)
-    kind = value.get("type")
+    kind = f.string(value, "type", f"{param}.type")
     if kind == "text":
         return None
     if kind == "json_object":

@@ -185,7 +185,9 @@ def parse_input(value: object) -> tuple[Message, ...]:
 def _parse_item(item: object, where: str) -> Message | None:
     if not isinstance(item, dict):
         raise f.wrong_type(where, "an object", item)
-    kind = item.get("type", "message" if "role" in item else None)
+    kind = f.string(item, "type", f"{where}.type")
+    if "type" not in item and "role" in item:
+        kind = "message"  # an "easy" input message: a role and content, no type
     if kind == "message":
         return _parse_message(item, where)
     if kind == "reasoning":
@@ -202,7 +204,7 @@ def _parse_item(item: object, where: str) -> Message | None:
 
 
 def _parse_message(item: dict, where: str) -> Message:
-    role = item.get("role")
+    role = f.string(item, "role", f"{where}.role")
     if role not in ROLES:
         raise f.invalid_value(f"{where}.role", role, f"one of {', '.join(ROLES)}")
     content = item.get("content")

@@ -27,7 +27,7 @@ def parse_responses_tools(body: dict) -> tuple[ToolSpec, ...]:
 
 
 def _responses_declaration(tool: dict, where: str) -> ToolSpec:
-    kind = tool.get("type")
+    kind = f.string(tool, "type", f"{where}.type")
     if kind == "custom":
         raise Invalid(not_implemented(f"{where}.type"))
     if kind != "function":
@@ -47,7 +47,7 @@ def _responses_choice_name(choice: dict) -> object:
 
 def _bad_responses_choice(choice: object) -> Invalid:
     if isinstance(choice, dict):
-        kind = choice.get("type")
+        kind = f.string(choice, "type", "tool_choice.type")
         return Invalid(
             unsupported("tool_choice.type", f"{kind!r} names a hosted tool; this server runs none")
         )

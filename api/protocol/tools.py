@@ -81,8 +81,9 @@ def parse_chat_tools(body: dict) -> tuple[ToolSpec, ...]:
 
 
 def _chat_declaration(tool: dict, where: str) -> ToolSpec:
-    if tool.get("type") != "function":
-        raise f.invalid_value(f"{where}.type", tool.get("type"))
+    kind = f.string(tool, "type", f"{where}.type")
+    if kind != "function":
+        raise f.invalid_value(f"{where}.type", kind)
     function = f.obj(tool, "function", f"{where}.function")
     if function is None:
         raise Invalid(bad_request(f"'{where}.function' is required", f"{where}.function"))

@@ -138,6 +138,40 @@ def test_malformed_fields_are_400(fields, param):
     assert isinstance(error, ApiError) and (error.status, error.param) == (400, param)
 
 
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"messages": [{"role": [], "content": "hi"}]}, "messages[0].role"),
+        ({"messages": [{"role": {"a": 1}, "content": "hi"}]}, "messages[0].role"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": [], "text": "hi"}]}]},
+            "messages[0].content[0].type",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": {}, "text": "hi"}]}]},
+            "messages[0].content[0].type",
+        ),
+        ({"system": [{"type": ["text"], "text": "s"}]}, "system[0].type"),
+        ({"tools": [{"type": ["custom"], "name": "f", "input_schema": {}}]}, "tools[0].type"),
+        ({"tool_choice": {"type": ["auto"]}}, "tool_choice.type"),
+        ({"thinking": {"type": {"enabled": True}}}, "thinking.type"),
+        ({"output_config": {"format": {"type": ["json_schema"]}}}, "output_config.format.type"),
+    ],
+)
+def test_a_non_string_role_or_type_is_invalid_type_not_a_crash(fields, param):
+    """A content block ``type`` that is an array or object is a 400 rather than a TypeError
+    from the media-block table; roles and the other tags answer the same way."""
+    error = parse(**fields)
+    assert isinstance(error, ApiError)
+    assert (error.status, error.anthropic_type, error.code, error.param) == (
+        400,
+        "invalid_request_error",
+        "invalid_type",
+        param,
+    )
+    assert f"'{param}'" in error.message and "expected a string" in error.message
+
+
 def test_thinking_off_and_adaptive():
     assert not parse(thinking={"type": "disabled"}).thinking
     assert parse(thinking={"type": "adaptive"}).thinking

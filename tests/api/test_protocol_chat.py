@@ -169,6 +169,64 @@ def test_rejections_name_the_parameter(fields, status, param):
     assert param.split(".")[0].split("[")[0] in error.message
 
 
+def part(kind) -> list[dict]:
+    """One user message whose only content part has ``type`` set to ``kind``."""
+    return [{"role": "user", "content": [{"type": kind, "text": "hi"}]}]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"messages": [{"role": [], "content": "hi"}]}, "messages[0].role"),
+        ({"messages": [{"role": {"a": 1}, "content": "hi"}]}, "messages[0].role"),
+        ({"messages": [*USER, {"role": ["assistant"], "content": "x"}]}, "messages[1].role"),
+        ({"messages": part([])}, "messages[0].content[0].type"),
+        ({"messages": part({"type": "text"})}, "messages[0].content[0].type"),
+        ({"tools": [{"type": ["function"], "function": {"name": "f"}}]}, "tools[0].type"),
+        ({"response_format": {"type": ["json_object"]}}, "response_format.type"),
+        ({"reasoning_effort": {"level": "high"}}, "reasoning_effort"),
+    ],
+)
+def test_a_non_string_role_or_type_is_invalid_type_not_a_crash(fields, param):
+    """Roles and ``type`` tags are looked up in tables; an array or object there (unhashable)
+    is a 400 naming the parameter."""
+    error = ChatCompletionRequest.parse({"messages": USER, **fields})
+    assert isinstance(error, ApiError)
+    assert (error.status, error.type, error.code, error.param) == (
+        400,
+        "invalid_request_error",
+        "invalid_type",
+        param,
+    )
+    assert f"'{param}'" in error.message and "expected a string" in error.message
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"tool_choice": []},
+        {"tool_choice": {"type": ["function"]}},
+        {
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": []}},
+        },
+        {"modalities": [["text"]]},
+    ],
+)
+def test_odd_tool_choice_and_modalities_values_are_400_naming_the_parameter(fields):
+    error = ChatCompletionRequest.parse({"messages": USER, **fields})
+    assert isinstance(error, ApiError) and error.status == 400
+    assert error.param == next(iter(fields.keys() - {"tools"}))
+
+
+@pytest.mark.parametrize("name", ["temperature", "top_p", "min_p", "presence_penalty", "repeat_penalty"])
+@pytest.mark.parametrize("value", [10**400, -(10**400)], ids=["huge", "minus-huge"])
+def test_integers_beyond_float_range_are_out_of_range_not_a_crash(name, value):
+    error = ChatCompletionRequest.parse({"messages": USER, name: value})
+    assert isinstance(error, ApiError)
+    assert (error.status, error.code, error.param) == (400, "invalid_value", name)
+
+
 @pytest.mark.parametrize("body", [b"", b"{", b"[1, 2]", b'"text"', b"\xff\xfe", b"[" * 100000])
 def test_bodies_that_are_not_a_json_object_are_400(body):
     error = parse_json_object(body)

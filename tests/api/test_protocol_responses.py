@@ -127,6 +127,39 @@ def test_malformed_fields_are_400(fields, param, code):
     assert isinstance(error, ApiError) and (error.status, error.param, error.code) == (400, param, code)
 
 
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"input": [{"role": [], "content": "hi"}]}, "input[0].role"),
+        ({"input": [{"type": "message", "role": {"a": 1}, "content": "hi"}]}, "input[0].role"),
+        ({"input": [{"type": ["message"], "role": "user", "content": "hi"}]}, "input[0].type"),
+        ({"input": [{"role": "user", "content": [{"type": [], "text": "hi"}]}]}, "input[0].content[0].type"),
+        ({"input": [{"role": "user", "content": [{"type": {}, "text": "hi"}]}]}, "input[0].content[0].type"),
+        ({"tools": [{"type": ["function"], "name": "f"}]}, "tools[0].type"),
+        ({"tool_choice": {"type": ["function"], "name": "f"}}, "tool_choice.type"),
+        ({"text": {"format": {"type": ["json_object"]}}}, "text.format.type"),
+        ({"reasoning": {"effort": ["high"]}}, "reasoning.effort"),
+    ],
+)
+def test_a_non_string_role_or_type_is_invalid_type_not_a_crash(fields, param):
+    """An array or object where a role or ``type`` tag belongs is a 400 naming the parameter,
+    never a TypeError from a table lookup (nor a misleading "hosted tool" refusal)."""
+    error = parse(**fields)
+    assert isinstance(error, ApiError)
+    assert (error.status, error.type, error.code, error.param) == (
+        400,
+        "invalid_request_error",
+        "invalid_type",
+        param,
+    )
+    assert f"'{param}'" in error.message and "expected a string" in error.message
+
+
+def test_integers_beyond_float_range_are_out_of_range_not_a_crash():
+    error = parse(temperature=10**400)
+    assert isinstance(error, ApiError) and (error.status, error.param) == (400, "temperature")
+
+
 def test_reasoning_effort_needs_a_reasoning_channel():
     for effort in ("none", "minimal"):
         assert not parse(reasoning={"effort": effort}).to_generation(False).reasoning

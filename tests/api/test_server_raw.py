@@ -72,6 +72,16 @@ def test_api_key_guards_v1_but_not_health(idle_server):
         (b'{"messages": [{"role": "user", "content": "x"}], "stream": 1}', "stream"),
         (b'{"messages": [{"role": "user", "content": "x"}], "top_p": NaN}', "top_p"),
         (b'{"messages": [{"role": "user", "content": "x"}], "seed": 1.5}', "seed"),
+        (b'{"messages": [{"role": [], "content": "hi"}]}', "messages[0].role"),
+        (b'{"messages": [{"role": {"a": 1}, "content": "hi"}]}', "messages[0].role"),
+        (
+            b'{"messages": [{"role": "user", "content": [{"type": [], "text": "x"}]}]}',
+            "messages[0].content[0].type",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "temperature": 1' + b"0" * 400 + b"}",
+            "temperature",
+        ),
     ],
 )
 def test_malformed_json_and_wrong_types_are_400(http, body, param):
