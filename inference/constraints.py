@@ -10,9 +10,11 @@ by grammar source and cloned per request; only the worker thread touches that ca
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from decimal import Decimal, localcontext
 from typing import Literal
 
 import llguidance
@@ -24,6 +26,25 @@ ConstraintKind = Literal["json_schema", "regex", "lark"]
 CACHED_GRAMMARS = 32
 # Fixed separators: with free whitespace a model may pad a JSON reply until its budget runs out.
 JSON_OPTIONS = {"whitespace_flexible": False}
+# Digit bounds for numbers a schema leaves open, in the spirit of llama.cpp's JSON grammars: greedy
+# decoding inside an open number can append digits until the token budget runs out. The integral
+# bound is the interoperable-integer limit (I-JSON, 2**53 - 1, 16 digits); the fraction bound is
+# the finest ``multipleOf`` llguidance takes exactly (coarser powers of ten drift in its f64 loop).
+SAFE_INTEGER = 2**53 - 1
+FRACTION_DIGITS = 10
+FLOAT_DIGITS = 400  # decimal digits that hold any f64 bound scaled by 10**FRACTION_DIGITS
+# Keywords holding subschemas (by name, or a schema or list of them) that the rewrite descends
+# into; "not" and "if" are left alone, since tightening them would loosen the schema around them.
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+SCHEMA_KEYWORDS = (
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "prefixItems",
+    "items",
+    "additionalItems",
+    "additionalProperties",
+)
 
 
 @dataclass(frozen=True)
@@ -40,12 +61,85 @@ class ConstraintSpec:
         return cls("json_schema", json.dumps(schema), param)
 
     def grammar(self) -> str:
-        """The llguidance grammar text of this constraint."""
+        """The llguidance grammar text of this constraint (a JSON schema with its open numbers
+        bounded, see :func:`bound_number_digits`)."""
         if self.kind == "json_schema":
-            return llguidance.LLMatcher.grammar_from_json_schema(self.source, defaults=JSON_OPTIONS)
+            schema = json.dumps(bound_number_digits(json.loads(self.source)))
+            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         if self.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(self.source)
         return llguidance.LLMatcher.grammar_from_lark(self.source)
+
+
+def bound_number_digits(schema: object) -> object:
+    """A copy of ``schema`` whose ``integer`` and ``number`` subschemas have bounded digits.
+
+    A side without a bound gets ``±SAFE_INTEGER``; a ``number`` without ``multipleOf`` gets
+    ``multipleOf`` 10**-FRACTION_DIGITS, which llguidance applies to the text (at most that many
+    fraction digits, no exponent). Bounds, ``multipleOf``, ``enum`` and ``const`` the schema
+    states are kept as they are, and nothing is added that would exclude a value the schema
+    states as a bound: the result accepts a subset of what ``schema`` accepts."""
+    if isinstance(schema, list):
+        return [bound_number_digits(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: bound_number_digits(sub) for name, sub in out[key].items()}
+    for key in SCHEMA_KEYWORDS:
+        if isinstance(out.get(key), (dict, list)):
+            out[key] = bound_number_digits(out[key])
+    types = out.get("type")
+    types = {types} if isinstance(types, str) else set(types) if isinstance(types, list) else set()
+    if types & {"integer", "number"} and "enum" not in out and "const" not in out:
+        _bound_numeric(out, fraction="number" in types)
+    return out
+
+
+def _bound_numeric(schema: dict, fraction: bool) -> None:
+    """Add the missing digit bounds to one numeric schema, in place."""
+    low = _stated_bound(schema, "minimum", "exclusiveMinimum")
+    high = _stated_bound(schema, "maximum", "exclusiveMaximum")
+    # A stated bound beyond the safe range keeps the other side open rather than empty the range;
+    # a keyword present with a malformed value is left for llguidance to report.
+    if "minimum" not in schema and low is None and (high is None or high[0] > -SAFE_INTEGER):
+        schema["minimum"] = -SAFE_INTEGER
+    if "maximum" not in schema and high is None and (low is None or low[0] < SAFE_INTEGER):
+        schema["maximum"] = SAFE_INTEGER
+    if fraction and "multipleOf" not in schema and _has_fraction_multiple(low, high):
+        schema["multipleOf"] = float(f"1e-{FRACTION_DIGITS}")
+
+
+def _stated_bound(schema: dict, inclusive: str, exclusive: str) -> tuple[Decimal, bool] | None:
+    """The tighter of a side's stated bounds: (value, exclusive), or None when it is open."""
+    found = []
+    if _is_number(schema.get(inclusive)):
+        found.append((Decimal(repr(schema[inclusive])), schema.get(exclusive) is True))
+    if _is_number(schema.get(exclusive)):
+        found.append((Decimal(repr(schema[exclusive])), True))
+    if not found:
+        return None
+    lower = inclusive == "minimum"
+    return max(found) if lower else min(found, key=lambda bound: (bound[0], not bound[1]))
+
+
+def _has_fraction_multiple(low: tuple[Decimal, bool] | None, high: tuple[Decimal, bool] | None) -> bool:
+    """Whether the stated bounds are exact at the fraction bound and leave a multiple of it
+    between them (so adding ``multipleOf`` never empties the range or moves an end)."""
+    ends = [bound[0] for bound in (low, high) if bound is not None]
+    if any(value.normalize().as_tuple().exponent < -FRACTION_DIGITS for value in ends):
+        return False
+    if low is None or high is None:
+        return True
+    with localcontext(prec=FLOAT_DIGITS):  # exact for any f64 bound, 1e308 included
+        first = low[0].scaleb(FRACTION_DIGITS) + (1 if low[1] else 0)  # bounds are exact multiples
+        last = high[0].scaleb(FRACTION_DIGITS) - (1 if high[1] else 0)
+        return first <= last
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def build_lltokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:

@@ -25,10 +25,13 @@ MODELS = {
     "gemma3-270m": str(optional_model_path("gemma-3-270m-q4_k_m.gguf")),
 }
 BUDGET = 96
-# Gemma 3 270M, greedy inside an unbounded number field, writes digits until the budget runs
-# out ('{"celsius":10.5000000...'): the looping caveat of constrained decoding (the reply is
-# still bounded and cut with finish_reason "length"). The validity sweep runs on the others.
-SWEEP_MODELS = ["smollm2", "qwen2.5-coder"]
+# Every model, Gemma 3 270M included: greedy decoding inside an open number used to write digits
+# until the budget ran out ('{"celsius":10.5000000...'); the grammar now bounds number digits.
+SWEEP_MODELS = list(MODELS)
+# Asked for a tiny object under json_object (any object), the Gemma 3 270M base model writes
+# key after key ('{"id":1,"name":"1","age":1,...') until the budget runs out, as llama.cpp's
+# JSON grammar on the same prompt does too: an open object has no end the grammar can force.
+OPEN_OBJECT_MODELS = ["smollm2", "qwen2.5-coder"]
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
@@ -75,8 +78,8 @@ def test_twenty_schemas_give_valid_replies(oai, temperature):
         jsonschema.validate(json.loads(text), schema), name
 
 
-@pytest.mark.parametrize("model_server", SWEEP_MODELS, indirect=True)
-def test_json_object_and_responses_text_format(oai):
+@pytest.mark.parametrize("model_server", OPEN_OBJECT_MODELS, indirect=True)
+def test_json_object(oai):
     reply = oai.chat.completions.create(
         model="m",
         messages=[{"role": "user", "content": 'Reply with exactly this JSON: {"ok": true}'}],
@@ -86,6 +89,10 @@ def test_json_object_and_responses_text_format(oai):
     )
     assert reply.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(reply.choices[0].message.content), dict)
+
+
+@pytest.mark.parametrize("model_server", SWEEP_MODELS, indirect=True)
+def test_responses_text_format(oai):
     schema = SCHEMAS[0][2]
     fmt = {"format": {"type": "json_schema", "name": "person", "schema": schema, "strict": True}}
     response = oai.responses.create(model="m", input="Describe a person.", max_output_tokens=BUDGET, text=fmt)

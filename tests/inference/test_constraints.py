@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 
 from inference.backend import ConversationBackend
-from inference.constraints import ConstraintCompiler, ConstraintSpec
+from inference.constraints import (
+    FRACTION_DIGITS,
+    SAFE_INTEGER,
+    ConstraintCompiler,
+    ConstraintSpec,
+    bound_number_digits,
+)
 from inference.engine.engine import Engine
 from inference.engine.sampler import Sampler, SamplingParams
 from inference.types import Error, Finish, GenerationRequest, Message, SamplingOverrides
@@ -55,6 +61,7 @@ def test_bridge_round_trips_our_tokenization(engine, compiler):
         (ConstraintSpec("regex", "(", "regex"), "unclosed group"),
         (ConstraintSpec("lark", "start: foo", "lark"), "unknown name"),
         (ConstraintSpec.json_schema({"type": "object", "properties": 3}, "schema"), "properties"),
+        (ConstraintSpec.json_schema({"type": "integer", "minimum": "low"}, "schema"), "'minimum'"),
     ],
 )
 def test_invalid_grammars_are_explained(compiler, spec, needle):
@@ -155,3 +162,70 @@ def test_backend_rejects_invalid_grammar_and_bounds_replies(engine):
     final = sink.events[-1]
     assert isinstance(final, Finish) and final.reason == "length" and final.usage.completion_tokens == 6
     assert sink.text.isdigit()
+
+
+def _matches(engine, compiler, schema, text: str) -> bool:
+    """Whether the compiled grammar of ``schema`` accepts exactly ``text``."""
+    matcher = compiler.constraint(ConstraintSpec.json_schema(schema, "schema")).matcher
+    return (
+        matcher.consume_tokens(engine.tokenizer.encode(text, parse_special=False)) and matcher.is_accepting()
+    )
+
+
+def test_open_numbers_have_bounded_digits(engine, compiler):
+    integer, number = {"type": "integer"}, {"type": "number"}
+    assert _matches(engine, compiler, integer, "-" + "9" * 15)
+    assert _matches(engine, compiler, integer, str(SAFE_INTEGER))
+    assert not _matches(engine, compiler, integer, "1" * 40)
+    assert not _matches(engine, compiler, integer, str(SAFE_INTEGER + 1))
+    assert _matches(engine, compiler, number, "-12.5")
+    assert _matches(engine, compiler, number, "0." + "1" * FRACTION_DIGITS)
+    assert not _matches(engine, compiler, number, "0." + "1" * 40)
+    assert not _matches(engine, compiler, number, "1" * 40 + ".5")
+    within = {"type": "object", "properties": {"n": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}}
+    assert not _matches(engine, compiler, {"type": "array", "items": within}, '[{"n":' + "7" * 40 + "}]")
+
+
+def test_stated_bounds_still_decide(engine, compiler):
+    celsius = {"type": "number", "minimum": -50, "maximum": 60}
+    for text in ("-50", "60", "10.5", "-49.25"):
+        assert _matches(engine, compiler, celsius, text), text
+    for text in ("61", "-50.5", "60.0000001", "10.5" + "0" * 30):
+        assert not _matches(engine, compiler, celsius, text), text
+    age = {"type": "integer", "minimum": 0, "maximum": 120}
+    assert _matches(engine, compiler, age, "120") and not _matches(engine, compiler, age, "121")
+    assert not _matches(engine, compiler, {"type": "integer", "exclusiveMinimum": 5}, "5")
+    assert _matches(engine, compiler, {"enum": [10**20, 2]}, str(10**20))
+    fine = {"type": "number", "minimum": 0, "maximum": 1e-12}  # finer than the fraction bound
+    assert _matches(engine, compiler, fine, "0.000000000001")
+
+
+def test_digit_bounds_only_add_to_open_sides():
+    schema = {
+        "type": "object",
+        "properties": {
+            "open": {"type": ["number", "null"]},
+            "above": {"type": "integer", "minimum": 10**20},
+            "stepped": {"type": "number", "multipleOf": 0.25, "maximum": 9},
+            "picked": {"type": "integer", "enum": [10**20]},
+            "excluded": {"not": {"type": "integer"}},
+        },
+        "$defs": {"d": {"type": "integer"}},
+    }
+    bounded = bound_number_digits(schema)
+    assert schema["properties"]["open"] == {"type": ["number", "null"]}  # the input is not changed
+    step = float(f"1e-{FRACTION_DIGITS}")
+    props = bounded["properties"]
+    assert props["open"] == {
+        "type": ["number", "null"],
+        "minimum": -SAFE_INTEGER,
+        "maximum": SAFE_INTEGER,
+        "multipleOf": step,
+    }
+    assert props["above"] == schema["properties"]["above"]  # a cap would empty the range
+    assert props["stepped"] == {"type": "number", "multipleOf": 0.25, "maximum": 9, "minimum": -SAFE_INTEGER}
+    assert props["picked"] == schema["properties"]["picked"]
+    assert props["excluded"] == schema["properties"]["excluded"]  # bounding inside "not" loosens
+    assert bounded["$defs"]["d"] == {"type": "integer", "minimum": -SAFE_INTEGER, "maximum": SAFE_INTEGER}
+    tiny = {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": step}
+    assert bound_number_digits(tiny) == tiny  # no multiple of the step lies strictly inside
