@@ -5,7 +5,8 @@ the convention of the qwen2 and qwen3 families' chat templates.
 passes through at once (except what may be the start of a marker), each call is reported as
 soon as its closing marker arrives, and a region whose JSON is not a call passes through as
 plain text, markers intact. :func:`forced_call_grammar` compiles "the reply is exactly one
-call to one of these tools" into a Lark grammar for llguidance.
+call to one of these tools" into a Lark grammar for llguidance, its argument numbers
+digit-bounded like a ``response_format`` schema's.
 """
 
 from __future__ import annotations
@@ -13,8 +14,26 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from inference.constraints import bound_number_digits
+
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 PERMISSIVE_ARGUMENTS = {"type": "object"}
+# The grammar of a non-enforced tool's arguments: any JSON object, spelled out as a recursive
+# schema because llguidance's own "any value" has open numbers, which the digit bounds cannot reach.
+ANY_OBJECT_ARGUMENTS = {
+    "$defs": {
+        "value": {
+            "anyOf": [
+                {"type": ["null", "boolean", "string"]},
+                {"type": "number"},
+                {"type": "array", "items": {"$ref": "#/$defs/value"}},
+                {"type": "object", "additionalProperties": {"$ref": "#/$defs/value"}},
+            ]
+        }
+    },
+    "type": "object",
+    "additionalProperties": {"$ref": "#/$defs/value"},
+}
 
 
 @dataclass(frozen=True)
@@ -131,7 +150,8 @@ def _marker_prefix(text: str, marker: str) -> int:
 def forced_call_grammar(tools: list[ToolSpec], enforce_schemas: bool) -> str:
     """A Lark grammar whose only sentences are one Hermes call to one of ``tools``. Argument
     schemas are enforced for tools that are ``strict`` or when ``enforce_schemas``; others get
-    any JSON object."""
+    any JSON object. Open numbers have bounded digits (:func:`bound_number_digits`), so greedy
+    decoding cannot loop inside one."""
     if not tools:
         raise ValueError("a forced call needs at least one tool")
     rules = [f"start: {json.dumps(CALL_OPEN + chr(10))} call {json.dumps(chr(10) + CALL_CLOSE)}"]
@@ -140,6 +160,6 @@ def forced_call_grammar(tools: list[ToolSpec], enforce_schemas: bool) -> str:
         head = json.dumps('{"name": ' + json.dumps(tool.name) + ', "arguments": ')
         rules.append(f'call_{i}: {head} args_{i} "}}"')
         enforce = (enforce_schemas or tool.strict) and tool.parameters is not None
-        schema = tool.parameters if enforce else PERMISSIVE_ARGUMENTS
+        schema = bound_number_digits(tool.parameters if enforce else ANY_OBJECT_ARGUMENTS)
         rules.append(f"args_{i}: %json {json.dumps(schema)}")
     return "\n".join(rules) + "\n"

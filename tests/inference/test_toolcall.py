@@ -9,11 +9,13 @@ import jsonschema
 import llguidance
 import pytest
 
-from inference.constraints import ConstraintCompiler, ConstraintSpec
+from inference.constraints import SAFE_INTEGER, ConstraintCompiler, ConstraintSpec
 from inference.engine.engine import Engine
+from inference.engine.gguf_file import GGUFFile
 from inference.engine.sampler import SamplingParams
+from inference.engine.tokenizer import load_tokenizer
 from inference.toolcall import ToolCall, ToolCallScanner, ToolSpec, forced_call_grammar, parse_call
-from tests.fixtures.model_files import optional_model_path
+from tests.fixtures.model_files import default_model_path, optional_model_path
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -28,6 +30,20 @@ WEATHER = ToolSpec(
     },
 )
 CLOCK = ToolSpec("get_time", "The time now.", {"type": "object", "properties": {}})
+COUNTER = ToolSpec(
+    "count",
+    "Counts things.",
+    {
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer"},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "wide": {"type": "integer", "minimum": -(10**18), "maximum": 10**18},
+        },
+        "additionalProperties": False,
+    },
+    strict=True,
+)
 
 
 def scan(parts: list[str]) -> list:
@@ -78,11 +94,49 @@ def test_forced_grammar_is_valid_lark():
         forced_call_grammar([], True)
 
 
-def test_non_strict_schemas_are_permissive():
-    loose = forced_call_grammar([WEATHER], enforce_schemas=False)
-    assert '"city"' not in loose and '%json {"type": "object"}' in loose
+@pytest.fixture(scope="module")
+def accepts():
+    """``accepts(tools, name, arguments, enforce=True)``: whether the forced-call grammar of
+    ``tools`` accepts exactly that one call, on the default model's vocabulary."""
+    tokenizer = load_tokenizer(GGUFFile(default_model_path()).metadata)
+    compiler = ConstraintCompiler(tokenizer)
+
+    def check(tools: list[ToolSpec], name: str, arguments: str, enforce: bool = True) -> bool:
+        grammar = forced_call_grammar(tools, enforce_schemas=enforce)
+        matcher = compiler.constraint(ConstraintSpec("lark", grammar, "tool_choice")).matcher
+        reply = f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
+        return matcher.consume_tokens(tokenizer.encode(reply, parse_special=False)) and matcher.is_accepting()
+
+    return check
+
+
+def test_non_strict_schemas_are_permissive(accepts):
+    off_schema = '{"x": [1, -2.5, {"y": null}], "z": "w", "t": true, "e": {}}'
+    assert accepts([WEATHER], "get_weather", off_schema, enforce=False)
+    assert accepts([WEATHER], "get_weather", "{}", enforce=False)
+    assert not accepts([WEATHER], "get_weather", "[1]", enforce=False)
     strict = ToolSpec(WEATHER.name, WEATHER.description, WEATHER.parameters, strict=True)
-    assert '"city"' in forced_call_grammar([strict], enforce_schemas=False)
+    assert not accepts([strict], "get_weather", off_schema, enforce=False)
+    assert accepts([strict], "get_weather", '{"city": "Oslo", "unit": "c"}', enforce=False)
+
+
+def test_forced_call_numbers_have_bounded_digits(accepts):
+    assert accepts([COUNTER], "count", '{"n": ' + "9" * 15 + "}")
+    assert accepts([COUNTER], "count", '{"n": -' + str(SAFE_INTEGER) + "}")
+    assert not accepts([COUNTER], "count", '{"n": ' + "1" * 40 + "}")
+    loose = [ToolSpec("f", "", None)]
+    assert accepts(loose, "f", '{"n": ' + "9" * 15 + ', "m": 0.25}', enforce=False)
+    for deep in ('{"n": ' + "1" * 40 + "}", '{"a": [{"b": ' + "1" * 40 + "}]}", '{"x": 0.' + "1" * 40 + "}"):
+        assert not accepts(loose, "f", deep, enforce=False), deep
+
+
+def test_forced_call_stated_bounds_still_decide(accepts):
+    for value in ("0", "120"):
+        assert accepts([COUNTER], "count", '{"age": ' + value + "}"), value
+    assert not accepts([COUNTER], "count", '{"age": 121}')
+    for value in (str(10**18), "-" + "9" * 18, str(SAFE_INTEGER + 1)):  # beyond the default bound
+        assert accepts([COUNTER], "count", '{"wide": ' + value + "}"), value
+    assert not accepts([COUNTER], "count", '{"wide": ' + str(10**18 + 1) + "}")
 
 
 @pytest.fixture(scope="module")
