@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from .kv_cache import KVCache
+from .models.rowops import silu_into
 
 ROPE_NORM = "norm"  # rotate adjacent pairs (x0, x1), (x2, x3) ... — llama
 ROPE_NEOX = "neox"  # rotate halves (x_i, x_{i+d/2}) — qwen2/3, gemma3
@@ -27,7 +28,12 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    return x / (np.float32(1.0) + np.exp(-x))
+    """x * sigmoid(x) in float32, through the same expf as the fused decode step (numpy's SIMD
+    exp differs from it in the last bit for some inputs, enough to flip an int8 rounding)."""
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty_like(x)  # (..., n)
+    silu_into(x.reshape(-1), out.reshape(-1))
+    return out
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:

@@ -1,11 +1,12 @@
-"""The fused one-call decoder layer (models/fused.py) against the numpy layer path (llama.py).
+"""The fused one-region decode step (models/fused.py, step_kernels.py) against the numpy
+layer path (each family's ``block``).
 
-Both round every activation exactly as ggml does, so the first decode step agrees to the last
-float32 bits. Later steps may not: numba's expf and numpy's SIMD exp differ in the last bit
-for some inputs, and where that flips an int8 rounding the difference grows through the layers
-(to ~2% of the largest logit on Qwen2.5, the size of llama.cpp's own batch-size spread). Those
-steps are held to that noise level and the same greedy token, far below what a wrong weight,
-bias, position or cache row does.
+Both round every activation exactly as ggml does, so the first decode step agrees to float32
+noise. Later steps may not: numba's expf and numpy's SIMD exp differ in the last bit for some
+inputs, and where that flips an int8 rounding the difference grows through the layers (to ~2%
+of the largest logit on Qwen2.5, the size of llama.cpp's own batch-size spread). Those steps
+are held to that noise level and the same greedy token, far below what a wrong weight, bias,
+position or cache row does.
 """
 
 from __future__ import annotations
@@ -14,56 +15,124 @@ import numpy as np
 import pytest
 
 from inference.engine.engine import Engine
+from inference.engine.kv_cache import KVCache
 from inference.engine.layers import gelu_tanh, rms_norm
-from inference.engine.models.fused import apply_linear, gelu_tanh_f16, linear_spec, rms_norm_row
+from inference.engine.models import step_kernels as sk
+from inference.engine.models.fused import DecodeStep, LayerWeights
+from inference.engine.models.rowops import gelu_tanh_f16, rms_norm_row
 from inference.engine.quants import load_matrix
 from tests.fixtures.model_files import default_model_path, optional_model_path
 from tests.fixtures.synthetic_gguf import synthetic_path
 from tests.inference.test_quants import Q, random_quant_bytes
 
 
-def _decode_logits(engine: Engine, fused: bool) -> list[np.ndarray]:
-    saved = engine.model.fused_layers
-    engine.model.fused_layers = saved if fused else None
+def _decode_logits(engine: Engine, fused: bool, prefilled: KVCache) -> list[np.ndarray]:
+    """Four decode steps after the same prefilled cache, through the fused step or the numpy
+    layers; then the cache rows the steps wrote."""
+    saved = engine.model.decode_step
+    engine.model.decode_step = saved if fused else None
     try:
         cache = engine.new_cache(64)
-        engine.prefill(cache, list(range(3, 20)))
-        return [engine.decode_one(cache, 5 + step) for step in range(4)]
+        cache.k[...], cache.v[...], cache.tokens = prefilled.k, prefilled.v, list(prefilled.tokens)
+        logits = [engine.decode_one(cache, 5 + step) for step in range(4)]
+        # What the step wrote into the cache is what the numpy path reads back.
+        return logits + [cache.k[:, :, 17:21].ravel(), cache.v[:, :, 17:21].ravel()]
     finally:
-        engine.model.fused_layers = saved
+        engine.model.decode_step = saved
 
 
-def test_fused_decode_equals_numpy_layers_on_synthetic_llama(synthetic_dir):
-    # (The synthetic qwen2 has float matrices in every layer: those layers take the numpy path.)
-    engine = Engine.load(synthetic_path("llama", synthetic_dir))
-    assert any(args is not None for args in engine.model.fused_layers)
-    _assert_agree(_decode_logits(engine, True), _decode_logits(engine, False))
+def _fused_and_plain(engine: Engine) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    prefilled = engine.new_cache(64)
+    engine.prefill(prefilled, list(range(3, 20)))
+    return _decode_logits(engine, True, prefilled), _decode_logits(engine, False, prefilled)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+def test_fused_decode_equals_numpy_layers_on_synthetic_models(arch, synthetic_dir):
+    # Together these cover every quant format and F32/F16/BF16 in every slot, stacked and
+    # separate q/k/v and gate/up, biases, q/k norms, post norms, GELU and sliding windows.
+    engine = Engine.load(synthetic_path(arch, synthetic_dir))
+    assert engine.model.decode_step is not None
+    _assert_agree(*_fused_and_plain(engine))
+
+
+def test_models_with_experts_keep_the_numpy_path(synthetic_dir):
+    assert Engine.load(synthetic_path("qwen3moe", synthetic_dir)).model.decode_step is None
 
 
 @pytest.mark.parametrize("model", ["default", "qwen2.5-coder-0.5b-instruct.gguf", "gemma-3-270m-q4_k_m.gguf"])
 def test_fused_decode_equals_numpy_layers_on_real_models(model):
     engine = Engine.load(default_model_path() if model == "default" else optional_model_path(model))
-    assert all(args is not None for args in engine.model.fused_layers)
-    _assert_agree(_decode_logits(engine, True), _decode_logits(engine, False))
+    assert engine.model.decode_step is not None and engine.model.decode_step.computes_logits
+    _assert_agree(*_fused_and_plain(engine))
 
 
 def _assert_agree(fused_steps: list[np.ndarray], plain_steps: list[np.ndarray]) -> None:
-    first_fused, first_plain = fused_steps[0], plain_steps[0]
-    np.testing.assert_allclose(first_fused, first_plain, rtol=0, atol=1e-4 * np.abs(first_plain).max())
-    for fused, plain in zip(fused_steps, plain_steps, strict=True):
-        assert np.argmax(fused) == np.argmax(plain)
+    *fused_logits, fused_k, fused_v = fused_steps
+    *plain_logits, plain_k, plain_v = plain_steps
+    np.testing.assert_allclose(
+        fused_logits[0], plain_logits[0], rtol=0, atol=1e-4 * np.abs(plain_logits[0]).max()
+    )
+    for fused, plain in zip(fused_logits, plain_logits, strict=True):
+        noise = 0.03 * np.abs(plain).max()
+        np.testing.assert_allclose(fused, plain, rtol=0, atol=noise)
+        runner_up, best = np.sort(plain)[-2:]
+        if best - runner_up > 2 * noise:  # the same greedy token, unless the reference nearly ties
+            assert np.argmax(fused) == np.argmax(plain)
+    for fused, plain in ((fused_k, plain_k), (fused_v, plain_v)):
         np.testing.assert_allclose(fused, plain, rtol=0, atol=0.03 * np.abs(plain).max())
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q5_0, Q.Q4_K, Q.Q6_K])
-def test_apply_linear_equals_matrix_matvec(qtype):
-    rows, cols = 40, 512
-    matrix = load_matrix(qtype, random_quant_bytes(qtype, rows, cols, 3), (rows, cols))
+FORMATS = [
+    Q.Q4_0,
+    Q.Q4_1,
+    Q.Q5_0,
+    Q.Q5_1,
+    Q.Q8_0,
+    Q.Q2_K,
+    Q.Q3_K,
+    Q.Q4_K,
+    Q.Q5_K,
+    Q.Q6_K,
+    Q.F32,
+    Q.F16,
+    Q.BF16,
+]
+
+
+def _matrix(qtype, rows: int, cols: int, seed: int):
+    if qtype in (Q.F32, Q.F16, Q.BF16):
+        weights = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+        if qtype == Q.F16:
+            return load_matrix(qtype, weights.astype(np.float16), (rows, cols))
+        if qtype == Q.BF16:
+            return load_matrix(
+                qtype, (weights.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8), (rows, cols)
+            )
+        return load_matrix(qtype, weights, (rows, cols))
+    return load_matrix(qtype, random_quant_bytes(qtype, rows, cols, seed), (rows, cols))
+
+
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda q: q.name)
+def test_rows_stage_equals_matrix_matvec(qtype):
+    # Two stacked linears of one format (70 + 45 rows: tiles straddle them) with a bias on the
+    # second, against each matrix's own matvec (the per-linear kernel or numpy for floats).
+    cols = 512
+    first, second = _matrix(qtype, 70, cols, 3), _matrix(qtype, 45, cols, 4)
+    bias = np.random.default_rng(2).standard_normal(45).astype(np.float32)
+    layer = LayerWeights((first, second, *[None] * 5), (None, bias, *[None] * 5), (np.ones(8),) * 4, None)
+    dims = np.array([1, 1, 8, 8, 0, 0], np.int64)
+    step = DecodeStep([layer], dims, 1e-5, 1.0, None, np.ones(8, np.float32))
+    weights, linears = step.model[0], step.model[1][0, 0:3]
     x = np.random.default_rng(1).standard_normal(cols).astype(np.float32)
-    bias = np.random.default_rng(2).standard_normal(rows).astype(np.float32)
-    out = np.empty(rows, np.float32)
-    apply_linear(linear_spec(matrix, bias), x, out)
-    np.testing.assert_allclose(out, matrix.matvec(x, bias), rtol=1e-5, atol=1e-5)
+    values, sums = np.empty((3, cols), np.float32), np.zeros((3, cols // 16), np.float32)
+    sk.round_inputs(linears, x, values, sums)
+    out = np.full(115, np.nan, np.float32)
+    counters = (np.zeros(1, np.int64), np.zeros(1, np.int64))
+    sk.rows_stage(weights, linears, values, sums, out, False, counters, 0)
+    expected = np.concatenate([first.matvec(x), second.matvec(x, bias)])
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
+    assert counters[1][0] == 4  # every tile of 32 rows claimed and done once
 
 
 def test_rms_norm_row_equals_layers_rms_norm():

@@ -20,8 +20,8 @@ import pytest
 
 from inference.engine.quants import load_matrix
 from inference.engine.quants.dequant import dequantize_rows
-from inference.engine.quants.layout import dequantize_reference
-from inference.engine.quants.matmul import matmul, matmul_reference
+from inference.engine.quants.layout import GroupLayout, dequantize_reference
+from inference.engine.quants.matmul import matmul, matmul_reference, slab_kernel
 from inference.engine.quants.matvec import matvec, matvec_reference
 from inference.engine.quants.quantize import ACTIVATION_KIND
 from tests.inference.test_quants import BLOCK_TYPES, assert_bitwise_equal, random_quant_bytes
@@ -70,13 +70,22 @@ def test_matvec_kernel_agrees_with_reference(qtype):
 @pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tokens", [2, 3, 8])
 def test_matmul_kernel_agrees_with_reference(qtype, n_tokens):
-    rows, cols = 13, 512  # rows not a multiple of the kernel's 4-row blocks
+    rows, cols = 13, 512
     layout = _layout(qtype, rows, cols, seed=int(qtype) + n_tokens)
     x = np.random.default_rng(n_tokens).standard_normal((n_tokens, cols)).astype(np.float32)
     got = matmul(layout, x)
     assert got.shape == (n_tokens, rows) and got.dtype == np.float32
     bound_terms = np.abs(x).astype(np.float64) @ _magnitude(layout).T
     _assert_within_sum_bound(got, matmul_reference(layout, x), bound_terms, cols)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q6_K], ids=lambda t: t.name)
+def test_slab_kernel_equals_reference_dequantization_without_mins(qtype):
+    layout = _layout(qtype, 21, 256, seed=9)
+    slab = np.full((7, 256), np.nan, np.float32)
+    slab_kernel(layout.group_shift)(layout.q, layout.scales, 11, slab)
+    scaled_only = GroupLayout(layout.q, layout.scales, None, layout.group_size)
+    np.testing.assert_array_equal(slab, dequantize_reference(scaled_only)[11:18])
 
 
 def test_matrix_products_route_to_the_kernels():
@@ -122,14 +131,14 @@ def test_kernels_are_cached_on_disk():
         import numpy as np, gguf
         from inference.engine.quants import load_matrix
         from inference.engine.quants.dequant import gather_kernel
-        from inference.engine.quants.matmul import matmul_kernel
+        from inference.engine.quants.matmul import slab_kernel
         from inference.engine.quants.matvec import matvec_kernel
         from inference.engine.quants.quantize import ACT_Q8_1
         from tests.inference.test_quants import random_quant_bytes
         qtype = gguf.GGMLQuantizationType.Q4_1
         m = load_matrix(qtype, random_quant_bytes(qtype, 8, 64), (8, 64))
         m.dequantize(); m.matvec(np.ones(64, np.float32)); m.matmul(np.ones((3, 64), np.float32))
-        for k in (gather_kernel(5, True), matvec_kernel(5, True, ACT_Q8_1), matmul_kernel(5, True, ACT_Q8_1)):
+        for k in (gather_kernel(5, True), matvec_kernel(5, True, ACT_Q8_1), slab_kernel(5)):
             print(sum(k.stats.cache_hits.values()), sum(k.stats.cache_misses.values()))
         """
     )

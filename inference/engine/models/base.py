@@ -15,6 +15,7 @@ from ..kv_cache import KVCache
 from ..layers import ROPE_NEOX, apply_rope, rms_norm, rope_angles
 from ..quants import GroupedMatrix, QuantMatrix, load_matrix
 from .config import ModelConfig
+from .fused import DecodeStep, LayerWeights
 from .kernels import decode_attention, prefill_attention
 
 
@@ -52,10 +53,26 @@ def stacked_linears(layer: dict, names: tuple[str, ...], key: str, x: np.ndarray
     return [linear(layer[name], x, layer.get(name + "_bias")) for name in names]
 
 
+def layer_slots(w: dict) -> tuple[tuple, tuple]:
+    """A layer's linears and biases in the fused step's slot order (q, k, v, out, gate, up,
+    down), stacked matrices in the first slot of their group."""
+    if "attn_qkv" in w:
+        qkv, qkv_bias = [w["attn_qkv"], None, None], [w.get("attn_qkv_bias"), None, None]
+    else:
+        qkv = [w["attn_q"], w["attn_k"], w["attn_v"]]
+        qkv_bias = [w.get("attn_q_bias"), w.get("attn_k_bias"), w.get("attn_v_bias")]
+    gate_up = [w["ffn_gate_up"], None] if "ffn_gate_up" in w else [w["ffn_gate"], w["ffn_up"]]
+    linears = (*qkv, w["attn_output"], *gate_up, w["ffn_down"])
+    return linears, (*qkv_bias, None, None, None, None)
+
+
 class DecoderModel(ABC):
-    """A decoder-only transformer over a GGUF file; subclasses define ``block``."""
+    """A decoder-only transformer over a GGUF file; subclasses define ``block`` and, for the
+    fused one-token step, ``step_layers``."""
 
     rope_style: str = "norm"
+    step_flags: int = 0  # the family's switches of the fused step (step_kernels QK_NORM, ...)
+    decode_step: DecodeStep | None = None
 
     def __init__(self, f: GGUFFile, config: ModelConfig):
         self.file = f
@@ -76,6 +93,34 @@ class DecoderModel(ABC):
     def optional_vector(self, name: str) -> np.ndarray | None:
         return self.vector(name) if self.file.has_tensor(name) else None
 
+    # -- the fused one-token step ------------------------------------------------------------
+    def step_layers(self) -> list[LayerWeights] | None:
+        """Every layer's weights as the fused step takes them; None: the family has none."""
+        return None
+
+    def rope_bases(self) -> tuple[float, ...]:
+        """The RoPE bases the layers use; LayerWeights.rope_table indexes this."""
+        return (self.config.rope_base,)
+
+    def build_decode_step(self) -> DecodeStep | None:
+        layers = self.step_layers()
+        if layers is None:
+            return None
+        neox = self.rope_style == ROPE_NEOX
+        return DecodeStep.build(layers, self.config, self.output, self.output_norm, self.step_flags, neox)
+
+    def step_one(self, token: int, cache: KVCache) -> np.ndarray:
+        """Logits (vocab,) of one token through the fused step."""
+        start = cache.n_tokens
+        tables = [self.rope_table(start, base) for base in self.rope_bases()]
+        cos = np.stack([c for c, _ in tables])  # (tables, n_rot/2)
+        sin = np.stack([s for _, s in tables])  # (tables, n_rot/2)
+        out = self.decode_step(self.embed(np.array([token]))[0], cache, start, cos, sin)
+        cache.commit([token])
+        if self.decode_step.computes_logits:
+            return out
+        return linear(self.output, rms_norm(out[None], self.output_norm, self.config.norm_eps))[0]
+
     # -- forward ---------------------------------------------------------------------------
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         return self.token_embd.take_rows(tokens)  # (n, n_embd)
@@ -89,6 +134,9 @@ class DecoderModel(ABC):
         (vocab,) or, with ``all_logits``, every position's (n, vocab)."""
         n = len(tokens)
         cache.check_room(n)
+        if n == 1 and self.decode_step is not None:
+            logits = self.step_one(tokens[0], cache)
+            return logits[None] if all_logits else logits
         start = cache.n_tokens
         x = self.embed(np.asarray(tokens, dtype=np.int64))  # (n, n_embd)
         for layer in range(self.config.n_layers):

@@ -1,221 +1,155 @@
-"""A whole llama-family decoder layer for one token in one numba call.
+"""The fused decode step: one token through every layer in one numba parallel region.
 
-At 100+ tokens per second a layer has ~200 us, and the dozens of numpy calls around the
-products (norms, splits, SiLU, residual adds) cost tens of microseconds each layer. Here the
-layer runs as: rms_norm -> q/k/v products -> RoPE + cache write + attention -> output product
-+ residual -> rms_norm -> gate/up products -> SiLU * up -> down product + residual.
-Every product rounds its input as ggml does (quantize.round_row), like the per-call kernels.
-
-A linear is passed as a tuple ``(q, scales, mins, group_shift, has_mins, kind, bias)``; the
-numpy path in llama.py (``LlamaModel.block``) is the reference the tests compare against.
+At 100+ tokens per second a token has ~10 ms for 30 layers, and each numpy call or parallel
+region costs tens of microseconds (a sleeping OpenMP team takes that long to wake). So the
+step's weights are gathered once at load into flat arenas described by int64 tables
+(step_kernels.py), and ``DecodeStep.__call__`` is a single kernel call per token. Families
+with a layer the kernel does not cover (float matrices, experts, unequal k/v head sizes)
+keep their numpy ``block``, which is also the reference the tests compare against.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numba
 import numpy as np
 
-from ..quants.layout import NO_MINS
-from ..quants.matrix import GroupedMatrix
-from ..quants.matvec import NO_BIAS
-from ..quants.quantize import round_f16, round_row
-from .kernels import decode_attention
+from ..kv_cache import KVCache
+from ..quants.layout import GroupLayout
+from ..quants.matrix import FloatMatrix, GroupedMatrix, QuantMatrix
+from . import step_kernels as sk
 
-SUPPORTED_GROUP_SHIFTS = (4, 5)  # groups of 16 and 32 weights: every block format's
-
-
-def linear_spec(matrix: GroupedMatrix, bias: np.ndarray | None) -> tuple:
-    """The tuple form of a grouped matrix the fused layer takes."""
-    lay = matrix.layout
-    if lay.group_shift not in SUPPORTED_GROUP_SHIFTS:
-        raise ValueError(f"no fused kernel for groups of {lay.group_size}")
-    mins = NO_MINS if lay.mins is None else lay.mins
-    bias = NO_BIAS if bias is None else np.ascontiguousarray(bias, np.float32)
-    return (lay.q, lay.scales, mins, lay.group_shift, lay.has_mins, matrix.activation_kind, bias)
+SUPPORTED_GROUP_SIZES = (16, 32)  # every block format's
 
 
-def _linear_specs(w: dict, names: tuple[str, ...]) -> tuple | None:
-    if not all(
-        isinstance(w[n], GroupedMatrix) and w[n].layout.group_shift in SUPPORTED_GROUP_SHIFTS for n in names
-    ):
-        return None
-    return tuple(linear_spec(w[n], w.get(n + "_bias")) for n in names)
+@dataclass(frozen=True)
+class LayerWeights:
+    """What the fused step needs of one layer. ``linears`` in slot order (q, k, v, out, gate,
+    up, down), None for a slot a stacked matrix covers; norms: attn, post-attn, ffn, post-ffn
+    (None where the family has none)."""
+
+    linears: tuple[QuantMatrix | None, ...]
+    biases: tuple[np.ndarray | None, ...]
+    norms: tuple[np.ndarray | None, ...]
+    qk_norms: tuple[np.ndarray, np.ndarray] | None
+    window: int = 0
+    rope_table: int = 0
 
 
-def layer_projections(w: dict) -> tuple | None:
-    """(qkv specs, output spec, gate/up specs, down spec) of a layer's weight dict, using the
-    stacked matrices where the layer has them; None if a matrix is not block-quantized (float
-    matrices take the numpy path)."""
-    qkv = _linear_specs(w, ("attn_qkv",) if "attn_qkv" in w else ("attn_q", "attn_k", "attn_v"))
-    gate_up = _linear_specs(w, ("ffn_gate_up",) if "ffn_gate_up" in w else ("ffn_gate", "ffn_up"))
-    out, down = _linear_specs(w, ("attn_output",)), _linear_specs(w, ("ffn_down",))
-    if qkv is None or gate_up is None or out is None or down is None:
-        return None
-    return qkv, out[0], gate_up, down[0]
+class _Arena:
+    """Flat arrays holding every matrix of the step; matrices are re-pointed at their slices
+    so the weights are held once."""
+
+    def __init__(self, matrices: list[QuantMatrix]):
+        unique = list({id(m): m for m in matrices}.values())
+        grouped = [m for m in unique if isinstance(m, GroupedMatrix)]
+        floating = [m for m in unique if isinstance(m, FloatMatrix)]
+        self.q = np.empty(sum(m.layout.q.size for m in grouped), np.int8)  # (quantized weights,)
+        self.scales = np.empty(sum(m.layout.scales.size for m in grouped), np.float32)  # (groups,)
+        n_mins = sum(m.layout.mins.size for m in grouped if m.layout.mins is not None)
+        self.mins = np.empty(max(n_mins, 1), np.float32)  # (groups with mins,)
+        self.floats = np.empty(max(sum(m.weights.size for m in floating), 1), np.float32)  # (float weights,)
+        self.rows: dict[int, list[int]] = {}
+        self._place_grouped(grouped)
+        at = 0
+        for m in floating:
+            view = self.floats[at : at + m.weights.size].reshape(m.weights.shape)
+            view[...] = m.weights
+            m.weights = view
+            self.rows[id(m)] = [at, m.rows, m.cols, -1, -1, sk.FLOAT_SHIFT, m.activation_kind, -1]
+            at += m.weights.size
+        self.biases: list[np.ndarray] = []
+        self.bias_at = 0
+
+    def _place_grouped(self, matrices: list[GroupedMatrix]) -> None:
+        q_at = s_at = m_at = 0
+        for m in matrices:
+            lay = m.layout
+            q_view = self.q[q_at : q_at + lay.q.size].reshape(lay.q.shape)
+            s_view = self.scales[s_at : s_at + lay.scales.size].reshape(lay.scales.shape)
+            q_view[...], s_view[...] = lay.q, lay.scales
+            m_view, m_off = None, -1
+            if lay.mins is not None:
+                m_view, m_off = self.mins[m_at : m_at + lay.mins.size].reshape(lay.mins.shape), m_at
+                m_view[...] = lay.mins
+                m_at += lay.mins.size
+            m.layout = GroupLayout(q_view, s_view, m_view, lay.group_size)
+            self.rows[id(m)] = [q_at, m.rows, m.cols, s_at, m_off, lay.group_shift, m.activation_kind, -1]
+            q_at, s_at = q_at + lay.q.size, s_at + lay.scales.size
+
+    def row(self, matrix: GroupedMatrix | None, bias: np.ndarray | None) -> list[int]:
+        """The table row of a matrix (zero rows for an empty slot), with its bias appended."""
+        if matrix is None:
+            return [0] * sk.LINEAR_FIELDS
+        row = list(self.rows[id(matrix)])
+        if bias is not None:
+            row[sk.B_OFF] = self.bias_at
+            self.biases.append(np.asarray(bias, np.float32))
+            self.bias_at += len(bias)
+        return row
+
+    def bias_array(self) -> np.ndarray:
+        return np.concatenate(self.biases) if self.biases else np.zeros(1, np.float32)  # (all biases,)
 
 
-def _matvec_rows_for(shift: int):
-    """The row loop with the group shift as a compile-time constant: with a run-time shift
-    the scale lookup ``j >> shift`` no longer vectorizes (measured 2.8x slower)."""
-
-    @numba.njit(parallel=True, fastmath=True, cache=True)
-    def matvec_rows(q, scales, mins, has_mins, values, group_sums, bias, out):
-        rows, cols = q.shape
-        for r in numba.prange(rows):
-            acc = np.float32(0.0)
-            for j in range(cols):
-                acc += np.float32(q[r, j]) * scales[r, j >> shift] * values[j]
-            if has_mins:
-                for g in range(scales.shape[1]):
-                    acc += mins[r, g] * group_sums[g]
-            if bias.shape[0]:
-                acc += bias[r]
-            out[r] = acc
-
-    return matvec_rows
+def fusable(matrix: QuantMatrix | None) -> bool:
+    if isinstance(matrix, GroupedMatrix):
+        return matrix.layout.group_size in SUPPORTED_GROUP_SIZES
+    return matrix is None or isinstance(matrix, FloatMatrix)
 
 
-_matvec_rows_16 = _matvec_rows_for(4)
-_matvec_rows_32 = _matvec_rows_for(5)
+class DecodeStep:
+    """One-token forward of a whole model in one kernel call (see the module docstring)."""
 
+    def __init__(self, layers: list[LayerWeights], dims: np.ndarray, eps, scale, head, output_norm):
+        self.dims = dims
+        matrices = [m for w in layers for m in w.linears if m is not None]
+        head_in_kernel = head is not None and fusable(head)
+        arena = _Arena(matrices + ([head] if head_in_kernel else []))
+        linears = np.array(
+            [[arena.row(m, b) for m, b in zip(w.linears, w.biases, strict=True)] for w in layers], np.int64
+        )  # (layers, slots, fields)
+        head_row = np.array([arena.row(head if head_in_kernel else None, None)], np.int64)  # (1, fields)
+        n_embd = layers[0].norms[0].shape[0]
+        zeros = np.zeros(n_embd, np.float32)  # (n_embd,)
+        norms = np.array([[zeros if n is None else n for n in w.norms] for w in layers], np.float32)  # (L, 4, n_embd)
+        hd = int(dims[sk.HEAD_DIM])
+        qk_norms = np.array(
+            [w.qk_norms if w.qk_norms is not None else np.zeros((2, hd), np.float32) for w in layers],
+            np.float32,
+        )  # (L, 2, hd)
+        layer_info = np.array([[w.window, w.rope_table] for w in layers], np.int64)  # (L, 2)
+        weights = (arena.q, arena.scales, arena.mins, arena.bias_array(), arena.floats)
+        self.head_rows = int(head_row[0, sk.ROWS])
+        self.model = (
+            weights, linears, head_row, norms, qk_norms, np.asarray(output_norm, np.float32), layer_info,
+            dims, np.float32(eps), np.float32(scale),
+        )  # fmt: skip
 
-@numba.njit(cache=True)
-def apply_linear(spec, x, out):
-    """out = W @ round(x) (+ bias) for one linear spec."""
-    q, scales, mins, shift, has_mins, kind, bias = spec
-    values = np.empty(x.shape[0], np.float32)  # (cols,)
-    group_sums = np.zeros(scales.shape[1], np.float32)  # (groups,)
-    round_row(kind, x, values, group_sums, 1 << shift, has_mins)
-    if shift == 4:
-        _matvec_rows_16(q, scales, mins, has_mins, values, group_sums, bias, out)
-    else:
-        _matvec_rows_32(q, scales, mins, has_mins, values, group_sums, bias, out)
+    @classmethod
+    def build(cls, layers: list[LayerWeights], config, head: QuantMatrix, output_norm, flags: int, neox: bool):
+        """A DecodeStep for these layers, or None if a matrix has no kernel here (block formats
+        with groups of 16 or 32, and float matrices, have) or k and v heads differ in size."""
+        if config.head_dim_k != config.head_dim_v:
+            return None
+        if not all(fusable(m) for w in layers for m in w.linears):
+            return None
+        dims = np.array(
+            [config.n_heads, config.n_kv_heads, config.head_dim_k, config.n_ff, flags, int(neox)], np.int64
+        )  # (6,)
+        return cls(layers, dims, config.norm_eps, 1.0 / np.sqrt(config.head_dim_k), head, output_norm)
 
+    @property
+    def computes_logits(self) -> bool:
+        """Whether the output head runs inside the step (else the caller applies it to x)."""
+        return self.head_rows > 0
 
-@numba.njit(cache=True)
-def rms_norm_row(x, weight, eps):
-    """layers.rms_norm for one row: float32 squares summed in float64, the scale in float32."""
-    total = 0.0
-    for j in range(x.shape[0]):
-        total += np.float64(x[j] * x[j])
-    scale = np.float32(1.0) / np.sqrt(np.float32(total / x.shape[0]) + np.float32(eps))
-    return (x * scale) * weight
-
-
-@numba.njit(cache=True)
-def _apply_all(specs, x, out):
-    """Several linears on one input, outputs one after another in ``out``."""
-    offset = 0
-    for spec in specs:
-        rows = spec[0].shape[0]
-        apply_linear(spec, x, out[offset : offset + rows])
-        offset += rows
-
-
-@numba.njit(cache=True)
-def decode_layer(
-    x, norms, eps, qkv, out_proj, gate_up, down, dims, scale, cos, sin, neox, cache_k, cache_v, pos
-):
-    """One llama/qwen2 layer for one token at ``pos``; updates x (n_embd,) in place.
-
-    norms: (2, n_embd) attn and ffn norm weights; qkv and gate_up: tuples of linear specs whose
-    stacked outputs are q|k|v and gate|up; dims: (n_heads, n_kv_heads, head_dim, n_ff);
-    scale: the attention's float32 score scale."""
-    n_heads, n_kv, head_dim, n_ff = dims
-    q_dim, kv_dim = n_heads * head_dim, n_kv * head_dim
-    h = rms_norm_row(x, norms[0], eps)  # (n_embd,)
-    qkv_out = np.empty(q_dim + 2 * kv_dim, np.float32)  # (q|k|v,)
-    _apply_all(qkv, h, qkv_out)
-    attn = np.empty((n_heads, head_dim), np.float32)  # (heads, hd)
-    decode_attention(
-        qkv_out[:q_dim].reshape(n_heads, head_dim),
-        qkv_out[q_dim : q_dim + kv_dim].reshape(n_kv, head_dim),
-        qkv_out[q_dim + kv_dim :].reshape(n_kv, head_dim),
-        cos,
-        sin,
-        neox,
-        cache_k,
-        cache_v,
-        pos,
-        0,
-        scale,
-        attn,
-    )
-    projected = np.empty(x.shape[0], np.float32)  # (n_embd,)
-    apply_linear(out_proj, attn.reshape(-1), projected)
-    x += projected
-    h = rms_norm_row(x, norms[1], eps)
-    gu = np.empty(2 * n_ff, np.float32)  # (gate|up,)
-    _apply_all(gate_up, h, gu)
-    act = gu[:n_ff] / (np.float32(1.0) + np.exp(-gu[:n_ff])) * gu[n_ff:]  # (n_ff,) silu(gate) * up
-    apply_linear(down, act, projected)
-    x += projected
-
-
-@numba.njit(cache=True)
-def gelu_tanh_f16(x):
-    """layers.gelu_tanh for a vector: the tanh approximation evaluated on f16-rounded inputs."""
-    c, half, one, cubic = (
-        np.float32(np.sqrt(2.0 / np.pi)),
-        np.float32(0.5),
-        np.float32(1.0),
-        np.float32(0.044715),
-    )
-    out = np.empty_like(x)  # (n,)
-    for i in range(x.shape[0]):
-        v = x[i]
-        if v <= np.float32(-10.0):
-            out[i] = 0.0
-        elif v >= np.float32(10.0):
-            out[i] = v
-        else:
-            v16 = round_f16(v)
-            out[i] = round_f16(half * v16 * (one + np.tanh(c * v16 * (one + cubic * v16 * v16))))
-    return out
-
-
-@numba.njit(cache=True)
-def decode_layer_gemma(
-    x,
-    norms,
-    qk_norms,
-    eps,
-    qkv,
-    out_proj,
-    gate_up,
-    down,
-    dims,
-    scale,
-    cos,
-    sin,
-    window,
-    cache_k,
-    cache_v,
-    pos,
-):
-    """One Gemma 3 layer for one token at ``pos``; updates x (n_embd,) in place.
-
-    norms: (4, n_embd) attn, post-attention, ffn and post-ffn norm weights; qk_norms: (2, hd)
-    the per-head q and k norms; the rest as in decode_layer (RoPE is always NeoX here)."""
-    n_heads, n_kv, head_dim, n_ff = dims
-    q_dim, kv_dim = n_heads * head_dim, n_kv * head_dim
-    h = rms_norm_row(x, norms[0], eps)  # (n_embd,)
-    qkv_out = np.empty(q_dim + 2 * kv_dim, np.float32)  # (q|k|v,)
-    _apply_all(qkv, h, qkv_out)
-    q = qkv_out[:q_dim].reshape(n_heads, head_dim)
-    k = qkv_out[q_dim : q_dim + kv_dim].reshape(n_kv, head_dim)
-    for i in range(n_heads):
-        q[i] = rms_norm_row(q[i], qk_norms[0], eps)
-    for i in range(n_kv):
-        k[i] = rms_norm_row(k[i], qk_norms[1], eps)
-    attn = np.empty((n_heads, head_dim), np.float32)  # (heads, hd)
-    v = qkv_out[q_dim + kv_dim :].reshape(n_kv, head_dim)
-    decode_attention(q, k, v, cos, sin, True, cache_k, cache_v, pos, window, scale, attn)
-    projected = np.empty(x.shape[0], np.float32)  # (n_embd,)
-    apply_linear(out_proj, attn.reshape(-1), projected)
-    x += rms_norm_row(projected, norms[1], eps)
-    h = rms_norm_row(x, norms[2], eps)
-    gu = np.empty(2 * n_ff, np.float32)  # (gate|up,)
-    _apply_all(gate_up, h, gu)
-    apply_linear(down, gelu_tanh_f16(gu[:n_ff]) * gu[n_ff:], projected)
-    x += rms_norm_row(projected, norms[3], eps)
+    def __call__(self, x: np.ndarray, cache: KVCache, pos: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """x (n_embd,) of the token at ``pos`` -> logits (vocab,), or the final hidden row
+        (n_embd,) when the head is not in the kernel. cos, sin: (tables, n_rot/2)."""
+        x = np.array(x, np.float32)  # (n_embd,) updated in place
+        logits = np.empty(max(self.head_rows, 1), np.float32)  # (vocab,)
+        threads = numba.get_num_threads()
+        sk.decode_step(threads, x, self.model, cos, sin, cache.k, cache.v, pos, logits)
+        return logits if self.computes_logits else x

@@ -8,10 +8,12 @@ import numpy as np
 
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
-from ..layers import ROPE_NEOX, gelu_tanh, rms_norm
-from .base import DecoderModel, linear, stack_linears, stacked_linears
+from ..layers import ROPE_NEOX, rms_norm
+from .base import DecoderModel, layer_slots, linear, stack_linears, stacked_linears
 from .config import ModelConfig
-from .fused import decode_layer_gemma, layer_projections
+from .fused import LayerWeights
+from .rowops import gelu_tanh_f16
+from .step_kernels import GELU, POST_NORMS, QK_NORM
 
 GLOBAL_EVERY = 6  # layers 5, 11, 17, ... attend globally; the rest use the sliding window
 LOCAL_ROPE_BASE = 10000.0  # the architecture's value when the GGUF has no rope.freq_base_swa
@@ -24,6 +26,7 @@ GATE_UP = ("ffn_gate", "ffn_up")
 
 class Gemma3Model(DecoderModel):
     rope_style = ROPE_NEOX
+    step_flags = QK_NORM | POST_NORMS | GELU
 
     def __init__(self, f: GGUFFile):
         config = ModelConfig.from_gguf(
@@ -34,8 +37,7 @@ class Gemma3Model(DecoderModel):
         super().__init__(f, config)
         self.embed_scale = np.float32(np.sqrt(config.n_embd))
         self.layers = [self.load_layer(i) for i in range(config.n_layers)]
-        # Per layer: the fused decode arguments, or None where the layer takes the numpy path.
-        self.fused_layers = [self.fused_arguments(w) for w in self.layers]
+        self.decode_step = self.build_decode_step()
 
     def load_layer(self, i: int) -> dict:
         layer = {name: self.matrix(f"blk.{i}.{name}.weight") for name in MATRICES}
@@ -44,41 +46,19 @@ class Gemma3Model(DecoderModel):
         stack_linears(layer, GATE_UP, "ffn_gate_up")
         return layer
 
-    def fused_arguments(self, w: dict) -> tuple | None:
-        """The weights of one layer as fused.decode_layer_gemma takes them, or None."""
-        projections = layer_projections(w)
-        if projections is None:
-            return None
-        c = self.config
-        norms = np.stack([w[n] for n in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")])
-        qk_norms = np.stack([w["attn_q_norm"], w["attn_k_norm"]])  # (2, hd)
-        dims = (c.n_heads, c.n_kv_heads, c.head_dim_k, c.n_ff)
-        return (norms, qk_norms, np.float32(c.norm_eps), *projections, dims)
+    def rope_bases(self) -> tuple[float, ...]:
+        return (self.config.rope_base, self.config.rope_base_local)
 
-    def fused_block(self, layer: int, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
-        norms, qk_norms, eps, qkv, out, gate_up, down, dims = self.fused_layers[layer]
-        c, local = self.config, self.is_local(layer)
-        cos, sin = self.rope_table(start, c.rope_base_local if local else c.rope_base)
-        row = x[0].copy()  # (n_embd,)
-        decode_layer_gemma(
-            row,
-            norms,
-            qk_norms,
-            eps,
-            qkv,
-            out,
-            gate_up,
-            down,
-            dims,
-            np.float32(1.0 / np.sqrt(c.head_dim_k)),
-            cos,
-            sin,
-            c.sliding_window if local else 0,
-            cache.k[layer],
-            cache.v[layer],
-            start,
-        )
-        return row[None, :]
+    def step_layers(self) -> list[LayerWeights]:
+        layers = []
+        for i, w in enumerate(self.layers):
+            linears, biases = layer_slots(w)
+            norms = tuple(w[n] for n in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"))
+            local = self.is_local(i)
+            window = self.config.sliding_window if local else 0
+            qk = (w["attn_q_norm"], w["attn_k_norm"])
+            layers.append(LayerWeights(linears, biases, norms, qk, window, rope_table=int(local)))
+        return layers
 
     def is_local(self, layer: int) -> bool:
         return self.config.sliding_window > 0 and (layer + 1) % GLOBAL_EVERY != 0
@@ -87,14 +67,12 @@ class Gemma3Model(DecoderModel):
         return super().embed(tokens) * self.embed_scale  # (n, n_embd)
 
     def block(self, layer: int, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
-        if x.shape[0] == 1 and self.fused_layers is not None and self.fused_layers[layer] is not None:
-            return self.fused_block(layer, x, cache, start)
         w, eps = self.layers[layer], self.config.norm_eps
         h = self.self_attention(layer, w, rms_norm(x, w["attn_norm"], eps), cache, start)
         x = x + rms_norm(h, w["post_attention_norm"], eps)
         h = rms_norm(x, w["ffn_norm"], eps)
         gate, up = stacked_linears(w, GATE_UP, "ffn_gate_up", h)
-        h = linear(w["ffn_down"], gelu_tanh(gate) * up)
+        h = linear(w["ffn_down"], gelu_tanh_f16(gate) * up)
         return x + rms_norm(h, w["post_ffw_norm"], eps)
 
     def self_attention(self, layer: int, w: dict, h: np.ndarray, cache: KVCache, start: int) -> np.ndarray:

@@ -47,7 +47,8 @@ def rope_inplace(x, cos, sin, neox):
 
 
 @numba.njit(fastmath=True, cache=True)
-def _scores(q, keys, first, end, scale, out):
+def scores_into(q, keys, first, end, scale, out):
+    """out[t - first] = scale * q . keys[t] for t in first..end."""
     for t in range(first, end):
         acc = np.float32(0.0)
         for d in range(q.shape[0]):
@@ -56,7 +57,8 @@ def _scores(q, keys, first, end, scale, out):
 
 
 @numba.njit(fastmath=True, cache=True)
-def _weighted_values(probs, values, first, out):
+def weighted_values(probs, values, first, out):
+    """out = sum_t probs[t] * values[first + t]."""
     out[:] = 0.0
     for t in range(probs.shape[0]):
         p = probs[t]
@@ -65,13 +67,16 @@ def _weighted_values(probs, values, first, out):
 
 
 @numba.njit(cache=True)
-def _softmax_f16(scores):
+def softmax_f16_inplace(scores):
     """Softmax in float32 as layers.attention computes it, probabilities rounded to f16."""
-    scores -= scores.max()
-    probs = np.exp(scores)
-    probs /= probs.sum()
-    round_f16_inplace(probs)
-    return probs
+    top = scores.max()
+    total = np.float32(0.0)
+    for t in range(scores.shape[0]):
+        scores[t] = np.exp(scores[t] - top)
+        total += scores[t]
+    for t in range(scores.shape[0]):
+        scores[t] /= total
+    round_f16_inplace(scores)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -94,9 +99,9 @@ def decode_attention(q, k_new, v_new, cos, sin, neox, cache_k, cache_v, pos, win
         rope_inplace(qh, cos, sin, neox)
         round_f16_inplace(qh)
         scores = np.empty(pos + 1 - first, np.float32)  # (n_keys,)
-        _scores(qh, cache_k[kv], first, pos + 1, scale, scores)
-        probs = _softmax_f16(scores)
-        _weighted_values(probs, cache_v[kv], first, out[h])
+        scores_into(qh, cache_k[kv], first, pos + 1, scale, scores)
+        softmax_f16_inplace(scores)
+        weighted_values(scores, cache_v[kv], first, out[h])
 
 
 @numba.njit(parallel=True, cache=True)
@@ -116,6 +121,6 @@ def prefill_attention(q, cache_k, cache_v, start, window, scale, out):
         qh = q[i, h].copy()  # (hd,)
         round_f16_inplace(qh)
         scores = np.empty(pos + 1 - first, np.float32)  # (n_keys,)
-        _scores(qh, cache_k[h // group], first, pos + 1, scale, scores)
-        probs = _softmax_f16(scores)
-        _weighted_values(probs, cache_v[h // group], first, out[i, h])
+        scores_into(qh, cache_k[h // group], first, pos + 1, scale, scores)
+        softmax_f16_inplace(scores)
+        weighted_values(scores, cache_v[h // group], first, out[i, h])

@@ -7,9 +7,9 @@ import numpy as np
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
 from ..layers import ROPE_NEOX, ROPE_NORM, rms_norm, silu
-from .base import DecoderModel, linear, stack_linears, stacked_linears
+from .base import DecoderModel, layer_slots, linear, stack_linears, stacked_linears
 from .config import ModelConfig
-from .fused import decode_layer, layer_projections
+from .fused import LayerWeights
 
 QKV = ("attn_q", "attn_k", "attn_v")
 GATE_UP = ("ffn_gate", "ffn_up")
@@ -17,49 +17,22 @@ GATE_UP = ("ffn_gate", "ffn_up")
 
 class LlamaModel(DecoderModel):
     rope_style = ROPE_NORM
-    has_qkv_bias = False
-    fused_decode = True  # whether block() is exactly what fused.decode_layer computes
 
     def __init__(self, f: GGUFFile, config: ModelConfig | None = None):
         super().__init__(f, config or ModelConfig.from_gguf(f))
         self.layers = [self.load_layer(i) for i in range(self.config.n_layers)]
-        # Per layer: the fused decode arguments, or None where the layer takes the numpy path.
-        self.fused_layers = [self.fused_arguments(w) for w in self.layers] if self.fused_decode else None
+        self.decode_step = self.build_decode_step()
 
-    def fused_arguments(self, w: dict) -> tuple | None:
-        """The weights of one layer as fused.decode_layer takes them, or None."""
-        projections = layer_projections(w)
-        if projections is None:
-            return None
-        c = self.config
-        norms = np.stack([w["attn_norm"], w["ffn_norm"]])  # (2, n_embd)
-        dims = (c.n_heads, c.n_kv_heads, c.head_dim_k, c.n_ff)
-        return (norms, np.float32(c.norm_eps), *projections, dims)
+    def step_layers(self) -> list[LayerWeights] | None:
+        layers = []
+        for w in self.layers:
+            linears, biases = layer_slots(w)
+            norms = (w["attn_norm"], None, w["ffn_norm"], None)
+            layers.append(LayerWeights(linears, biases, norms, self.qk_norms(w)))
+        return layers
 
-    def fused_block(self, layer: int, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
-        norms, eps, qkv, out, gate_up, down, dims = self.fused_layers[layer]
-        cos, sin = self.rope_table(start, None)
-        scale = np.float32(1.0 / np.sqrt(self.config.head_dim_k))
-        row = x[0].copy()  # (n_embd,)
-        decode_layer(
-            row,
-            norms,
-            eps,
-            qkv,
-            out,
-            gate_up,
-            down,
-            dims,
-            scale,
-            cos,
-            sin,
-            self.rope_style == ROPE_NEOX,
-            cache.k[layer],
-            cache.v[layer],
-            start,
-        )
-        return row[None, :]
-
+    def qk_norms(self, w: dict) -> tuple[np.ndarray, np.ndarray] | None:
+        return None
     def load_layer(self, i: int) -> dict:
         p = f"blk.{i}."
         layer = {name: self.matrix(p + name + ".weight") for name in self.MATRICES}
@@ -75,8 +48,6 @@ class LlamaModel(DecoderModel):
     MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
     def block(self, layer: int, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
-        if x.shape[0] == 1 and self.fused_layers is not None and self.fused_layers[layer] is not None:
-            return self.fused_block(layer, x, cache, start)
         w, c = self.layers[layer], self.config
         h = rms_norm(x, w["attn_norm"], c.norm_eps)  # (n, n_embd)
         q, k, v = self.qkv_heads(w, h)

@@ -8,17 +8,21 @@ from ..kv_cache import KVCache
 from ..layers import ROPE_NEOX, rms_norm
 from .base import linear
 from .llama import LlamaModel
+from .step_kernels import QK_NORM
 
 
 class Qwen3Model(LlamaModel):
     rope_style = ROPE_NEOX
-    fused_decode = False  # q/k norms: the fused llama layer does not apply them
+    step_flags = QK_NORM
 
     def load_layer(self, i: int) -> dict:
         layer = super().load_layer(i)
         layer["attn_q_norm"] = self.vector(f"blk.{i}.attn_q_norm.weight")
         layer["attn_k_norm"] = self.vector(f"blk.{i}.attn_k_norm.weight")
         return layer
+
+    def qk_norms(self, w: dict) -> tuple[np.ndarray, np.ndarray] | None:
+        return w["attn_q_norm"], w["attn_k_norm"]
 
     def block(self, layer: int, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
         w, c = self.layers[layer], self.config

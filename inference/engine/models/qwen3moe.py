@@ -30,6 +30,9 @@ class Qwen3MoeModel(Qwen3Model):
         )
         super().__init__(f, config)
 
+    def step_layers(self) -> None:
+        return None  # routed experts: the fused step has no stage for them
+
     def load_layer(self, i: int) -> dict:
         layer = super().load_layer(i)
         layer["ffn_gate_inp"] = self.matrix(f"blk.{i}.ffn_gate_inp.weight")

@@ -13,7 +13,7 @@ from .activations import ACTIVATION_ROUNDING
 from .dequant import dequantize_rows
 from .formats import FORMATS, GGMLType
 from .layout import GroupLayout, repack
-from .matmul import matmul
+from .matmul import float_matmul, matmul
 from .matvec import matvec
 from .quantize import ACTIVATION_KIND
 
@@ -103,6 +103,7 @@ class FloatMatrix(QuantMatrix):
         self.rows, self.cols = weights.shape
         self.nbytes = weights.nbytes
         self.round_activations = ACTIVATION_ROUNDING[qtype]
+        self.activation_kind = ACTIVATION_KIND[qtype]
 
     def matvec(self, x, bias=None):
         x = np.asarray(x, np.float32)
@@ -115,7 +116,7 @@ class FloatMatrix(QuantMatrix):
         x = np.asarray(x, np.float32)
         if x.ndim != 2 or x.shape[1] != self.cols:
             raise ValueError(f"matmul expects x of shape (n, {self.cols}), got {x.shape}")
-        out = self.round_activations(x).values @ self.weights.T
+        out = float_matmul(self.weights, self.round_activations(x).values)  # (n, rows)
         return out if bias is None else out + bias
 
     def take_rows(self, ids):

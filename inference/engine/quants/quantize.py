@@ -21,9 +21,12 @@ import numpy as np
 T = gguf.GGMLQuantizationType
 
 # Which rounding a product applies to its input (compile-time constants of the kernels).
-ACT_NONE, ACT_Q8_0, ACT_Q8_1, ACT_Q8_K = 0, 1, 2, 3
+ACT_NONE, ACT_Q8_0, ACT_Q8_1, ACT_Q8_K, ACT_F16, ACT_BF16 = 0, 1, 2, 3, 4, 5
 
 ACTIVATION_KIND = {
+    T.F32: ACT_NONE,
+    T.F16: ACT_F16,
+    T.BF16: ACT_BF16,
     T.Q4_0: ACT_Q8_0,
     T.Q5_0: ACT_Q8_0,
     T.Q8_0: ACT_Q8_0,
@@ -103,6 +106,11 @@ def round_row(kind, x, values, group_sums, group_size, with_sums):
         _round_q8_32(x, values, group_sums, group_size, with_sums and kind == ACT_Q8_1)
     elif kind == ACT_Q8_K:
         _round_q8_k(x, values, group_sums, group_size, with_sums)
+    elif kind == ACT_F16:
+        for j in range(x.shape[0]):
+            values[j] = round_f16(x[j])
+    elif kind == ACT_BF16:
+        _round_bf16(x, values)
     else:
         for j in range(x.shape[0]):
             values[j] = x[j]
@@ -115,8 +123,17 @@ def round_row(kind, x, values, group_sums, group_size, with_sums):
 
 
 @numba.njit(cache=True)
+def _round_bf16(x, values):
+    """Nearest-even bfloat16, as ggml's FP32_TO_BF16 (activations.round_bf16)."""
+    bits, out = x.view(np.uint32), values.view(np.uint32)
+    for j in range(x.shape[0]):
+        b = bits[j]
+        out[j] = (b + (np.uint32(0x7FFF) + ((b >> 16) & np.uint32(1)))) & np.uint32(0xFFFF0000)
+
+
+@numba.njit(parallel=True, cache=True)
 def _round_rows(kind, x, values, group_sums, group_size, with_sums):
-    for t in range(x.shape[0]):
+    for t in numba.prange(x.shape[0]):
         round_row(kind, x[t], values[t], group_sums[t], group_size, with_sums)
 
 

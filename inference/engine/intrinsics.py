@@ -1,0 +1,93 @@
+"""LLVM operations numba does not offer, as numba intrinsics (they compile into the calling
+kernel and, unlike inline assembly or ctypes pointers, keep it cacheable on disk)."""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+
+def _element_pointer(context, builder, array_type, array, index):
+    view = context.make_array(array_type)(context, builder, array)
+    return cgutils.get_item_pointer(context, builder, array_type, view, [index])
+
+
+@intrinsic
+def atomic_add(typingctx, counters, index, value):
+    """counters[index] += value atomically; returns the value before the add."""
+    if not (isinstance(counters, types.Array) and counters.dtype == types.int64):
+        return None
+    sig = types.int64(counters, index, types.int64)
+
+    def codegen(context, builder, signature, args):
+        pointer = _element_pointer(context, builder, signature.args[0], args[0], args[1])
+        addend = context.cast(builder, args[2], signature.args[2], types.int64)
+        return builder.atomic_rmw("add", pointer, addend, "seq_cst")
+
+    return sig, codegen
+
+
+@intrinsic
+def atomic_load(typingctx, counters, index):
+    """counters[index], read with acquire ordering (never hoisted out of a wait loop)."""
+    if not (isinstance(counters, types.Array) and counters.dtype == types.int64):
+        return None
+    sig = types.int64(counters, index)
+
+    def codegen(context, builder, signature, args):
+        pointer = _element_pointer(context, builder, signature.args[0], args[0], args[1])
+        return builder.load_atomic(pointer, "acquire", 8)
+
+    return sig, codegen
+
+
+@intrinsic
+def cpu_pause(typingctx):
+    """The x86 PAUSE hint for spin loops (an LLVM intrinsic: inline asm would not cache)."""
+    sig = types.void()
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause"
+        )
+        builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def yield_cpu(typingctx):
+    """sched_yield(2): let another runnable thread have this core."""
+    sig = types.int32()
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.IntType(32), []), "sched_yield"
+        )
+        return builder.call(fn, [])
+
+    return sig, codegen
+
+
+@intrinsic
+def prefetch(typingctx, array, index):
+    """Hint the CPU to load the cache line holding array[index] (read, keep in all levels)."""
+    if not isinstance(array, types.Array):
+        return None
+    sig = types.void(array, index)
+
+    def codegen(context, builder, signature, args):
+        pointer = builder.bitcast(
+            _element_pointer(context, builder, signature.args[0], args[0], args[1]),
+            ir.IntType(8).as_pointer(),
+        )
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [pointer, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
