@@ -13,12 +13,11 @@ import os
 
 # numba's parallel kernels run on libgomp, whose idle threads spin ~300k iterations before
 # sleeping. When another process holds a core (a test run, the web server's threads), a
-# spinning thread waits for one that is descheduled and every parallel region can cost a time
-# slice: decode fell to 0.5 tok/s at load 6 on a 2-core machine (8 tok/s with a 10k spin at
-# load 3), against 13-47 tok/s sleeping at once (PASSIVE). On a quiet machine spinning is
-# about twice as fast in decode (90-97 against 48 tok/s at load ~1.5): a dedicated server
-# should set OMP_WAIT_POLICY=ACTIVE (or GOMP_SPINCOUNT). Any value the user set wins. (libgomp
-# reads these when it loads, at the first parallel kernel call.)
+# spinning thread waits for one that is descheduled: decode fell to 0.5 tok/s at load 6 on a
+# 2-core machine when every product was its own parallel region. Since a decode step is one
+# region (models/fused.py) sleeping at once costs one wake-up per token: PASSIVE and ACTIVE
+# measured the same (82-87 tok/s on SmolLM2). Any value the user set wins. (libgomp reads
+# these when it loads, at the first parallel kernel call.)
 if "GOMP_SPINCOUNT" not in os.environ:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
