@@ -1,12 +1,13 @@
 """The fused one-region decode step (models/fused.py, step_kernels.py) against the numpy
-layer path (each family's ``block``).
+layer path (each family's ``block``), from one shared prefilled cache.
 
-Both round every activation exactly as ggml does, so the first decode step agrees to float32
-noise. Later steps may not: numba's expf and numpy's SIMD exp differ in the last bit for some
-inputs, and where that flips an int8 rounding the difference grows through the layers (to ~2%
-of the largest logit on Qwen2.5, the size of llama.cpp's own batch-size spread). Those steps
-are held to that noise level and the same greedy token, far below what a wrong weight, bias,
-position or cache row does.
+Both round every activation exactly as ggml does and share the integer group dot products, so
+they usually agree to float32 noise. Not always: float matrices go through BLAS on one side and
+our loop on the other, small reductions are summed in different orders, and where a last-bit
+difference flips an int8 rounding the difference grows through the layers (to ~2% of the
+largest logit, the size of llama.cpp's own batch-size spread). So every step is held to that
+noise level and the same greedy token (unless the reference nearly ties), far below what a
+wrong weight, bias, position or cache row does.
 """
 
 from __future__ import annotations
@@ -70,9 +71,6 @@ def test_fused_decode_equals_numpy_layers_on_real_models(model):
 def _assert_agree(fused_steps: list[np.ndarray], plain_steps: list[np.ndarray]) -> None:
     *fused_logits, fused_k, fused_v = fused_steps
     *plain_logits, plain_k, plain_v = plain_steps
-    np.testing.assert_allclose(
-        fused_logits[0], plain_logits[0], rtol=0, atol=1e-4 * np.abs(plain_logits[0]).max()
-    )
     for fused, plain in zip(fused_logits, plain_logits, strict=True):
         noise = 0.03 * np.abs(plain).max()
         np.testing.assert_allclose(fused, plain, rtol=0, atol=noise)
@@ -125,11 +123,16 @@ def test_rows_stage_equals_matrix_matvec(qtype):
     step = DecodeStep([layer], dims, 1e-5, 1.0, None, np.ones(8, np.float32))
     weights, linears = step.model[0], step.model[1][0, 0:3]
     x = np.random.default_rng(1).standard_normal(cols).astype(np.float32)
-    values, sums = np.empty((3, cols), np.float32), np.zeros((3, cols // 16), np.float32)
-    sk.round_inputs(linears, x, values, sums)
+    rounded = (
+        np.empty((3, cols), np.float32),  # values
+        np.zeros((3, cols), np.int16),  # integer codes
+        np.zeros((3, cols // 16), np.float32),  # their scales
+        np.zeros((3, cols // 16), np.float32),  # group sums
+    )
+    sk.round_inputs(linears, x, rounded)
     out = np.full(115, np.nan, np.float32)
     counters = (np.zeros(1, np.int64), np.zeros(1, np.int64))
-    sk.rows_stage(weights, linears, values, sums, out, False, counters, 0)
+    sk.rows_stage(weights, linears, rounded, out, False, counters, 0)
     expected = np.concatenate([first.matvec(x), second.matvec(x, bias)])
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
     assert counters[1][0] == 4  # every tile of 32 rows claimed and done once

@@ -62,9 +62,10 @@ def test_matvec_kernel_agrees_with_reference(qtype):
     rows, cols = 37, 768  # rows not a multiple of the thread count; cols of several groups
     layout = _layout(qtype, rows, cols, seed=int(qtype))
     x = np.random.default_rng(5).standard_normal(cols).astype(np.float32)
-    got = matvec(layout, x)
+    kind = ACTIVATION_KIND[qtype]
+    got = matvec(layout, x, kind)
     assert got.shape == (rows,) and got.dtype == np.float32
-    _assert_within_sum_bound(got, matvec_reference(layout, x), _magnitude(layout) @ np.abs(x), cols)
+    _assert_within_sum_bound(got, matvec_reference(layout, x, kind), _magnitude(layout) @ np.abs(x), cols)
 
 
 @pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
@@ -112,8 +113,9 @@ def test_real_matrix_products_agree_with_reference():
         layout = _layout(qtype, rows, cols, seed=rows)
         x = np.random.default_rng(rows).standard_normal((4, cols)).astype(np.float32)
         terms = np.abs(x).astype(np.float64) @ _magnitude(layout).T
+        kind = ACTIVATION_KIND[qtype]
         _assert_within_sum_bound(
-            matvec(layout, x[0])[None], matvec_reference(layout, x[0])[None], terms[:1], cols
+            matvec(layout, x[0], kind)[None], matvec_reference(layout, x[0], kind)[None], terms[:1], cols
         )
         _assert_within_sum_bound(matmul(layout, x), matmul_reference(layout, x), terms, cols)
 

@@ -28,7 +28,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..quants.quantize import round_row
+from ..quants.intdot import add_min_terms, dot_row_int
+from ..quants.quantize import round_row, round_row_int
 from ..intrinsics import prefetch
 from ..worksharing import claim, mark_done, wait_done
 from .kernels import rope_inplace, round_f16_inplace, scores_into, softmax_f16_inplace, weighted_values
@@ -54,46 +55,30 @@ PREFETCH_BYTES = 3072
 TILE_ROWS = 32  # rows per work item: ~18-150 KB of weights, far above the cost of a claim
 
 
-def _dot_rows_for(shift: int):
-    """Rows r0..r1 of one linear on rounded input ``values``; the group shift is a compile-time
-    constant of each variant so the scale lookup vectorizes (see matvec.py)."""
-
-    @numba.njit(fastmath=True, cache=True)
-    def dot_rows(weights, lin, values, sums, r0, r1, out, accumulate):
-        q, scales, mins, bias, _ = weights
-        cols = lin[COLS]
-        groups = cols >> shift
-        # Prefetch ~3 KB ahead: the hardware prefetcher alone left single-thread reads of
-        # short rows at ~12 GB/s, against ~15 with this (measured on 576-4864 column rows).
-        ahead = max(1, PREFETCH_BYTES // cols) * cols
-        end = lin[Q_OFF] + lin[ROWS] * cols
-        for r in range(r0, r1):
-            row_start = lin[Q_OFF] + r * cols
-            for k in range(row_start + ahead, min(row_start + ahead + cols, end), 64):
-                prefetch(q, k)
-            # Row views, indexed from 0 by the loop counter: an index computed from an offset
-            # gets numba's negative-index wraparound, which stops LLVM vectorizing (~10x slower).
-            q_row = q[lin[Q_OFF] + r * cols : lin[Q_OFF] + (r + 1) * cols]
-            scale_row = scales[lin[S_OFF] + r * groups : lin[S_OFF] + (r + 1) * groups]
-            acc = np.float32(0.0)
-            for j in range(cols):
-                acc += np.float32(q_row[j]) * scale_row[j >> shift] * values[j]
-            if lin[M_OFF] >= 0:
-                min_row = mins[lin[M_OFF] + r * groups : lin[M_OFF] + (r + 1) * groups]
-                for g in range(groups):
-                    acc += min_row[g] * sums[g]
-            if lin[B_OFF] >= 0:
-                acc += bias[lin[B_OFF] + r]
-            if accumulate:
-                out[r - r0] += acc
-            else:
-                out[r - r0] = acc
-
-    return dot_rows
-
-
-_dot_rows_16 = _dot_rows_for(4)
-_dot_rows_32 = _dot_rows_for(5)
+@numba.njit(fastmath=True, cache=True)
+def _dot_rows_grouped(weights, lin, inputs, k, r0, r1, out, accumulate):
+    q, scales, mins, bias, _ = weights
+    _, ints, int_scales, sums = inputs
+    cols, shift = lin[COLS], lin[SHIFT]
+    groups = cols >> shift
+    codes, code_scales, group_sums = ints[k], int_scales[k], sums[k]
+    # Prefetch ~3 KB ahead: the hardware prefetcher alone left single-thread reads of short
+    # rows at ~12 GB/s, against ~15 with this (measured on 576-4864 column rows).
+    ahead = max(1, PREFETCH_BYTES // cols) * cols
+    end = lin[Q_OFF] + lin[ROWS] * cols
+    for r in range(r0, r1):
+        row_start = lin[Q_OFF] + r * cols
+        for i in range(row_start + ahead, min(row_start + ahead + cols, end), 64):
+            prefetch(q, i)
+        acc = dot_row_int(q, row_start, codes, scales, lin[S_OFF] + r * groups, code_scales, groups, shift)
+        if lin[M_OFF] >= 0:
+            acc = add_min_terms(acc, mins, lin[M_OFF] + r * groups, group_sums, groups)
+        if lin[B_OFF] >= 0:
+            acc += bias[lin[B_OFF] + r]
+        if accumulate:
+            out[r - r0] += acc
+        else:
+            out[r - r0] = acc
 
 
 @numba.njit(fastmath=True, cache=True)
@@ -101,6 +86,8 @@ def _dot_rows_float(weights, lin, values, r0, r1, out, accumulate):
     floats, bias = weights[4], weights[3]
     cols = lin[COLS]
     for r in range(r0, r1):
+        # A row view indexed from 0: an index computed from an offset gets numba's
+        # negative-index wraparound, which stops LLVM vectorizing (~10x slower).
         w_row = floats[lin[Q_OFF] + r * cols : lin[Q_OFF] + (r + 1) * cols]
         acc = np.float32(0.0)
         for j in range(cols):
@@ -114,29 +101,37 @@ def _dot_rows_float(weights, lin, values, r0, r1, out, accumulate):
 
 
 @numba.njit(cache=True)
-def dot_rows(weights, lin, values, sums, r0, r1, out, accumulate):
-    """out[0 : r1-r0] (+)= rows r0..r1 of linear ``lin`` times the rounded input."""
+def dot_rows(weights, lin, inputs, k, r0, r1, out, accumulate):
+    """out[0 : r1-r0] (+)= rows r0..r1 of linear ``lin`` times slot k's rounded input: integer
+    group dot products for block formats (intdot.py), float32 for float matrices."""
     if lin[SHIFT] == FLOAT_SHIFT:
-        _dot_rows_float(weights, lin, values, r0, r1, out, accumulate)
-    elif lin[SHIFT] == 4:
-        _dot_rows_16(weights, lin, values, sums, r0, r1, out, accumulate)
+        _dot_rows_float(weights, lin, inputs[0][k], r0, r1, out, accumulate)
     else:
-        _dot_rows_32(weights, lin, values, sums, r0, r1, out, accumulate)
+        _dot_rows_grouped(weights, lin, inputs, k, r0, r1, out, accumulate)
 
 
 @numba.njit(cache=True)
-def round_inputs(linears, x, values, sums):
-    """Round x once per slot in ``linears`` (k, LINEAR_FIELDS) as its weight format wants."""
+def round_inputs(linears, x, inputs):
+    """Round x once per slot in ``linears`` (k, LINEAR_FIELDS) as its weight format wants:
+    inputs = (values, integer codes, their per-group scales, group sums), each (slots, ...)."""
+    values, ints, int_scales, sums = inputs
     for k in range(linears.shape[0]):
         lin = linears[k]
-        if lin[ROWS] > 0:
-            cols, shift = lin[COLS], lin[SHIFT]
-            n_groups = cols >> shift if shift > 0 else 0
-            round_row(lin[KIND], x, values[k, :cols], sums[k, :n_groups], 1 << shift, lin[M_OFF] >= 0)
+        if lin[ROWS] == 0:
+            continue
+        cols, shift = lin[COLS], lin[SHIFT]
+        if shift == FLOAT_SHIFT:
+            round_row(lin[KIND], x, values[k, :cols], sums[k, :0], 1, False)
+        else:
+            n_groups = cols >> shift
+            round_row_int(
+                lin[KIND], x, values[k, :cols], ints[k, :cols], int_scales[k, :n_groups], sums[k, :n_groups],
+                1 << shift, lin[M_OFF] >= 0,
+            )  # fmt: skip
 
 
 @numba.njit(cache=True)
-def rows_stage(weights, linears, values, sums, out, accumulate, counters, stage):
+def rows_stage(weights, linears, inputs, out, accumulate, counters, stage):
     """Claim tiles of the rows of ``linears`` (stacked one after another in ``out``) until
     none are left, then wait for the stage to complete."""
     claimed, done = counters
@@ -151,7 +146,7 @@ def rows_stage(weights, linears, values, sums, out, accumulate, counters, stage)
         for k in range(linears.shape[0]):
             lo, hi = max(a, offset), min(b, offset + linears[k, ROWS])
             if lo < hi:
-                dot_rows(weights, linears[k], values[k], sums[k], lo - offset, hi - offset, out[lo:hi], accumulate)
+                dot_rows(weights, linears[k], inputs, k, lo - offset, hi - offset, out[lo:hi], accumulate)
             offset += linears[k, ROWS]
         mark_done(done, stage)
         item = claim(claimed, stage)
@@ -205,7 +200,7 @@ def attend_stage(qkv, q_norm, eps, cos, sin, dims, cache_k, cache_v, pos, window
 
 
 @numba.njit(cache=True)
-def ffn_stage(weights, linears, values, sums, n_ff, gelu, tile, act, counters, stage):
+def ffn_stage(weights, linears, inputs, n_ff, gelu, tile, act, counters, stage):
     """Tiles of gate and up rows (slot 0 of ``linears`` is gate, or gate|up stacked when slot 1
     is empty); writes act = SiLU(gate) * up or GELU(gate) * up."""
     claimed, done = counters
@@ -215,11 +210,11 @@ def ffn_stage(weights, linears, values, sums, n_ff, gelu, tile, act, counters, s
     while item < n_items:
         a, b = item * TILE_ROWS, min(n_ff, (item + 1) * TILE_ROWS)
         gate, up = tile[0, : b - a], tile[1, : b - a]
-        dot_rows(weights, linears[0], values[0], sums[0], a, b, gate, False)
+        dot_rows(weights, linears[0], inputs, 0, a, b, gate, False)
         if stacked:
-            dot_rows(weights, linears[0], values[0], sums[0], n_ff + a, n_ff + b, up, False)
+            dot_rows(weights, linears[0], inputs, 0, n_ff + a, n_ff + b, up, False)
         else:
-            dot_rows(weights, linears[1], values[1], sums[1], a, b, up, False)
+            dot_rows(weights, linears[1], inputs, 1, a, b, up, False)
         for i in range(b - a):
             act[a + i] = gelu_f16(gate[i]) * up[i] if gelu else silu_one(gate[i]) * up[i]
         mark_done(done, stage)
@@ -246,15 +241,15 @@ def add_normed_stage(x, proj, weight, eps, counters, stage):
 def run_stages(tid, x, model, cos, sin, cache_k, cache_v, pos, buffers, logits, counters):
     """Every stage of one decode step, as thread ``tid`` of the region sees it."""
     weights, linears, head, norms, qk_norms, output_norm, layer_info, dims, eps, scale = model
-    qkv, attn, act, proj, normed, values, sums, q_buf, scores, tile = buffers
-    h, vals, gsums = normed[tid], values[tid], sums[tid]
+    qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, tile = buffers
+    h, rounded = normed[tid], (values[tid], ints[tid], int_scales[tid], sums[tid])
     post, gelu = dims[FLAGS] & POST_NORMS, dims[FLAGS] & GELU
     for layer in range(linears.shape[0]):
         lin, stage = linears[layer], layer * STAGES_PER_LAYER
         window, rope = layer_info[layer, 0], layer_info[layer, 1]
         rms_norm_into(x, norms[layer, 0], eps, h)
-        round_inputs(lin[SLOT_Q:SLOT_OUT], h, vals, gsums)
-        rows_stage(weights, lin[SLOT_Q:SLOT_OUT], vals, gsums, qkv, False, counters, stage + QKV)
+        round_inputs(lin[SLOT_Q:SLOT_OUT], h, rounded)
+        rows_stage(weights, lin[SLOT_Q:SLOT_OUT], rounded, qkv, False, counters, stage + QKV)
         kv_stage(
             qkv, qk_norms[layer, 1], eps, cos[rope], sin[rope], dims, cache_k[layer], cache_v[layer], pos,
             counters, stage + KV,
@@ -263,25 +258,25 @@ def run_stages(tid, x, model, cos, sin, cache_k, cache_v, pos, buffers, logits, 
             qkv, qk_norms[layer, 0], eps, cos[rope], sin[rope], dims, cache_k[layer], cache_v[layer], pos,
             window, scale, q_buf[tid], scores[tid], attn, counters, stage + ATTEND,
         )  # fmt: skip
-        round_inputs(lin[SLOT_OUT:SLOT_GATE], attn, vals, gsums)
+        round_inputs(lin[SLOT_OUT:SLOT_GATE], attn, rounded)
         if post:
-            rows_stage(weights, lin[SLOT_OUT:SLOT_GATE], vals, gsums, proj, False, counters, stage + OUT)
+            rows_stage(weights, lin[SLOT_OUT:SLOT_GATE], rounded, proj, False, counters, stage + OUT)
             add_normed_stage(x, proj, norms[layer, 1], eps, counters, stage + OUT_POST)
         else:
-            rows_stage(weights, lin[SLOT_OUT:SLOT_GATE], vals, gsums, x, True, counters, stage + OUT)
+            rows_stage(weights, lin[SLOT_OUT:SLOT_GATE], rounded, x, True, counters, stage + OUT)
         rms_norm_into(x, norms[layer, 2], eps, h)
-        round_inputs(lin[SLOT_GATE:SLOT_DOWN], h, vals, gsums)
-        ffn_stage(weights, lin[SLOT_GATE:SLOT_DOWN], vals, gsums, dims[N_FF], gelu, tile[tid], act, counters, stage + FFN)
-        round_inputs(lin[SLOT_DOWN:], act, vals, gsums)
+        round_inputs(lin[SLOT_GATE:SLOT_DOWN], h, rounded)
+        ffn_stage(weights, lin[SLOT_GATE:SLOT_DOWN], rounded, dims[N_FF], gelu, tile[tid], act, counters, stage + FFN)
+        round_inputs(lin[SLOT_DOWN:], act, rounded)
         if post:
-            rows_stage(weights, lin[SLOT_DOWN:], vals, gsums, proj, False, counters, stage + DOWN)
+            rows_stage(weights, lin[SLOT_DOWN:], rounded, proj, False, counters, stage + DOWN)
             add_normed_stage(x, proj, norms[layer, 3], eps, counters, stage + FFN_POST)
         else:
-            rows_stage(weights, lin[SLOT_DOWN:], vals, gsums, x, True, counters, stage + DOWN)
+            rows_stage(weights, lin[SLOT_DOWN:], rounded, x, True, counters, stage + DOWN)
     if head[0, ROWS] > 0:
         rms_norm_into(x, output_norm, eps, h)
-        round_inputs(head, h, vals, gsums)
-        rows_stage(weights, head, vals, gsums, logits, False, counters, linears.shape[0] * STAGES_PER_LAYER)
+        round_inputs(head, h, rounded)
+        rows_stage(weights, head, rounded, logits, False, counters, linears.shape[0] * STAGES_PER_LAYER)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -289,14 +284,14 @@ def _all_threads(n_threads, x, model, cos, sin, cache_k, cache_v, pos, buffers, 
     # A parallel loop's body may only capture arrays and scalars, not tuples of arrays: unpack
     # here, repack per thread.
     (q, scales, mins, bias, floats), linears, head, norms, qk_norms, output_norm, layer_info, dims, eps, scale = model
-    qkv, attn, act, proj, normed, values, sums, q_buf, scores, tile = buffers
+    qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, tile = buffers
     claimed, done = counters
     for tid in numba.prange(n_threads):
         run_stages(
             tid, x,
             ((q, scales, mins, bias, floats), linears, head, norms, qk_norms, output_norm, layer_info, dims, eps, scale),
             cos, sin, cache_k, cache_v, pos,
-            (qkv, attn, act, proj, normed, values, sums, q_buf, scores, tile),
+            (qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, tile),
             logits, (claimed, done),
         )  # fmt: skip
 
@@ -318,7 +313,9 @@ def decode_step(n_threads, x, model, cos, sin, cache_k, cache_v, pos, logits):
         np.empty(n_embd, np.float32),  # (n_embd,) a product before its post norm
         np.empty((n_threads, n_embd), np.float32),  # (threads, n_embd) normed x
         np.empty((n_threads, 3, max_cols), np.float32),  # (threads, slots, cols) rounded inputs
-        np.zeros((n_threads, 3, max_cols // 16), np.float32),  # (threads, slots, groups) their sums
+        np.zeros((n_threads, 3, max_cols), np.int16),  # (threads, slots, cols) their integer codes
+        np.zeros((n_threads, 3, max_cols // 16), np.float32),  # (threads, slots, groups) code scales
+        np.zeros((n_threads, 3, max_cols // 16), np.float32),  # (threads, slots, groups) group sums
         np.empty((n_threads, hd), np.float32),  # (threads, hd) one q head
         np.empty((n_threads, pos + 1), np.float32),  # (threads, keys) scores, then probabilities
         np.empty((n_threads, 2, TILE_ROWS), np.float32),  # (threads, gate|up, tile)

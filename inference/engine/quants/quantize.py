@@ -57,8 +57,9 @@ def round_f16(value):
 
 
 @numba.njit(cache=True)
-def _round_q8_32(x, values, group_sums, group_size, with_sums_f16):
-    """Q8_0 (and Q8_1 when ``with_sums_f16``) over 32-wide blocks of one row."""
+def _round_q8_32(x, values, group_sums, group_size, with_sums_f16, ints, int_scales):
+    """Q8_0 (and Q8_1 when ``with_sums_f16``) over 32-wide blocks of one row. With non-empty
+    ``ints`` also the integer codes and, per weight group, the block's d (see round_row_int)."""
     zero, q_max = np.float32(0.0), np.float32(127.0)
     for b in range(x.shape[0] // 32):
         amax = zero
@@ -72,12 +73,17 @@ def _round_q8_32(x, values, group_sums, group_size, with_sums_f16):
             q = np.rint(x[j] * inv)
             q_sum += q
             values[j] = q * d16
+            if ints.shape[0]:
+                ints[j] = np.int16(q)
+        if ints.shape[0]:
+            for g in range(b * 32 // group_size, (b + 1) * 32 // group_size):
+                int_scales[g] = d16
         if with_sums_f16:
             group_sums[b] = round_f16(d * q_sum)  # Q8_1 groups are its 32-wide blocks
 
 
 @numba.njit(cache=True)
-def _round_q8_k(x, values, group_sums, group_size, with_sums):
+def _round_q8_k(x, values, group_sums, group_size, with_sums, ints, int_scales):
     """Q8_K over 256-wide blocks: scaled by the signed extreme, d kept in float32."""
     zero = np.float32(0.0)
     for b in range(x.shape[0] // 256):
@@ -94,6 +100,10 @@ def _round_q8_k(x, values, group_sums, group_size, with_sums):
                 q = min(np.rint(x[j] * iscale), np.float32(127.0))
                 q_sum += q
                 values[j] = q * d
+                if ints.shape[0]:
+                    ints[j] = np.int16(q)
+            if ints.shape[0]:
+                int_scales[g] = d
             if with_sums:
                 group_sums[g] = d * q_sum
 
@@ -102,10 +112,11 @@ def _round_q8_k(x, values, group_sums, group_size, with_sums):
 def round_row(kind, x, values, group_sums, group_size, with_sums):
     """Round one row ``x`` (cols,) into ``values`` (cols,); with ``with_sums`` also fill
     ``group_sums`` (cols // group_size,), what a weight's per-group min multiplies."""
+    no_ints, no_scales = np.empty(0, np.int16), np.empty(0, np.float32)  # (0,) (0,): floats only
     if kind == ACT_Q8_0 or kind == ACT_Q8_1:
-        _round_q8_32(x, values, group_sums, group_size, with_sums and kind == ACT_Q8_1)
+        _round_q8_32(x, values, group_sums, group_size, with_sums and kind == ACT_Q8_1, no_ints, no_scales)
     elif kind == ACT_Q8_K:
-        _round_q8_k(x, values, group_sums, group_size, with_sums)
+        _round_q8_k(x, values, group_sums, group_size, with_sums, no_ints, no_scales)
     elif kind == ACT_F16:
         for j in range(x.shape[0]):
             values[j] = round_f16(x[j])
@@ -120,6 +131,21 @@ def round_row(kind, x, values, group_sums, group_size, with_sums):
                 for j in range(g * group_size, (g + 1) * group_size):
                     s += x[j]
                 group_sums[g] = s
+
+
+@numba.njit(cache=True)
+def round_row_int(kind, x, values, ints, int_scales, group_sums, group_size, with_sums):
+    """round_row for the integer kinds (Q8_0, Q8_1, Q8_K), also giving the integer codes
+    ``ints`` (cols,) int16 and, per weight group of ``group_size``, the activation block's
+    scale ``int_scales`` (cols // group_size,): values[j] == ints[j] * int_scales[j // G]."""
+    if kind == ACT_Q8_K:
+        _round_q8_k(x, values, group_sums, group_size, with_sums, ints, int_scales)
+    else:
+        _round_q8_32(x, values, group_sums, group_size, with_sums and kind == ACT_Q8_1, ints, int_scales)
+
+
+def is_integer_kind(kind: int) -> bool:
+    return kind in (ACT_Q8_0, ACT_Q8_1, ACT_Q8_K)
 
 
 @numba.njit(cache=True)

@@ -1,0 +1,56 @@
+"""The integer group dot product (quants/intdot.py) against its numpy reference, and the
+integer codes of activation rounding against the float values they stand for."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from inference.engine.quants.intdot import dot_row_int, dot_row_reference
+from inference.engine.quants.quantize import ACT_Q8_0, ACT_Q8_1, ACT_Q8_K, round_row_int
+
+
+@numba.njit(cache=True)
+def _dot(q, q_start, ints, scales, s_start, int_scales, n_groups, group_shift):
+    return dot_row_int(q, q_start, ints, scales, s_start, int_scales, n_groups, group_shift)
+
+
+@pytest.mark.parametrize("group_shift", [4, 5])
+def test_dot_row_int_equals_reference(group_shift):
+    rng = np.random.default_rng(group_shift)
+    group, cols = 1 << group_shift, 896
+    q = rng.integers(-128, 128, 3 * cols, dtype=np.int8)  # three rows, the middle one used
+    ints = rng.integers(-127, 128, cols).astype(np.int16)
+    scales = rng.standard_normal(3 * cols // group).astype(np.float32)
+    int_scales = rng.random(cols // group, dtype=np.float32)
+    got = _dot(q, cols, ints, scales, cols // group, int_scales, cols // group, group_shift)
+    expected = dot_row_reference(
+        q[cols : 2 * cols], ints, scales[cols // group : 2 * cols // group], int_scales
+    )
+    bound = 2 * (cols // group) * 2.0**-24 * (np.abs(scales).max() * int_scales.max() * 127 * 128 * cols)
+    assert abs(got - expected) <= bound
+    # The extremes of the codes: every product exactly representable, sums exact in int32.
+    ones = np.ones(cols // group, np.float32)
+    extreme = _dot(
+        np.full(cols, -128, np.int8),
+        0,
+        np.full(cols, 127, np.int16),
+        ones,
+        0,
+        ones,
+        cols // group,
+        group_shift,
+    )
+    assert extreme == -128 * 127 * cols
+
+
+@pytest.mark.parametrize("kind", [ACT_Q8_0, ACT_Q8_1, ACT_Q8_K])
+@pytest.mark.parametrize("group", [16, 32])
+def test_integer_codes_reproduce_the_rounded_values(kind, group):
+    x = (np.random.default_rng(kind).standard_normal(512) * 3).astype(np.float32)
+    values, ints = np.empty(512, np.float32), np.empty(512, np.int16)
+    int_scales, sums = np.empty(512 // group, np.float32), np.zeros(512 // group, np.float32)
+    round_row_int(kind, x, values, ints, int_scales, sums, group, True)
+    assert np.abs(ints).max() <= 127
+    np.testing.assert_array_equal(values, ints.astype(np.float32) * np.repeat(int_scales, group))
