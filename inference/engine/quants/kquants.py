@@ -80,6 +80,15 @@ class Q3_K(BlockFormat, qtype=GGMLType.Q3_K):
         return Unpacked(q, _super_scaled(f16_field(f["d"]), six_bit), None)
 
 
+def _scales_and_mins(fields: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K: per-group scales and (negated) mins from the 12 packed bytes of 6-bit values
+    times the block's d and dmin."""
+    six_scales, six_mins = _six_bit_scales_mins(fields["scales"])
+    scales = _super_scaled(f16_field(fields["d"]), six_scales)
+    mins = -_super_scaled(f16_field(fields["dmin"]), six_mins)
+    return scales, mins
+
+
 class Q4_K(BlockFormat, qtype=GGMLType.Q4_K):
     block_size, group_size, has_mins = QK_K, 32, True
     fields = (Field("d", 2), Field("dmin", 2), Field("scales", 12), Field("qs", 128))
@@ -87,10 +96,7 @@ class Q4_K(BlockFormat, qtype=GGMLType.Q4_K):
     @classmethod
     def unpack(cls, blocks):
         f = cls.split(blocks)
-        six_scales, six_mins = _six_bit_scales_mins(f["scales"])
-        scales = _super_scaled(f16_field(f["d"]), six_scales)
-        mins = -_super_scaled(f16_field(f["dmin"]), six_mins)
-        return Unpacked(_low_nibble_codes(f["qs"]).view(np.int8), scales, mins)
+        return Unpacked(_low_nibble_codes(f["qs"]).view(np.int8), *_scales_and_mins(f))
 
 
 class Q5_K(BlockFormat, qtype=GGMLType.Q5_K):
@@ -104,10 +110,7 @@ class Q5_K(BlockFormat, qtype=GGMLType.Q5_K):
         # Sub-block g takes its fifth bit from bit g of each of the 32 qh bytes.
         fifth = bit_planes(np.ascontiguousarray(f["qh"])).reshape(n, QK_K)
         codes = _low_nibble_codes(f["qs"]) | (fifth << 4)
-        six_scales, six_mins = _six_bit_scales_mins(f["scales"])
-        scales = _super_scaled(f16_field(f["d"]), six_scales)
-        mins = -_super_scaled(f16_field(f["dmin"]), six_mins)
-        return Unpacked(codes.view(np.int8), scales, mins)
+        return Unpacked(codes.view(np.int8), *_scales_and_mins(f))
 
 
 class Q6_K(BlockFormat, qtype=GGMLType.Q6_K):
