@@ -12,6 +12,7 @@ wrong weight, bias, position or cache row does.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 
@@ -20,7 +21,7 @@ from inference.engine.kv_cache import KVCache
 from inference.engine.layers import gelu_tanh, rms_norm
 from inference.engine.models import step_kernels as sk
 from inference.engine.models.fused import DecodeStep, LayerWeights
-from inference.engine.models.rowops import gelu_tanh_f16, rms_norm_row
+from inference.engine.models.rowops import f16_bits, gelu_f16, gelu_tanh_f16, rms_norm_row
 from inference.engine.quants import load_matrix
 from tests.fixtures.model_files import default_model_path, optional_model_path
 from tests.fixtures.synthetic_gguf import synthetic_path
@@ -151,3 +152,26 @@ def test_gelu_tanh_f16_equals_layers_gelu_tanh():
     # between numba's tanhf and numpy's tanh shows as a few f16 steps of a ~1e-6 value.
     x = np.random.default_rng(7).standard_normal(4096).astype(np.float32) * 6  # reaches both clamps
     np.testing.assert_allclose(gelu_tanh_f16(x), gelu_tanh(x), rtol=2.0**-10, atol=1e-6)
+
+
+@numba.njit(cache=True)
+def _scalar_gelu_and_bits(x):
+    values, bits = np.empty_like(x), np.empty(x.shape[0], np.uint16)  # (n,), (n,)
+    raw = x.view(np.uint32)
+    for i in range(x.shape[0]):
+        values[i], bits[i] = gelu_f16(x[i]), f16_bits(x[i], raw[i])
+    return values, bits
+
+
+def test_gelu_table_equals_the_scalar_gelu_and_f16_bits_equal_numpy():
+    rng = np.random.default_rng(3)
+    x = np.concatenate(
+        [
+            rng.standard_normal(200_000) * 4,  # both clamps and the whole f16 normal range used
+            rng.standard_normal(20_000) * 1e-5,  # f16 subnormals
+            [0.0, -0.0, 9.9990, -9.9990, 10.0, -10.0, 2.0**-14, -(2.0**-25), 65000.0],
+        ]
+    ).astype(np.float32)
+    scalar, bits = _scalar_gelu_and_bits(x)
+    np.testing.assert_array_equal(bits, x.astype(np.float16).view(np.uint16))
+    np.testing.assert_array_equal(gelu_tanh_f16(x[None])[0], scalar)

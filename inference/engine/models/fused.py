@@ -19,6 +19,7 @@ from ..kv_cache import KVCache
 from ..quants.layout import GroupLayout
 from ..quants.matrix import FloatMatrix, GroupedMatrix, QuantMatrix
 from . import step_kernels as sk
+from .rowops import gelu_table
 
 SUPPORTED_GROUP_SIZES = (16, 32)  # every block format's
 
@@ -120,7 +121,8 @@ class DecodeStep:
             np.float32,
         )  # (L, 2, hd)
         layer_info = np.array([[w.window, w.rope_table] for w in layers], np.int64)  # (L, 2)
-        weights = (arena.q, arena.scales, arena.mins, arena.bias_array(), arena.floats)
+        gelu = gelu_table() if dims[sk.FLAGS] & sk.GELU else np.zeros(1, np.float32)  # (65536,) or unused
+        weights = (arena.q, arena.scales, arena.mins, arena.bias_array(), arena.floats, gelu)
         self.head_rows = int(head_row[0, sk.ROWS])
         self.model = (
             weights, linears, head_row, norms, qk_norms, np.asarray(output_norm, np.float32), layer_info,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 
 from ..quants.quantize import round_f16
-from .kernels import round_f16_inplace
+from .kernels import F16_MIN_NORMAL, F16_SUBNORMAL_STEP
 
 
 @numba.njit(cache=True)
@@ -53,30 +55,58 @@ def gelu_f16(v):
     return round_f16(half * v16 * (one + np.tanh(c * v16 * (one + cubic * v16 * v16))))
 
 
+@numba.njit(cache=True)
+def f16_bits(v, b):
+    """The float16 bit pattern nearest (ties to even) to a float32 ``v`` with |v| < 65504,
+    given ``b``, the bits of v (numba has no scalar bitcast)."""
+    sign = (b >> np.uint32(16)) & np.uint32(0x8000)
+    magnitude = abs(v)
+    if magnitude < F16_MIN_NORMAL:  # subnormal: a multiple of 2**-24, 1024 = the first normal
+        return np.uint16(sign | np.uint32(np.rint(magnitude / F16_SUBNORMAL_STEP)))
+    b = (b & np.uint32(0x7FFFFFFF)) + np.uint32(0xFFF) + ((b >> np.uint32(13)) & np.uint32(1))
+    exponent = (b >> np.uint32(23)) - np.uint32(112)  # rebias 127 -> 15
+    return np.uint16(sign | (exponent << np.uint32(10)) | ((b >> np.uint32(13)) & np.uint32(0x3FF)))
+
+
+@numba.njit(cache=True)
+def _gelu_f16_values(inputs, out):
+    for i in range(inputs.shape[0]):
+        out[i] = gelu_f16(inputs[i]) if np.isfinite(inputs[i]) else np.float32(0.0)
+
+
+@functools.cache
+def gelu_table() -> np.ndarray:
+    """gelu_f16 of every float16 value, indexed by its bit pattern (65536,) float32: like
+    ggml's GELU table, since the function's input and output are both f16 values."""
+    inputs = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    table = np.empty(1 << 16, np.float32)  # (65536,)
+    _gelu_f16_values(inputs, table)
+    return table
+
+
+@numba.njit(cache=True)
+def gelu_lookup(v, b, table):
+    """gelu_f16(v) through gelu_table, given b, the bits of v."""
+    if v <= np.float32(-10.0):
+        return np.float32(0.0)
+    if v >= np.float32(10.0):
+        return v
+    return table[f16_bits(v, b)]
+
+
 @numba.njit(parallel=True, cache=True)
-def _gelu_rows(x, out):
-    # gelu_f16 row by row, with the f16 roundings done by bit manipulation on whole rows
-    # (round_f16 per value goes through float64 frexp: ~10 ns a value).
-    c, half, one, cubic = np.float32(np.sqrt(2.0 / np.pi)), np.float32(0.5), np.float32(1.0), np.float32(0.044715)
+def _gelu_rows(x, table, out):
+    # A table lookup per value instead of tanh: 4x faster on Gemma's FFN rows.
+    bits = x.view(np.uint32)
     for i in numba.prange(x.shape[0]):
-        row = out[i]
-        row[:] = x[i]
-        round_f16_inplace(row)
-        for j in range(row.shape[0]):
-            v16 = row[j]
-            row[j] = half * v16 * (one + np.tanh(c * v16 * (one + cubic * v16 * v16)))
-        round_f16_inplace(row)
-        for j in range(row.shape[0]):
-            if x[i, j] <= np.float32(-10.0):
-                row[j] = 0.0
-            elif x[i, j] >= np.float32(10.0):
-                row[j] = x[i, j]
+        for j in range(x.shape[1]):
+            out[i, j] = gelu_lookup(x[i, j], bits[i, j], table)
 
 
 def gelu_tanh_f16(x: np.ndarray) -> np.ndarray:
-    """gelu_f16 over an array (..., n), rows in parallel: the numpy reference (layers.gelu_tanh)
-    spends most of its time converting to and from float16."""
+    """gelu_f16 over an array (..., n), rows in parallel, through gelu_table (the numpy
+    reference, layers.gelu_tanh, spends most of its time converting to and from float16)."""
     x = np.ascontiguousarray(x, np.float32)
     out = np.empty_like(x)  # (..., n)
-    _gelu_rows(x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1]))
+    _gelu_rows(x.reshape(-1, x.shape[-1]), gelu_table(), out.reshape(-1, x.shape[-1]))
     return out

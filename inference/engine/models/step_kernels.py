@@ -33,7 +33,7 @@ from ..quants.quantize import round_row, round_row_int
 from ..intrinsics import prefetch
 from ..worksharing import claim, mark_done, wait_done
 from .kernels import rope_inplace, round_f16_inplace, scores_into, softmax_f16_inplace, weighted_values
-from .rowops import gelu_f16, rms_norm_into, silu_one
+from .rowops import gelu_lookup, rms_norm_into, silu_one
 
 # Columns of the linear table: offsets into the arenas (-1: none), shape, format. A float
 # matrix (F32/F16/BF16) has SHIFT 0 and Q_OFF into the float arena.
@@ -57,7 +57,7 @@ TILE_ROWS = 32  # rows per work item: ~18-150 KB of weights, far above the cost 
 
 @numba.njit(fastmath=True, cache=True)
 def _dot_rows_grouped(weights, lin, inputs, k, r0, r1, out, accumulate):
-    q, scales, mins, bias, _ = weights
+    q, scales, mins, bias = weights[0], weights[1], weights[2], weights[3]
     _, ints, int_scales, sums = inputs
     cols, shift = lin[COLS], lin[SHIFT]
     groups = cols >> shift
@@ -215,8 +215,13 @@ def ffn_stage(weights, linears, inputs, n_ff, gelu, tile, act, counters, stage):
             dot_rows(weights, linears[0], inputs, 0, n_ff + a, n_ff + b, up, False)
         else:
             dot_rows(weights, linears[1], inputs, 1, a, b, up, False)
-        for i in range(b - a):
-            act[a + i] = gelu_f16(gate[i]) * up[i] if gelu else silu_one(gate[i]) * up[i]
+        if gelu:
+            gate_bits, table = gate.view(np.uint32), weights[5]
+            for i in range(b - a):
+                act[a + i] = gelu_lookup(gate[i], gate_bits[i], table) * up[i]
+        else:
+            for i in range(b - a):
+                act[a + i] = silu_one(gate[i]) * up[i]
         mark_done(done, stage)
         item = claim(claimed, stage)
     wait_done(done, stage, n_items)
@@ -283,13 +288,15 @@ def run_stages(tid, x, model, cos, sin, cache_k, cache_v, pos, buffers, logits, 
 def _all_threads(n_threads, x, model, cos, sin, cache_k, cache_v, pos, buffers, logits, counters):
     # A parallel loop's body may only capture arrays and scalars, not tuples of arrays: unpack
     # here, repack per thread.
-    (q, scales, mins, bias, floats), linears, head, norms, qk_norms, output_norm, layer_info, dims, eps, scale = model
+    (q, scales, mins, bias, floats, gelu), linears, head, norms, qk_norms, output_norm, layer_info, dims, eps, scale = (
+        model
+    )
     qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, tile = buffers
     claimed, done = counters
     for tid in numba.prange(n_threads):
         run_stages(
             tid, x,
-            ((q, scales, mins, bias, floats), linears, head, norms, qk_norms, output_norm, layer_info, dims, eps, scale),
+            ((q, scales, mins, bias, floats, gelu), linears, head, norms, qk_norms, output_norm, layer_info, dims, eps, scale),
             cos, sin, cache_k, cache_v, pos,
             (qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, tile),
             logits, (claimed, done),
