@@ -9,7 +9,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 
-def _element_pointer(context, builder, array_type, array, index):
+def element_pointer(context, builder, array_type, array, index):
+    """An LLVM pointer to array[index] inside an intrinsic's codegen."""
     view = context.make_array(array_type)(context, builder, array)
     return cgutils.get_item_pointer(context, builder, array_type, view, [index])
 
@@ -22,7 +23,7 @@ def atomic_add(typingctx, counters, index, value):
     sig = types.int64(counters, index, types.int64)
 
     def codegen(context, builder, signature, args):
-        pointer = _element_pointer(context, builder, signature.args[0], args[0], args[1])
+        pointer = element_pointer(context, builder, signature.args[0], args[0], args[1])
         addend = context.cast(builder, args[2], signature.args[2], types.int64)
         return builder.atomic_rmw("add", pointer, addend, "seq_cst")
 
@@ -37,7 +38,7 @@ def atomic_load(typingctx, counters, index):
     sig = types.int64(counters, index)
 
     def codegen(context, builder, signature, args):
-        pointer = _element_pointer(context, builder, signature.args[0], args[0], args[1])
+        pointer = element_pointer(context, builder, signature.args[0], args[0], args[1])
         return builder.load_atomic(pointer, "acquire", 8)
 
     return sig, codegen
@@ -81,7 +82,7 @@ def prefetch(typingctx, array, index):
 
     def codegen(context, builder, signature, args):
         pointer = builder.bitcast(
-            _element_pointer(context, builder, signature.args[0], args[0], args[1]),
+            element_pointer(context, builder, signature.args[0], args[0], args[1]),
             ir.IntType(8).as_pointer(),
         )
         i32 = ir.IntType(32)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 
 from .kv_cache import KVCache
-from .models.rowops import silu_into
 
 ROPE_NORM = "norm"  # rotate adjacent pairs (x0, x1), (x2, x3) ... — llama
 ROPE_NEOX = "neox"  # rotate halves (x_i, x_{i+d/2}) — qwen2/3, gemma3
@@ -25,6 +25,18 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     mean_sq = np.sum(np.square(x, dtype=np.float32), axis=-1, keepdims=True, dtype=np.float64) / x.shape[-1]
     scale = np.float32(1.0) / np.sqrt(mean_sq.astype(np.float32) + np.float32(eps))
     return (x * scale) * weight
+
+
+@numba.njit(cache=True)
+def silu_one(g):
+    """x * sigmoid(x) of one float32 value."""
+    return g / (np.float32(1.0) + np.exp(-g))
+
+
+@numba.njit(cache=True)
+def silu_into(x, out):
+    for i in range(x.shape[0]):
+        out[i] = silu_one(x[i])
 
 
 def silu(x: np.ndarray) -> np.ndarray:

@@ -18,7 +18,6 @@ done is visible to a thread that saw the count complete.
 from __future__ import annotations
 
 import numba
-import numpy as np
 
 from .intrinsics import atomic_add, atomic_load, cpu_pause, yield_cpu
 
@@ -48,8 +47,3 @@ def wait_done(done, stage, n_items):
             cpu_pause()
         else:
             yield_cpu()
-
-
-def stage_counters(n_stages: int) -> tuple[np.ndarray, np.ndarray]:
-    """Zeroed (claimed, done) counters for a region of ``n_stages`` stages."""
-    return np.zeros(n_stages, np.int64), np.zeros(n_stages, np.int64)  # (stages,), (stages,)

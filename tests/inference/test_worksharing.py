@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from inference.engine.intrinsics import atomic_add, atomic_load
-from inference.engine.worksharing import claim, mark_done, stage_counters, wait_done
+from inference.engine.worksharing import claim, mark_done, wait_done
 
 
 @numba.njit(cache=True)
@@ -48,7 +48,7 @@ def test_every_item_runs_once_and_stages_are_ordered(n_workers):
     # 5 workers on (at most) 2 threads: a worker that runs after the others finished finds
     # nothing to claim and every wait already satisfied, so nothing deadlocks.
     n_stages, n_items = 300, 7
-    claimed, done = stage_counters(n_stages)
+    claimed, done = np.zeros(n_stages, np.int64), np.zeros(n_stages, np.int64)  # (stages,) each
     table = np.zeros((n_stages, n_items), np.int64)  # (stages, items)
     runs = np.zeros(n_stages * n_items, np.int64)  # (stages * items,)
     _chain(n_workers, claimed, done, table, runs)

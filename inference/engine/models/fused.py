@@ -95,6 +95,7 @@ class _Arena:
 
 
 def fusable(matrix: QuantMatrix | None) -> bool:
+    """Whether the fused step has a kernel for this matrix (None: an empty slot)."""
     if isinstance(matrix, GroupedMatrix):
         return matrix.layout.group_size in SUPPORTED_GROUP_SIZES
     return matrix is None or isinstance(matrix, FloatMatrix)

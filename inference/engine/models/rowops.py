@@ -32,18 +32,6 @@ def rms_norm_row(x, weight, eps):
 
 
 @numba.njit(cache=True)
-def silu_one(g):
-    """x * sigmoid(x) of one float32 value."""
-    return g / (np.float32(1.0) + np.exp(-g))
-
-
-@numba.njit(cache=True)
-def silu_into(x, out):
-    for i in range(x.shape[0]):
-        out[i] = silu_one(x[i])
-
-
-@numba.njit(cache=True)
 def gelu_f16(v):
     """layers.gelu_tanh of one value: the tanh approximation evaluated on f16-rounded inputs."""
     if v <= np.float32(-10.0):

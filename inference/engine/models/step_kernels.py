@@ -33,7 +33,8 @@ from ..quants.quantize import round_row, round_row_int
 from ..intrinsics import prefetch
 from ..worksharing import claim, mark_done, wait_done
 from .kernels import rope_inplace, round_f16_inplace, scores_into, softmax_f16_inplace, weighted_values
-from .rowops import gelu_lookup, rms_norm_into, silu_one
+from ..layers import silu_one
+from .rowops import gelu_lookup, rms_norm_into
 
 # Columns of the linear table: offsets into the arenas (-1: none), shape, format. A float
 # matrix (F32/F16/BF16) has SHIFT 0 and Q_OFF into the float arena.
@@ -43,7 +44,6 @@ LINEAR_FIELDS = 8
 # Linear slots of a layer: q/k/v (or the stacked qkv in slot 0), output, gate/up (or stacked
 # gate_up in slot 4), down. Unused slots have ROWS 0.
 SLOT_Q, SLOT_OUT, SLOT_GATE, SLOT_UP, SLOT_DOWN = 0, 3, 4, 5, 6
-SLOTS = 7
 # Stage numbers within a layer.
 QKV, KV, ATTEND, OUT, OUT_POST, FFN, DOWN, FFN_POST = range(8)
 STAGES_PER_LAYER = 8

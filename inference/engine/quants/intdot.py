@@ -23,10 +23,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-
-def _pointer(context, builder, array_type, array, index):
-    view = context.make_array(array_type)(context, builder, array)
-    return cgutils.get_item_pointer(context, builder, array_type, view, [index])
+from ..intrinsics import element_pointer
 
 
 def _constant_vector(values: list[int]) -> ir.Constant:
@@ -51,10 +48,10 @@ def _group_dot_intrinsic(group: int):
             floats = ir.VectorType(f32, lanes)
             acc = cgutils.alloca_once_value(builder, ir.Constant(floats, None))
             zero = ir.Constant(ir.IntType(64), 0)
-            q0 = _pointer(context, builder, q_type, q_arr, q_start)
-            a0 = _pointer(context, builder, ints_type, ints_arr, zero)
-            s0 = _pointer(context, builder, scales_type, scales_arr, s_start)
-            d0 = _pointer(context, builder, int_scales_type, int_scales_arr, zero)
+            q0 = element_pointer(context, builder, q_type, q_arr, q_start)
+            a0 = element_pointer(context, builder, ints_type, ints_arr, zero)
+            s0 = element_pointer(context, builder, scales_type, scales_arr, s_start)
+            d0 = element_pointer(context, builder, int_scales_type, int_scales_arr, zero)
             with cgutils.for_range(builder, n_groups) as loop:
                 g = loop.index
                 offset = builder.mul(g, ir.Constant(g.type, group))

@@ -112,7 +112,8 @@ def _round_q8_k(x, values, group_sums, group_size, with_sums, ints, int_scales):
 def round_row(kind, x, values, group_sums, group_size, with_sums):
     """Round one row ``x`` (cols,) into ``values`` (cols,); with ``with_sums`` also fill
     ``group_sums`` (cols // group_size,), what a weight's per-group min multiplies."""
-    no_ints, no_scales = np.empty(0, np.int16), np.empty(0, np.float32)  # (0,) (0,): floats only
+    # Empty views (no allocation): the integer codes are not wanted here.
+    no_ints, no_scales = values[:0].view(np.int16), values[:0]
     if kind == ACT_Q8_0 or kind == ACT_Q8_1:
         _round_q8_32(x, values, group_sums, group_size, with_sums and kind == ACT_Q8_1, no_ints, no_scales)
     elif kind == ACT_Q8_K:
