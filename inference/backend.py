@@ -102,7 +102,13 @@ class ConversationBackend:
         Returns the number of tokens generated. Stops at the next token once ``sink`` is
         cancelled, then pushes nothing more."""
         stats = GenerationStats()
-        emitter = ReplyEmitter(request.stop, reasoning=request.reasoning, tools=bool(request.tools))
+        emitter = ReplyEmitter(
+            request.stop,
+            reasoning=request.reasoning,
+            tools=bool(request.tools),
+            # The grammar governs a constrained reply from token 0, so it has no think head.
+            think=self.supports_reasoning and request.constraint is None,
+        )
         cache = self.slots.acquire(prompt.tokens)
         try:
             reason = self._decode(request, prompt, cache, stats, emitter, sink)
@@ -117,7 +123,9 @@ class ConversationBackend:
             usage = Usage(
                 stats.prompt_tokens, stats.generated_tokens, stats.cached_tokens, emitter.reasoning_tokens
             )
-            sink.close(Finish(reason, usage, emitter.stopped_by))
+            # A reply that made calls finishes as tool_calls, even if a stop string ended it.
+            stop_sequence = emitter.stopped_by if reason == "stop" else None
+            sink.close(Finish(reason, usage, stop_sequence))
         return stats.generated_tokens
 
     def _decode(
