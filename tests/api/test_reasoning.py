@@ -68,7 +68,8 @@ def test_a_stop_string_inside_the_think_block_does_not_end_the_reply(oai, claude
     message = reply.choices[0].message
     assert (message.model_extra["reasoning_content"], message.content) == (THINK_TEXT, "Paris is ")
     assert reply.choices[0].finish_reason == "stop"
-    with claude.messages.stream(model="m", max_tokens=40, messages=ASK, stop_sequences=["see", "nice"]) as stream:
+    stops = ["see", "nice"]
+    with claude.messages.stream(model="m", max_tokens=40, messages=ASK, stop_sequences=stops) as stream:
         final = stream.get_final_message()
     assert anthropic_text(final) == "Paris is "
     assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "nice")
@@ -77,7 +78,8 @@ def test_a_stop_string_inside_the_think_block_does_not_end_the_reply(oai, claude
 def test_a_stop_string_inside_a_call_does_not_end_the_reply(oai):
     # The synthetic model writes whatever the grammar leaves it; the forced call's unit is an
     # enum, so a stop string on both values sits inside the call's JSON whatever it picks.
-    tool = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_SCHEMA, "strict": True}}
+    function = {"name": "get_weather", "parameters": WEATHER_SCHEMA, "strict": True}
+    tool = {"type": "function", "function": function}
     reply = oai.chat.completions.create(
         model="m",
         messages=ASK_WEATHER,

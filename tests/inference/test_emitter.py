@@ -75,7 +75,8 @@ def reply_events(emitter: ReplyEmitter, pieces: list[str]) -> list:
 
 def test_a_stop_string_inside_a_call_does_not_end_the_reply():
     emitter = ReplyEmitter(stop=("Paris", "END"), tools=True)
-    pieces = ['<tool_call>\n{"name": "f", "arguments": {"city": "Par', 'is"}}\n</tool_call>', " then END", "x"]
+    call = ['<tool_call>\n{"name": "f", "arguments": {"city": "Par', 'is"}}\n</tool_call>']
+    pieces = [*call, " then END", "x"]
     events = reply_events(emitter, pieces)
     assert events == [ToolCallDelta(ToolCall("f", '{"city": "Paris"}'), 0), TextDelta(" then ")]
     assert emitter.stopped_by == "END"
@@ -90,5 +91,6 @@ def test_a_stop_string_before_a_call_ends_the_reply_without_it():
 def test_text_held_as_a_possible_stop_is_sent_before_a_call():
     emitter = ReplyEmitter(stop=("STOP",), tools=True)
     events = reply_events(emitter, ["ok ST", '<tool_call>{"name": "f"}</tool_call>', "OP"])
-    assert events == [TextDelta("ok "), TextDelta("ST"), ToolCallDelta(ToolCall("f", "{}"), 0), TextDelta("OP")]
+    call = ToolCallDelta(ToolCall("f", "{}"), 0)
+    assert events == [TextDelta("ok "), TextDelta("ST"), call, TextDelta("OP")]
     assert not emitter.stopped
