@@ -71,7 +71,9 @@ class ConversationBackend:
             )
         except ChatTemplateError as exc:
             return Error(400, f"the model's chat template rejected the messages: {exc}", param="messages")
-        return self.engine.encode_prompt(text)
+        # A prefill continues the assistant turn the generation prompt opened (rendering it as
+        # a message would close that turn and open another).
+        return self.engine.encode_prompt(text + request.prefill)
 
     def validate(self, request: GenerationRequest) -> PreparedPrompt | Error:
         """Check the constraint, render and tokenize the conversation; reject it if it leaves
@@ -106,8 +108,9 @@ class ConversationBackend:
             request.stop,
             reasoning=request.reasoning,
             tools=bool(request.tools),
-            # The grammar governs a constrained reply from token 0, so it has no think head.
-            think=self.supports_reasoning and request.constraint is None,
+            # A constrained reply is the grammar's from token 0, and a prefilled one starts with
+            # the client's text: neither has a think head.
+            think=self.supports_reasoning and request.constraint is None and not request.prefill,
         )
         cache = self.slots.acquire(prompt.tokens)
         try:

@@ -178,11 +178,11 @@ class ReplyEmitter:
         self, stop: Sequence[str] = (), reasoning: bool = False, tools: bool = False, think: bool = False
     ):
         """``think``: split off a leading think block (the family writes them); ``reasoning``:
-        send it as ReasoningDelta events (implies ``think``), else it is dropped; ``tools``:
-        capture function calls."""
+        send that block as ReasoningDelta events, else it is dropped; ``tools``: capture
+        function calls."""
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.text = StopScanner(stop)
-        self.router = ThinkRouter() if think or reasoning else None
+        self.router = ThinkRouter() if think else None
         self.reasoning = reasoning  # route the think block to reasoning (else it is dropped)
         self.scanner = ToolCallScanner() if tools else None
         self.reasoning_tokens = 0  # tokens fed while inside the think block

@@ -41,7 +41,7 @@ def test_router_splits_a_leading_think_block(parts, expected):
 
 
 def test_reply_emitter_counts_reasoning_tokens_and_keeps_stop_strings():
-    emitter = ReplyEmitter(stop=("STOP",), reasoning=True)
+    emitter = ReplyEmitter(stop=("STOP",), reasoning=True, think=True)
     events = []
     for piece in (b"<think>", b"a", b"b", b"</think>", b"\n\n", b"hi", b" STOP", b"never"):
         events += emitter.feed(piece)
