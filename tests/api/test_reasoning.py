@@ -13,12 +13,14 @@ from tests.api.conftest import (
     API_KEY,
     ASK_WEATHER,
     WEATHER_SCHEMA,
+    anthropic_client,
     anthropic_text,
     chat_stream_text,
+    openai_client,
     responses_stream_text,
     start_lmserve,
 )
-from tests.fixtures.think_gguf import ANSWER_TEXT, THINK_TEXT, think_model_path
+from tests.fixtures.think_gguf import ANSWER_TEXT, STRAY_CLOSE_REPLY, THINK_TEXT, think_model_path
 
 pytestmark = pytest.mark.timeout(900)
 ASK = [{"role": "user", "content": "Hi"}]
@@ -131,3 +133,26 @@ def test_anthropic_thinking_block(claude):
     with claude.messages.stream(model="m", max_tokens=40, messages=ASK, thinking=thinking) as stream:
         final = stream.get_final_message()
     assert (final.content[0].thinking, final.content[1].text) == (THINK_TEXT, ANSWER_TEXT)
+
+
+@pytest.fixture(scope="module")
+def stray_close_server(synthetic_dir, tmp_path_factory):
+    """A server for the variant that opens its reply with a stray </think>."""
+    model = think_model_path(synthetic_dir, reply=STRAY_CLOSE_REPLY)
+    server = start_lmserve(tmp_path_factory.mktemp("stray"), str(model), "--api-key", API_KEY, "--ctx", "512")
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("effort", ["none", "high"])
+def test_a_stray_leading_close_marker_is_dropped(stray_close_server, effort):
+    with openai_client(stray_close_server) as client:
+        chunks = list(
+            client.chat.completions.create(
+                model="m", messages=ASK, max_tokens=40, temperature=0, reasoning_effort=effort, stream=True
+            )
+        )
+    assert (chat_stream_text(chunks), chat_stream_text(chunks, "reasoning_content")) == (ANSWER_TEXT, "")
+    with anthropic_client(stray_close_server) as claude:
+        message = claude.messages.create(model="m", max_tokens=40, messages=ASK)
+    assert anthropic_text(message) == ANSWER_TEXT
