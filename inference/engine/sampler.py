@@ -52,6 +52,8 @@ class Sampler:
         logits = apply_penalties(logits, history, p)
         if allowed is not None:
             logits = np.where(allowed, logits, -np.inf)
+            if not np.isfinite(np.max(logits)):
+                raise NonFiniteLogits("no token the constraint allows has a finite logit")
         if p.temperature <= 0.0:
             return int(np.argmax(logits))
         ids, values = _candidates(logits, p.top_k)  # (k,), (k,) sorted descending

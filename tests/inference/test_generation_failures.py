@@ -35,6 +35,12 @@ def test_sampler_takes_logits_some_of_which_are_minus_infinity():
     assert Sampler(SamplingParams()).sample(np.array([-np.inf, 0.5, 0.1], dtype=np.float32)) == 1
 
 
+def test_sampler_refuses_a_mask_that_leaves_only_minus_infinity():
+    logits, allowed = np.array([-np.inf, 0.5, 0.1], dtype=np.float32), np.array([True, False, False])
+    with pytest.raises(NonFiniteLogits):
+        Sampler(SamplingParams()).sample(logits, allowed=allowed)
+
+
 def run(backend: ConversationBackend, max_tokens: int = 40, **fields) -> RecordingSink:
     request = GenerationRequest(
         (Message("user", "Hi"),), SamplingOverrides(temperature=0.0), max_tokens, **fields
