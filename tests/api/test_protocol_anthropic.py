@@ -307,3 +307,22 @@ def test_a_failure_is_one_error_event():
         "type": "error",
         "error": {"type": "overloaded_error", "message": "the server is shutting down"},
     }
+
+
+@pytest.mark.parametrize(
+    ("finish", "expected"),
+    [
+        (Finish("tool_calls", USAGE, "STOP"), ("tool_use", None)),
+        (Finish("length", USAGE, "STOP"), ("max_tokens", None)),
+        (Finish("stop", USAGE, "STOP"), ("stop_sequence", "STOP")),
+        (Finish("stop", USAGE), ("end_turn", None)),
+    ],
+)
+def test_stop_reason_and_stop_sequence_never_disagree(finish, expected):
+    encoder = MessagesEncoder("m")
+    events = encode(encoder, [TextDelta("hi"), finish])
+    delta = next(e["delta"] for e in events if e["type"] == "message_delta")
+    assert (delta["stop_reason"], delta["stop_sequence"]) == expected
+    assert (encoder.final["stop_reason"], encoder.final["stop_sequence"]) == expected
+    streamed = accumulate_anthropic(events)
+    assert (streamed.stop_reason, streamed.stop_sequence) == expected
