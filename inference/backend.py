@@ -13,8 +13,9 @@ from typing import Protocol
 
 from inference.engine.engine import Engine, GenerationStats
 from inference.engine.kv_cache import KVCache
+from inference.engine.sampler import NonFiniteLogits
 
-from .constraints import ConstraintCompiler, TokenConstraint
+from .constraints import ConstraintCompiler, ConstraintDeadEnd, TokenConstraint
 from .emitter import ReplyEmitter
 from .kv_disk import SidecarStore
 from .slots import SlotPool
@@ -35,6 +36,28 @@ class Sink(Protocol):
     def push(self, event) -> None: ...
 
     def close(self, final: Finish | Error) -> None: ...
+
+
+def dead_end_error(request: GenerationRequest, generated: int, exc: ConstraintDeadEnd) -> Error:
+    """The answer when the request's grammar let no token through: a 400 naming its field."""
+    param = request.constraint.param if request.constraint is not None else None
+    return Error(
+        400,
+        f"invalid '{param}': the constraint allows no next token after {generated} generated tokens, "
+        f"so the reply cannot go on ({exc})",
+        code="constraint_dead_end",
+        param=param,
+    )
+
+
+def non_finite_error(generated: int, exc: NonFiniteLogits) -> Error:
+    """The answer when the model computed NaN or infinite logits: the model is at fault."""
+    return Error(
+        500,
+        f"generation failed after {generated} tokens: {exc}; the model file's weights (or their "
+        "computation) are broken",
+        code="non_finite_logits",
+    )
 
 
 class ConversationBackend:
@@ -71,7 +94,9 @@ class ConversationBackend:
             )
         except ChatTemplateError as exc:
             return Error(400, f"the model's chat template rejected the messages: {exc}", param="messages")
-        return self.engine.encode_prompt(text)
+        # A prefill continues the assistant turn the generation prompt opened (rendering it as
+        # a message would close that turn and open another).
+        return self.engine.encode_prompt(text + request.prefill)
 
     def validate(self, request: GenerationRequest) -> PreparedPrompt | Error:
         """Check the constraint, render and tokenize the conversation; reject it if it leaves
@@ -102,10 +127,25 @@ class ConversationBackend:
         Returns the number of tokens generated. Stops at the next token once ``sink`` is
         cancelled, then pushes nothing more."""
         stats = GenerationStats()
-        emitter = ReplyEmitter(request.stop, reasoning=request.reasoning, tools=bool(request.tools))
+        emitter = ReplyEmitter(
+            request.stop,
+            reasoning=request.reasoning,
+            tools=bool(request.tools),
+            # A constrained reply is the grammar's from token 0, and a prefilled one starts with
+            # the client's text: neither has a think head.
+            think=self.supports_reasoning and request.constraint is None and not request.prefill,
+        )
         cache = self.slots.acquire(prompt.tokens)
         try:
             reason = self._decode(request, prompt, cache, stats, emitter, sink)
+        except ConstraintDeadEnd as exc:  # the cache is sound: the slot stays warm
+            sink.close(dead_end_error(request, stats.generated_tokens, exc))
+            return stats.generated_tokens
+        except NonFiniteLogits as exc:
+            logger.error("generation failed: %s", exc)
+            self.slots.reset(cache)
+            sink.close(non_finite_error(stats.generated_tokens, exc))
+            return stats.generated_tokens
         except Exception as exc:  # an engine failure ends this request, not the server
             logger.exception("generation failed")
             self.slots.reset(cache)
@@ -117,7 +157,9 @@ class ConversationBackend:
             usage = Usage(
                 stats.prompt_tokens, stats.generated_tokens, stats.cached_tokens, emitter.reasoning_tokens
             )
-            sink.close(Finish(reason, usage, emitter.stopped_by))
+            # A reply that made calls finishes as tool_calls, even if a stop string ended it.
+            stop_sequence = emitter.stopped_by if reason == "stop" else None
+            sink.close(Finish(reason, usage, stop_sequence))
         return stats.generated_tokens
 
     def _decode(

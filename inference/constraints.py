@@ -222,6 +222,10 @@ class ConstraintCompiler:
             raise RuntimeError("compiled grammars are owned by the worker thread")
 
 
+class ConstraintDeadEnd(RuntimeError):
+    """The grammar allows no next token (no token of the vocabulary continues a match)."""
+
+
 class TokenConstraint:
     """One request's matcher: the allowed-token mask before each sample, then the token."""
 
@@ -230,12 +234,19 @@ class TokenConstraint:
         self.vocab_size = vocab_size
 
     def allowed(self, n_logits: int) -> np.ndarray:
-        """Boolean mask over the model's ``n_logits`` outputs (padding rows never allowed)."""
+        """Boolean mask over the model's ``n_logits`` outputs (padding rows never allowed).
+        Raises ConstraintDeadEnd when no token may come next: llguidance then falls back to
+        allowing only the end of the turn, which would pass for an empty, finished reply."""
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        if self.matcher.is_error():
+            detail = (self.matcher.get_error() or "").splitlines()
+            raise ConstraintDeadEnd(detail[0].strip() if detail else "the matcher failed")
         mask = np.unpackbits(bits, bitorder="little").astype(bool)  # (32 * words,)
         out = np.zeros(n_logits, dtype=bool)  # (n_logits,)
         n = min(n_logits, self.vocab_size, mask.shape[0])
         out[:n] = mask[:n]
+        if not out.any():
+            raise ConstraintDeadEnd("no token of the vocabulary continues the match")
         return out
 
     def accept(self, token: int) -> bool:

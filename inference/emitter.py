@@ -4,6 +4,11 @@ Two things make a token's bytes unsafe to forward at once: a token may end in th
 UTF-8 code point (the rest arrives with the next token), and the text may be the beginning
 of a stop string (which must never reach the client). The emitter holds back exactly those
 bytes and releases them as soon as they are known to be plain text.
+
+:class:`ReplyEmitter` runs a whole reply through the stages in the order its text is
+understood: decoding, the think head (:class:`ThinkRouter`), function calls
+(:class:`~inference.toolcall.ToolCallScanner`), and last the stop strings, which act on the
+reply text alone.
 """
 
 from __future__ import annotations
@@ -15,25 +20,25 @@ from .toolcall import ToolCall, ToolCallScanner
 from .types import ReasoningDelta, TextDelta, ToolCallDelta
 
 
-class TextEmitter:
-    """Incremental UTF-8 decoding plus the stop-string scan of one reply."""
+class StopScanner:
+    """The stop-string scan over decoded reply text: holds back a possible stop-string start
+    and cuts the text at the first stop string."""
 
     def __init__(self, stop: Sequence[str] = ()):
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stops = tuple(s for s in stop if s)
-        self._held = ""  # decoded text that may still turn out to start a stop string
+        self._held = ""  # text that may still turn out to start a stop string
         self.stopped_by: str | None = None  # the stop string that ended the reply
 
     @property
     def stopped(self) -> bool:
         return self.stopped_by is not None
 
-    def feed(self, data: bytes) -> str:
-        """Add one token's bytes; return the text that can be sent now. After a stop string
-        is found, returns the text before it and ignores everything later."""
+    def feed_text(self, text: str) -> str:
+        """Add more text; return the text that can be sent now. After a stop string is found,
+        returns the text before it and ignores everything later."""
         if self.stopped:
             return ""
-        text = self._held + self._decoder.decode(data)
+        text = self._held + text
         cut, stop = self._earliest_stop(text)
         if stop is not None:
             self.stopped_by = stop
@@ -44,13 +49,10 @@ class TextEmitter:
         return text[: len(text) - keep]
 
     def flush(self) -> str:
-        """The reply ended without a stop string: release everything held back (an incomplete
-        code point at the very end becomes U+FFFD)."""
-        if self.stopped:
-            return ""
-        text = self._held + self._decoder.decode(b"", final=True)
-        self._held = ""
-        return text
+        """The text held back as a possible stop-string start, released as plain text (the
+        reply ended, or something that is not text, such as a function call, came next)."""
+        held, self._held = self._held, ""
+        return "" if self.stopped else held
 
     def _earliest_stop(self, text: str) -> tuple[int, str | None]:
         best, found = len(text), None
@@ -69,6 +71,25 @@ class TextEmitter:
                     longest = n
                     break
         return longest
+
+
+class TextEmitter(StopScanner):
+    """Incremental UTF-8 decoding plus the stop-string scan of one plain reply."""
+
+    def __init__(self, stop: Sequence[str] = ()):
+        super().__init__(stop)
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, data: bytes) -> str:
+        """Add one token's bytes; return the text that can be sent now (see ``feed_text``)."""
+        return self.feed_text(self._decoder.decode(data))
+
+    def flush(self) -> str:
+        """The reply ended without a stop string: release everything held back (an incomplete
+        code point at the very end becomes U+FFFD)."""
+        if self.stopped:
+            return ""
+        return self.feed_text(self._decoder.decode(b"", final=True)) + super().flush()
 
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -147,15 +168,24 @@ class ThinkRouter:
 
 
 class ReplyEmitter:
-    """A reply's token bytes as events: text through the stop-string scan, then (when the
-    reasoning channel is on) a leading think block routed to reasoning, then (when tools were
-    declared) function calls captured from the reply text."""
+    """A reply's token bytes as events, in the order the reply's text is understood: UTF-8
+    decoding, then (when the family writes think blocks) the leading think block split off, to
+    reasoning when the channel is on and dropped otherwise, then (when tools were declared)
+    function calls captured, and last the stop-string scan over the reply text that remains.
+    A stop string inside the think block or inside a call's JSON therefore never ends the reply."""
 
-    def __init__(self, stop: Sequence[str] = (), reasoning: bool = False, tools: bool = False):
-        self.text = TextEmitter(stop)
-        self.router = ThinkRouter() if reasoning else None
+    def __init__(
+        self, stop: Sequence[str] = (), reasoning: bool = False, tools: bool = False, think: bool = False
+    ):
+        """``think``: split off a leading think block (the family writes them); ``reasoning``:
+        send that block as ReasoningDelta events, else it is dropped; ``tools``: capture
+        function calls."""
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.text = StopScanner(stop)
+        self.router = ThinkRouter() if think else None
+        self.reasoning = reasoning  # route the think block to reasoning (else it is dropped)
         self.scanner = ToolCallScanner() if tools else None
-        self.reasoning_tokens = 0  # tokens fed while the reply could still be reasoning
+        self.reasoning_tokens = 0  # tokens fed while inside the think block
         self.calls = 0  # function calls emitted
 
     @property
@@ -167,16 +197,20 @@ class ReplyEmitter:
         return self.text.stopped_by
 
     def feed(self, data: bytes) -> list:
-        """Events for one more token's bytes."""
+        """Events for one more token's bytes (none once a stop string ended the reply)."""
+        if self.stopped:
+            return []
         was_in_block = self.router is not None and self.router.in_block
-        events = self._route(self.text.feed(data), final=False)
+        events = self._route(self._decoder.decode(data), final=False)
         if was_in_block or (self.router is not None and self.router.in_block):
             self.reasoning_tokens += 1
         return events
 
     def flush(self) -> list:
         """Events for everything held back once the reply ended."""
-        return self._route(self.text.flush(), final=True)
+        if self.stopped:
+            return []
+        return self._route(self._decoder.decode(b"", final=True), final=True)
 
     def _route(self, text: str, final: bool) -> list:
         reasoning, reply = "", text
@@ -185,18 +219,30 @@ class ReplyEmitter:
             if final:
                 more_reasoning, more_reply = self.router.flush()
                 reasoning, reply = reasoning + more_reasoning, reply + more_reply
-        events = [ReasoningDelta(reasoning)] if reasoning else []
+        events = [ReasoningDelta(reasoning)] if reasoning and self.reasoning else []
         return events + self._reply_events(reply, final)
 
     def _reply_events(self, reply: str, final: bool) -> list:
         if self.scanner is None:
-            return [TextDelta(reply)] if reply else []
-        items = self.scanner.feed(reply) + (self.scanner.flush() if final else [])
+            items: list = [reply] if reply else []
+        else:
+            items = self.scanner.feed(reply) + (self.scanner.flush() if final else [])
         events = []
         for item in items:
             if isinstance(item, ToolCall):
+                # A call is a boundary: text held as a possible stop-string start is plain text.
+                self._text_event(events, self.text.flush())
                 events.append(ToolCallDelta(item, self.calls))
                 self.calls += 1
             else:
-                events.append(TextDelta(item))
+                self._text_event(events, self.text.feed_text(item))
+            if self.stopped:
+                return events
+        if final:
+            self._text_event(events, self.text.flush())
         return events
+
+    @staticmethod
+    def _text_event(events: list, text: str) -> None:
+        if text:
+            events.append(TextDelta(text))

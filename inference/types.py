@@ -77,6 +77,9 @@ class GenerationRequest:
     # The reply must match this grammar (a constrained reply never reasons).
     constraint: ConstraintSpec | None = None
     tools: tuple[ToolSpec, ...] = ()  # declared functions (the reply may call them)
+    # The start of the reply, written by the client (an assistant prefill): rendered after the
+    # generation prompt with the turn left open, so the reply is its continuation.
+    prefill: str = ""
 
     def template_messages(self) -> list[dict]:
         return [m.as_template_dict() for m in self.messages]

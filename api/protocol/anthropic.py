@@ -4,7 +4,8 @@ A translation layer over the same normalized request as the OpenAI dialects. Hon
 (a string or text blocks), messages with text blocks (earlier thinking / redacted_thinking
 blocks are dropped, like replayed reasoning items), temperature, top_p, top_k, the required
 max_tokens, stop_sequences, stream and thinking (enabled / adaptive switch the reasoning
-channel on where the model has one; a no-op elsewhere), output_config.format, and client tools
+channel on where the model has one; a no-op elsewhere), output_config.format, an assistant
+prefill (a final assistant message, which the reply continues), and client tools
 (:mod:`api.protocol.anthropic_tools`; dropped on a model without a tool convention). metadata
 and service_tier are ignored. Images, documents and server tools are refused (400). The
 encoders live in :mod:`api.protocol.anthropic_encoder`.
@@ -56,6 +57,7 @@ class MessagesRequest:
     constraint: ConstraintSpec | None = None  # output_config.format (or output_format), or a forced call
     tools: tuple[ToolSpec, ...] = ()  # as the model sees them (none under tool_choice "none")
     forced_call: bool = False  # tool_choice any / tool: the constraint is the call grammar
+    prefill: str = ""  # a final assistant message's text: the reply continues it
 
     @classmethod
     def parse(cls, body: dict, *, count_only: bool = False) -> MessagesRequest | ApiError:
@@ -69,11 +71,17 @@ class MessagesRequest:
                     bad_request("'max_tokens' is required", "max_tokens", "missing_required_parameter")
                 )
             tools, forced = parse_anthropic_tool_choice(body, parse_anthropic_tools(body))
+            messages, prefill = parse_messages(body.get("messages"))
+            output_format = _parse_output_format(body)
+            if prefill and output_format is not None:
+                message = f"'{output_format.param}' cannot be combined with a prefilled assistant message"
+                raise Invalid(bad_request(message, output_format.param))
             return cls(
                 tools=tools,
                 forced_call=forced is not None,
                 max_tokens=max_tokens,
-                messages=parse_messages(body.get("messages")),
+                messages=messages,
+                prefill=prefill,
                 model=f.string(body, "model"),
                 stop_sequences=_parse_stop_sequences(body.get("stop_sequences")),
                 stream=bool(f.boolean(body, "stream")),
@@ -83,7 +91,7 @@ class MessagesRequest:
                 top_k=f.integer(body, "top_k", lo=0),
                 top_p=f.number(body, "top_p", 0.0, 1.0),
                 ignore_eos=bool(f.boolean(body, "ignore_eos")),
-                constraint=one_constraint(_parse_output_format(body), forced),
+                constraint=one_constraint(output_format, forced),
             )
         except Invalid as exc:
             return exc.error
@@ -103,9 +111,11 @@ class MessagesRequest:
             self.max_tokens,
             self.stop_sequences,
             self.ignore_eos,
-            reasoning=self.thinking and reasoning_available and constraint is None,
+            # A prefilled reply starts with the client's text, not a think block.
+            reasoning=self.thinking and reasoning_available and constraint is None and not self.prefill,
             constraint=constraint,
             tools=tools,
+            prefill=self.prefill,
         )
 
 
@@ -170,22 +180,34 @@ def parse_system(value: object) -> str | None:
     return BLOCK_SEPARATOR.join(texts)
 
 
-def parse_messages(value: object) -> tuple[Message, ...]:
-    """``messages`` as typed messages. A message left empty by dropping its thinking blocks is
-    dropped whole; a final assistant message (a prefill) is not implemented."""
+def parse_messages(value: object) -> tuple[tuple[Message, ...], str]:
+    """``messages`` as typed messages, and the prefill: the text of a final assistant message,
+    which the reply continues (as with Anthropic's own API). A message left empty by dropping
+    its thinking blocks is dropped whole."""
     items = f.message_array(value)
     turns = [_parse_message(item, f"messages[{i}]") for i, item in enumerate(items)]
+    prefill = ""
     if turns[-1] and turns[-1][-1].role == "assistant":
-        last = f"messages[{len(items) - 1}]"
+        prefill = _prefill_text(turns[-1].pop(), f"messages[{len(items) - 1}]")
+    return tuple(turn for message_turns in turns for turn in message_turns), prefill
+
+
+def _prefill_text(last: Message, where: str) -> str:
+    """A final assistant message as the text the reply continues; Anthropic refuses trailing
+    whitespace there (the continuation would start mid-token), and so do we."""
+    if last.tool_calls:
         raise Invalid(
-            unsupported(
-                last,
-                "is an assistant message: continuing a prefilled reply is not implemented by this "
-                "server yet; end with a user message",
-                status=501,
+            bad_request(
+                f"'{where}' ends the conversation with tool_use blocks, which need tool_result blocks "
+                "in a user message after them",
+                f"{where}.content",
             )
         )
-    return tuple(turn for message_turns in turns for turn in message_turns)
+    if last.content != last.content.rstrip():
+        raise Invalid(
+            bad_request("final assistant content cannot end with trailing whitespace", f"{where}.content")
+        )
+    return last.content
 
 
 def _parse_message(item: object, where: str) -> list[Message]:

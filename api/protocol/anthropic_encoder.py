@@ -34,12 +34,16 @@ def usage_payload(usage: Usage) -> dict:
 ZERO_USAGE = usage_payload(Usage(0, 0))
 
 
-def stop_reason(finish: Finish) -> str:
+def stop_fields(finish: Finish) -> tuple[str, str | None]:
+    """``stop_reason`` and ``stop_sequence``, decided together so they never disagree: the
+    sequence is given exactly when the reason is ``stop_sequence``."""
     if finish.reason == "length":
-        return "max_tokens"
+        return "max_tokens", None
     if finish.reason == "tool_calls":
-        return "tool_use"
-    return "stop_sequence" if finish.stop_sequence is not None else "end_turn"
+        return "tool_use", None
+    if finish.stop_sequence is not None:
+        return "stop_sequence", finish.stop_sequence
+    return "end_turn", None
 
 
 @dataclass
@@ -100,12 +104,12 @@ class MessagesEncoder:
         answered = any(block.kind in ("text", "tool_use") for block in self.blocks)
         events = [] if answered else self._switch_to("text")
         events += self._close(self.blocks[-1])
-        reason, usage = stop_reason(finish), usage_payload(finish.usage)
-        self.message = self._message(reason, finish.stop_sequence, usage)
+        (reason, sequence), usage = stop_fields(finish), usage_payload(finish.usage)
+        self.message = self._message(reason, sequence, usage)
         events.append(
             {
                 "type": "message_delta",
-                "delta": {"stop_reason": reason, "stop_sequence": finish.stop_sequence},
+                "delta": {"stop_reason": reason, "stop_sequence": sequence},
                 "usage": usage,
             }
         )

@@ -63,7 +63,9 @@ class ChatCompletionRequest:
     constraint: ConstraintSpec | None = None
     reasoning_effort: str | None = None
     tools: tuple[ToolSpec, ...] = ()  # as the model sees them (none under tool_choice "none")
-    declares_tools: bool = False  # tools or a tool history arrived, whatever tool_choice says
+    # The first field that needs a function-calling convention (tools, or a tool history:
+    # an assistant's tool_calls, a role "tool" message), whatever tool_choice says.
+    tools_param: str | None = None
 
     @classmethod
     def parse(cls, body: dict) -> ChatCompletionRequest | ApiError:
@@ -74,7 +76,7 @@ class ChatCompletionRequest:
             messages = parse_messages(body.get("messages"))
             return cls(
                 tools=tools,
-                declares_tools=bool(f.array(body, "tools")) or any(m.tool_calls for m in messages),
+                tools_param="tools" if f.array(body, "tools") else _tool_history_param(messages),
                 messages=messages,
                 model=f.string(body, "model"),
                 frequency_penalty=f.number(body, "frequency_penalty", -2.0, 2.0),
@@ -107,8 +109,10 @@ class ChatCompletionRequest:
         """The dialect-free request the worker serves; reasoning needs a model with a
         reasoning channel (and a constrained reply never reasons), tools a model with a
         function-calling convention."""
-        if self.declares_tools and not tools_available:
-            return unsupported("tools", "needs a model with a function-calling convention; this one has none")
+        if self.tools_param is not None and not tools_available:
+            return unsupported(
+                self.tools_param, "needs a model with a function-calling convention; this one has none"
+            )
         wants_reasoning = self.reasoning_effort not in REASONING_OFF
         if wants_reasoning and not reasoning_available:
             return unsupported(
@@ -178,6 +182,16 @@ def _parse_message(item: object, where: str) -> Message:
         tool_call_id=f.string(item, "tool_call_id", f"{where}.tool_call_id"),
         tool_calls=parse_tool_calls(item, where) if role == "assistant" else (),
     )
+
+
+def _tool_history_param(messages: tuple[Message, ...]) -> str | None:
+    """The first message field that is part of a tool history, or None."""
+    for i, message in enumerate(messages):
+        if message.tool_calls:
+            return f"messages[{i}].tool_calls"
+        if message.role == "tool":
+            return f"messages[{i}].role"
+    return None
 
 
 def _content_text(content: object, where: str) -> str:

@@ -59,6 +59,7 @@ class ResponsesRequest:
     repeat_penalty: float | None = None
     ignore_eos: bool = False
     constraint: ConstraintSpec | None = None  # text.format, regex, lark, or a forced call
+    text_format: dict | None = None  # text.format as requested, echoed in the response object
     tools: tuple[ToolSpec, ...] = ()  # as the model sees them (none under tool_choice "none")
     declared_tools: tuple[ToolSpec, ...] = ()  # as declared, echoed in the response object
     tool_choice: str | dict = "auto"
@@ -94,6 +95,7 @@ class ResponsesRequest:
                 repeat_penalty=f.number(body, "repeat_penalty", 0.0, 10.0, lo_open=True),
                 ignore_eos=bool(f.boolean(body, "ignore_eos")),
                 constraint=one_constraint(_parse_text_format(body), parse_extensions(body), forced),
+                text_format=_requested_text_format(body),
             )
         except Invalid as exc:
             return exc.error
@@ -153,6 +155,12 @@ def _parse_text_format(body: dict) -> ConstraintSpec | None:
     text = f.obj(body, "text")
     text_format = f.obj(text, "format", "text.format") if text is not None else None
     return parse_format(text_format, "text.format")
+
+
+def _requested_text_format(body: dict) -> dict | None:
+    """``text.format`` as sent (already validated by ``_parse_text_format``)."""
+    text = body.get("text")
+    return text.get("format") if isinstance(text, dict) else None
 
 
 def _parse_effort(body: dict) -> str | None:

@@ -215,7 +215,7 @@ class ResponsesEncoder:
             "reasoning": {"effort": request.reasoning_effort, "summary": None},
             "store": False,
             "temperature": request.temperature,
-            "text": {"format": {"type": "text"}},
+            "text": {"format": request.text_format or {"type": "text"}},
             "tool_choice": request.tool_choice,
             "tools": tools_echo(request.declared_tools),
             "top_p": request.top_p,

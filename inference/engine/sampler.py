@@ -28,6 +28,11 @@ class SamplingParams:
     seed: int | None = None
 
 
+class NonFiniteLogits(ValueError):
+    """The model's logits hold NaN or +infinity (or no finite value at all): no token can be
+    chosen from them; the weights or the computation are broken."""
+
+
 class Sampler:
     """Picks tokens from logits; holds its own RNG so a seed reproduces a whole reply."""
 
@@ -41,9 +46,14 @@ class Sampler:
         """Return the next token id given the last position's logits and the tokens so far;
         ``allowed`` (a boolean mask over the logits) restricts the choice, e.g. to a grammar."""
         p = self.params
+        peak = float(np.max(logits))  # NaN if any logit is NaN
+        if not np.isfinite(peak):
+            raise NonFiniteLogits(f"the model's logits are not finite (their maximum is {peak})")
         logits = apply_penalties(logits, history, p)
         if allowed is not None:
             logits = np.where(allowed, logits, -np.inf)
+            if not np.isfinite(np.max(logits)):
+                raise NonFiniteLogits("no token the constraint allows has a finite logit")
         if p.temperature <= 0.0:
             return int(np.argmax(logits))
         ids, values = _candidates(logits, p.top_k)  # (k,), (k,) sorted descending

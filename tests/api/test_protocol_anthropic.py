@@ -14,6 +14,7 @@ from tests.api.conftest import accumulate_anthropic, anthropic_shape, encode
 
 USER = [{"role": "user", "content": "hi"}]
 USAGE = Usage(prompt_tokens=40, completion_tokens=9, cached_tokens=25)
+THINKING = {"type": "enabled", "budget_tokens": 1024}
 
 
 def parse(**fields):
@@ -105,15 +106,38 @@ def test_media_and_server_tools_are_400_naming_the_parameter(fields, param):
     assert param in error.message
 
 
+def test_a_final_assistant_message_is_a_prefill():
+    content = [
+        {"type": "thinking", "thinking": "x", "signature": ""},
+        {"type": "text", "text": "The answer is"},
+    ]
+    request = parse(messages=[*USER, {"role": "assistant", "content": content}], thinking=THINKING)
+    generation = request.to_generation(reasoning_available=True)
+    assert [m.role for m in generation.messages] == ["user"] and generation.prefill == "The answer is"
+    assert not generation.reasoning  # the reply starts with the prefill, not a think block
+    empty = parse(messages=[*USER, {"role": "assistant", "content": ""}]).to_generation(False)
+    assert [m.role for m in empty.messages] == ["user"] and empty.prefill == ""
+
+
 @pytest.mark.parametrize(
-    ("fields", "param"),
+    ("last", "extra", "param"),
     [
-        ({"messages": [*USER, {"role": "assistant", "content": "The answer is"}]}, "messages[1]"),
+        ({"role": "assistant", "content": "The answer is "}, {}, "messages[1].content"),
+        (
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+            {},
+            "messages[1].content",
+        ),
+        (
+            {"role": "assistant", "content": "{"},
+            {"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+            "output_config.format.schema",
+        ),
     ],
 )
-def test_prefill_is_501(fields, param):
-    error = parse(**fields)
-    assert isinstance(error, ApiError) and (error.status, error.param) == (501, param)
+def test_prefills_that_cannot_be_continued_are_400(last, extra, param):
+    error = parse(messages=[*USER, last], **extra)
+    assert isinstance(error, ApiError) and (error.status, error.param) == (400, param)
 
 
 @pytest.mark.parametrize(
@@ -283,3 +307,22 @@ def test_a_failure_is_one_error_event():
         "type": "error",
         "error": {"type": "overloaded_error", "message": "the server is shutting down"},
     }
+
+
+@pytest.mark.parametrize(
+    ("finish", "expected"),
+    [
+        (Finish("tool_calls", USAGE, "STOP"), ("tool_use", None)),
+        (Finish("length", USAGE, "STOP"), ("max_tokens", None)),
+        (Finish("stop", USAGE, "STOP"), ("stop_sequence", "STOP")),
+        (Finish("stop", USAGE), ("end_turn", None)),
+    ],
+)
+def test_stop_reason_and_stop_sequence_never_disagree(finish, expected):
+    encoder = MessagesEncoder("m")
+    events = encode(encoder, [TextDelta("hi"), finish])
+    delta = next(e["delta"] for e in events if e["type"] == "message_delta")
+    assert (delta["stop_reason"], delta["stop_sequence"]) == expected
+    assert (encoder.final["stop_reason"], encoder.final["stop_sequence"]) == expected
+    streamed = accumulate_anthropic(events)
+    assert (streamed.stop_reason, streamed.stop_sequence) == expected

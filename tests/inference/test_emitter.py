@@ -1,6 +1,9 @@
-"""TextEmitter: UTF-8-safe deltas and the stop-string scan."""
+"""TextEmitter: UTF-8-safe deltas and the stop-string scan; ReplyEmitter: stop strings act on
+the reply text, after function calls were captured."""
 
-from inference.emitter import TextEmitter
+from inference.emitter import ReplyEmitter, TextEmitter
+from inference.toolcall import ToolCall
+from inference.types import TextDelta, ToolCallDelta
 
 
 def feed_all(emitter: TextEmitter, chunks: list[bytes]) -> list[str]:
@@ -59,3 +62,35 @@ def test_streamed_pieces_equal_the_whole_text():
     emitter = TextEmitter(["STOP"])
     pieces = [emitter.feed(raw[i : i + 3]) for i in range(0, len(raw), 3)] + [emitter.flush()]
     assert "".join(pieces) == text[: text.index("STOP")]
+
+
+def reply_events(emitter: ReplyEmitter, pieces: list[str]) -> list:
+    events = []
+    for piece in pieces:
+        events += emitter.feed(piece.encode())
+        if emitter.stopped:
+            return events
+    return events + emitter.flush()
+
+
+def test_a_stop_string_inside_a_call_does_not_end_the_reply():
+    emitter = ReplyEmitter(stop=("Paris", "END"), tools=True)
+    call = ['<tool_call>\n{"name": "f", "arguments": {"city": "Par', 'is"}}\n</tool_call>']
+    pieces = [*call, " then END", "x"]
+    events = reply_events(emitter, pieces)
+    assert events == [ToolCallDelta(ToolCall("f", '{"city": "Paris"}'), 0), TextDelta(" then ")]
+    assert emitter.stopped_by == "END"
+
+
+def test_a_stop_string_before_a_call_ends_the_reply_without_it():
+    emitter = ReplyEmitter(stop=("STOP",), tools=True)
+    events = reply_events(emitter, ["ok STOP", '<tool_call>{"name": "f"}</tool_call>'])
+    assert events == [TextDelta("ok ")] and emitter.calls == 0
+
+
+def test_text_held_as_a_possible_stop_is_sent_before_a_call():
+    emitter = ReplyEmitter(stop=("STOP",), tools=True)
+    events = reply_events(emitter, ["ok ST", '<tool_call>{"name": "f"}</tool_call>', "OP"])
+    call = ToolCallDelta(ToolCall("f", "{}"), 0)
+    assert events == [TextDelta("ok "), TextDelta("ST"), call, TextDelta("OP")]
+    assert not emitter.stopped

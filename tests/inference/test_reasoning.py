@@ -10,7 +10,7 @@ from inference.constraints import ConstraintSpec
 from inference.emitter import ReplyEmitter, ThinkRouter
 from inference.engine.engine import Engine
 from inference.types import Finish, GenerationRequest, Message, ReasoningDelta, SamplingOverrides, TextDelta
-from tests.fixtures.think_gguf import ANSWER_TEXT, THINK_REPLY, THINK_TEXT, think_model_path
+from tests.fixtures.think_gguf import ANSWER_TEXT, THINK_TEXT, think_model_path
 from tests.inference.test_backend import RecordingSink
 
 pytestmark = pytest.mark.timeout(600)
@@ -41,7 +41,7 @@ def test_router_splits_a_leading_think_block(parts, expected):
 
 
 def test_reply_emitter_counts_reasoning_tokens_and_keeps_stop_strings():
-    emitter = ReplyEmitter(stop=("STOP",), reasoning=True)
+    emitter = ReplyEmitter(stop=("STOP",), reasoning=True, think=True)
     events = []
     for piece in (b"<think>", b"a", b"b", b"</think>", b"\n\n", b"hi", b" STOP", b"never"):
         events += emitter.feed(piece)
@@ -52,6 +52,42 @@ def test_reply_emitter_counts_reasoning_tokens_and_keeps_stop_strings():
     text = "".join(e.text for e in events if isinstance(e, TextDelta))
     assert (reasoning, text, emitter.stopped_by) == ("ab", "hi ", "STOP")
     assert emitter.reasoning_tokens == 4
+
+
+def emit(emitter: ReplyEmitter, pieces: list[str]) -> list:
+    events = []
+    for piece in pieces:
+        events += emitter.feed(piece.encode())
+        if emitter.stopped:
+            return events
+    return events + emitter.flush()
+
+
+def texts(events: list) -> tuple[str, str]:
+    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    return reasoning, "".join(e.text for e in events if isinstance(e, TextDelta))
+
+
+@pytest.mark.parametrize(
+    ("pieces", "reasoning", "expected"),
+    [
+        (["<think>", "plan", "</think>", "\n\nanswer"], True, ("plan", "answer")),
+        (["<think>", "plan", "</think>", "\n\nanswer"], False, ("", "answer")),
+        (["</think>", "\n\n", "answer"], False, ("", "answer")),  # the no-think template's artifact
+        (["</th", "ink>answer"], True, ("", "answer")),
+        (["answer <think>x</think>"], False, ("", "answer <think>x</think>")),
+    ],
+)
+def test_the_think_head_routes_whether_or_not_reasoning_was_asked_for(pieces, reasoning, expected):
+    assert texts(emit(ReplyEmitter(think=True, reasoning=reasoning), pieces)) == expected
+
+
+@pytest.mark.parametrize("reasoning", [True, False])
+def test_stop_strings_act_on_the_reply_not_the_think_block(reasoning):
+    emitter = ReplyEmitter(stop=("plan", "S"), think=True, reasoning=reasoning)
+    events = emit(emitter, ["<think>a plan", "</think>", "\nan", "swer S", "more"])
+    assert texts(events) == ("a plan" if reasoning else "", "answer ")
+    assert emitter.stopped_by == "S"
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +111,18 @@ def test_think_model_routes_reasoning(backend):
     assert sink.events[-1].usage.reasoning_tokens > 0
 
 
-def test_reasoning_off_leaves_the_text_alone(backend):
+def test_reasoning_off_drops_the_think_block(backend):
     sink = run(backend)
-    assert sink.text == THINK_REPLY and not any(isinstance(e, ReasoningDelta) for e in sink.events)
+    assert sink.text == ANSWER_TEXT and not any(isinstance(e, ReasoningDelta) for e in sink.events)
+    assert sink.events[-1].usage.reasoning_tokens > 0  # the block was generated all the same
+
+
+@pytest.mark.parametrize("reasoning", [True, False])
+def test_a_stop_string_inside_the_think_block_does_not_end_the_reply(backend, reasoning):
+    sink = run(backend, reasoning=reasoning, stop=("see", "nice"))
+    routed = "".join(e.text for e in sink.events if isinstance(e, ReasoningDelta))
+    assert (routed, sink.text) == (THINK_TEXT if reasoning else "", "Paris is ")
+    assert sink.events[-1].stop_sequence == "nice"
 
 
 def test_constrained_reply_is_plain_text(backend):
