@@ -15,12 +15,14 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from .chat_template import ChatTemplate
+from .fingerprint import model_fingerprint
 from .gguf_file import GGUFFile
 from .kv_cache import KVCache
 from .models import DecoderModel, load_model
@@ -91,6 +93,11 @@ class Engine:
     @property
     def model_id(self) -> str:
         return self.path.name.removesuffix(".gguf")
+
+    @cached_property
+    def fingerprint(self) -> bytes:
+        """16 bytes telling this model's weights apart from any other's (see fingerprint.py)."""
+        return model_fingerprint(self.file)
 
     def recommended_sampling(self) -> SamplingParams:
         """The GGUF's general.sampling.* values, else the family's, else llama.cpp's defaults."""
