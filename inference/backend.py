@@ -66,12 +66,11 @@ class ConversationBackend:
 
         try:
             tools = [tool.template_dict() for tool in request.tools] or None
-            text = self.engine.render_chat(
+            return self.engine.encode_chat(
                 request.template_messages(), tools=tools, enable_thinking=request.reasoning
             )
         except ChatTemplateError as exc:
             return Error(400, f"the model's chat template rejected the messages: {exc}", param="messages")
-        return self.engine.encode_prompt(text)
 
     def validate(self, request: GenerationRequest) -> PreparedPrompt | Error:
         """Check the constraint, render and tokenize the conversation; reject it if it leaves

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .chat_template import ChatTemplate
+from .chat_template import ChatTemplate, map_strings, unused_mark
 from .fingerprint import model_fingerprint
 from .gguf_file import GGUFFile
 from .kv_cache import KVCache
@@ -122,6 +122,21 @@ class Engine:
             if bos_text and text.startswith(bos_text):
                 text = text[len(bos_text) :]
         return text
+
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None, **extra) -> list[int]:
+        """The conversation rendered and tokenized with only the template's own markers as
+        special tokens: a control token's text inside a message, a tool result or a tool
+        declaration stays plain text (else a user could forge role markers). The strings are
+        marked before rendering, so the template may still transform them (trim, split)."""
+        mark = unused_mark(messages, tools)
+
+        def plain(text: str) -> str:
+            return self.tokenizer.mark_plain(text, mark)
+
+        text = self.render_chat(map_strings(messages, plain), tools=map_strings(tools, plain), **extra)
+        return self.tokenizer.encode(
+            text, add_bos=self.tokenizer.add_bos, parse_special=True, plain_mark=mark
+        )
 
     def encode_prompt(self, text: str) -> list[int]:
         """Tokenize a whole prompt: special tokens parsed, BOS as the model's metadata says."""
