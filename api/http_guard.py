@@ -68,11 +68,13 @@ def refusal_bytes(error: ApiError, path: str, headers: list[tuple[bytes, bytes]]
 class GuardedRequest(WebRequest):
     """daphne's request, refusing from the head and bounding the body as it arrives."""
 
-    # The API parses its own bodies; Twisted's form parsing would read an upload whole.
-    _parsePOSTFormSubmission = False
-
     refusal: ApiError | None = None
     received = 0
+
+    def __init__(self, *args, **kwargs):
+        # The application parses its own bodies; Twisted's form parsing would read a form or
+        # multipart upload whole into memory first (and answer a malformed one with a bare 400).
+        super().__init__(*args, parsePOSTFormSubmission=False, **kwargs)
 
     @property
     def config(self) -> ServeConfig:
