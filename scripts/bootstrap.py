@@ -52,6 +52,10 @@ def ensure_chromium() -> None:
     apt_env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     run("apt-get", "update", env=apt_env)
     run("apt-get", "install", "-y", "--no-install-recommends", "chromium", env=apt_env)
+    if not (Path(wanted).exists() or shutil.which(wanted)):
+        sys.exit(
+            f"chromium was installed but {wanted} is still missing: point LMSERVE_CHROMIUM at the binary"
+        )
 
 
 def environment() -> dict[str, str]:
