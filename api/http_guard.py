@@ -78,11 +78,10 @@ class GuardedRequest(WebRequest):
 
     @property
     def config(self) -> ServeConfig:
-        return self.channel.factory.server.service.config
+        return self.server.service.config  # self.server: the LmserveServer (set by daphne)
 
     def gotLength(self, length):
-        # The channel keeps the request line to itself until the body is complete.
-        path = self.channel._path.split(b"?", 1)[0].decode("latin-1")
+        path = self._head_path()
         refusal = head_refusal(self.config, path, self._raw_headers(), length)
         if refusal is not None:
             self._refuse(refusal, path)
@@ -98,7 +97,7 @@ class GuardedRequest(WebRequest):
         self.received += len(data)
         limit = self.config.max_body_bytes
         if self.received > limit:
-            self._refuse(too_large(limit), self.channel._path.split(b"?", 1)[0].decode("latin-1"))
+            self._refuse(too_large(limit), self._head_path())
             return
         super().handleContentChunk(data)
 
@@ -107,6 +106,11 @@ class GuardedRequest(WebRequest):
             self.loseConnection()  # the whole refused body arrived and was dropped
             return
         super().requestReceived(command, path, version)
+
+    def _head_path(self) -> str:
+        # Twisted hands the request line to the request only once the body is complete; until
+        # then the channel holds it.
+        return self.channel._path.split(b"?", 1)[0].decode("latin-1")
 
     def _raw_headers(self) -> list[tuple[bytes, bytes]]:
         return [
