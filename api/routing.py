@@ -1,8 +1,9 @@
 """Which ASGI application serves a request.
 
 API endpoints (each with or without the ``/v1`` prefix) go to their consumers; any path
-Django's URL conf knows (the admin, pages) goes to Django; everything else gets a JSON 404.
-The whole application sits behind the ``--conns`` gate.
+Django's URL conf knows (the admin, pages) and the static files (the admin's CSS and
+JavaScript, served by WhiteNoise) go to Django; everything else gets a JSON 404. The whole
+application sits behind the Host check (``ALLOWED_HOSTS``) and the ``--conns`` gate.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import json
 
 from channels.routing import URLRouter
+from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 from django.urls import Resolver404, re_path, resolve
 
 from inference import service as services
@@ -38,8 +41,20 @@ def is_api_path(path: str) -> bool:
     return any(pattern.pattern.match(relative) for pattern in api_urlpatterns)
 
 
+def consumer_for(path: str) -> type | None:
+    """The API consumer class that serves ``path``, or None when the path is not an API one."""
+    relative = path.lstrip("/")
+    for pattern in api_urlpatterns:
+        if pattern.pattern.match(relative):
+            return pattern.callback.consumer_class
+    return None
+
+
 def django_serves(path: str) -> bool:
-    """True if the Django URL conf has a view for ``path`` (or for it with a slash added)."""
+    """True if ``path`` is a static file's or the Django URL conf has a view for it (or for it
+    with a slash added)."""
+    if path.startswith("/" + settings.STATIC_URL.strip("/") + "/"):
+        return True
     for candidate in (path, path if path.endswith("/") else path + "/"):
         try:
             resolve(candidate)
@@ -103,8 +118,29 @@ class ConnectionLimitMiddleware:
             gate.leave()
 
 
+class AllowedHostsMiddleware:
+    """A request whose Host header names none of ``ALLOWED_HOSTS`` gets a 400, on every path
+    (Django checks only its own views): a page that rebinds its DNS name to this machine
+    reaches the server under that name, and is refused here."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            host = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"host"), None)
+            if host is not None and not validate_host(split_domain_port(host)[0], settings.ALLOWED_HOSTS):
+                message = (
+                    f"the Host header {host!r} is not one this server answers to "
+                    f"({', '.join(settings.ALLOWED_HOSTS)}); add it with --allowed-hosts"
+                )
+                return await send_json_error(scope, send, ApiError(400, message, None, "disallowed_host"))
+        return await self.app(scope, receive, send)
+
+
 def build_application(django_app):
     """The ASGI application lmserve serves."""
     from channels.routing import ProtocolTypeRouter
 
-    return ProtocolTypeRouter({"http": ConnectionLimitMiddleware(LmserveRouter(django_app))})
+    gated = ConnectionLimitMiddleware(LmserveRouter(django_app))
+    return ProtocolTypeRouter({"http": AllowedHostsMiddleware(gated)})

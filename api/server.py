@@ -18,6 +18,7 @@ from daphne.endpoints import build_endpoint_description_strings
 from daphne.server import Server
 from twisted.internet import reactor
 
+from api.http_guard import GuardedHTTPFactory
 from inference.service import InferenceService
 
 logger = logging.getLogger("lmserve.server")
@@ -43,6 +44,16 @@ class LmserveServer(Server):
         self.ports = []
         self.failure: str | None = None
         self._drain_deadline: float | None = None
+
+    @property
+    def http_factory(self):
+        return self._http_factory
+
+    @http_factory.setter
+    def http_factory(self, factory) -> None:
+        # daphne's run() builds its HTTPFactory inline; this is the seam where ours replaces it
+        # (requests refused from their head, bodies bounded as they arrive: api/http_guard.py).
+        self._http_factory = GuardedHTTPFactory(self)
 
     def listen_success(self, port):
         self.ports.append(port)

@@ -89,14 +89,16 @@ class ConversationBackend:
 
         try:
             tools = [tool.template_dict() for tool in request.tools] or None
-            text = self.engine.render_chat(
-                request.template_messages(), tools=tools, enable_thinking=request.reasoning
+            # A prefill continues the assistant turn the generation prompt opened (rendering it
+            # as a message would close that turn and open another).
+            return self.engine.encode_chat(
+                request.template_messages(),
+                tools=tools,
+                continuation=request.prefill,
+                enable_thinking=request.reasoning,
             )
         except ChatTemplateError as exc:
             return Error(400, f"the model's chat template rejected the messages: {exc}", param="messages")
-        # A prefill continues the assistant turn the generation prompt opened (rendering it as
-        # a message would close that turn and open another).
-        return self.engine.encode_prompt(text + request.prefill)
 
     def validate(self, request: GenerationRequest) -> PreparedPrompt | Error:
         """Check the constraint, render and tokenize the conversation; reject it if it leaves

@@ -65,20 +65,25 @@ def scan_sidecars(directory: Path) -> list[dict]:
             entry["geometry"] = f"{g.n_layers}x{g.n_kv_heads}x{g.head_dim_k}/{g.head_dim_v}"
             entry["dtype"] = DTYPE_NAMES[header.dtype]
             entry["tokens"] = header.count
+            entry["model"] = header.fingerprint.hex()
             del records
         found.append(entry)
     return found
 
 
 class SidecarStore:
-    """The sidecar files under ``directory`` whose geometry fits this server's caches."""
+    """The sidecar files under ``directory`` written by this model (``fingerprint``, see
+    inference.engine.fingerprint) for caches of this geometry."""
 
-    def __init__(self, directory: Path, max_files: int, geometry: KVGeometry, dtype: int = F16):
+    def __init__(
+        self, directory: Path, max_files: int, geometry: KVGeometry, fingerprint: bytes, dtype: int = F16
+    ):
         if max_files < 1:
             raise ValueError(f"need room for at least one sidecar file, got {max_files}")
         self.directory = directory
         self.max_files = max_files
         self.geometry = geometry
+        self.fingerprint = fingerprint
         self.dtype = dtype
         directory.mkdir(parents=True, exist_ok=True)
         self.files: list[StoredSlot] = []
@@ -98,6 +103,14 @@ class SidecarStore:
             return None
         if header.geometry != self.geometry:
             logger.info("ignoring KV sidecar %s: geometry %s is not this model's", path.name, header.geometry)
+            return None
+        if header.fingerprint != self.fingerprint:
+            logger.info(
+                "ignoring KV sidecar %s: written by another model (fingerprint %s, this model's %s)",
+                path.name,
+                header.fingerprint.hex(),
+                self.fingerprint.hex(),
+            )
             return None
         if records is None:
             logger.info("ignoring KV sidecar %s: no complete record", path.name)
@@ -131,7 +144,7 @@ class SidecarStore:
         while len(self.files) >= self.max_files:
             self.delete(min(self.files, key=lambda s: s.last_used).path)
         path = self.directory / f"{uuid.uuid4().hex}{SUFFIX}"
-        write_sidecar(path, cache, self.dtype)
+        write_sidecar(path, cache, self.fingerprint, self.dtype)
         stored = StoredSlot(path, list(tokens), 0.0)
         self._touch(stored)
         self.files.append(stored)
@@ -139,16 +152,19 @@ class SidecarStore:
         return path
 
     def restore(self, stored: StoredSlot, cache: KVCache) -> bool:
-        """Load a file into ``cache``; False (the file dropped) when it became unusable."""
+        """Load a file into ``cache``; False (the file dropped) when it became unusable. A
+        damaged file (rows failing their checksum) is deleted: it can never be used again."""
         try:
             header, records = open_sidecar(stored.path)
-            if records is None or header.geometry != self.geometry:
+            if records is None or header.geometry != self.geometry or header.fingerprint != self.fingerprint:
                 raise SidecarError("no usable records left")
             load_into(records, header, cache)
         except (SidecarError, OSError, ValueError) as exc:
             logger.warning("cannot restore KV sidecar %s: %s", stored.path.name, exc)
             cache.truncate(0)  # rows may be half-loaded: the cache must not claim any
             self.files.remove(stored)
+            if isinstance(exc, SidecarError):
+                stored.path.unlink(missing_ok=True)
             return False
         stored.tokens = list(cache.tokens)
         self._touch(stored)

@@ -2,15 +2,20 @@
 
 Little-endian, append-only::
 
-    magic "LMSKV001" | record count u32 | layer count u32 | dtype u32 (0 f16, 1 q8_0)
-    | per layer: kv heads u32, key head dim u32, value head dim u32 | crc32 of the header u32
-    then per position: token id i32, and for each layer that position's K row and V row.
+    magic "LMSKV002" | record count u32 | model fingerprint 16 bytes | layer count u32
+    | dtype u32 (0 f16, 1 q8_0) | per layer: kv heads u32, key head dim u32, value head dim u32
+    | crc32 of the header u32
+    then per position: token id i32, for each layer that position's K row and V row, and the
+    crc32 of the record's own bytes u32.
 
 The record count is rewritten last, so an interrupted append leaves a valid shorter file, and a
-torn tail (a record cut short) is dropped on load. The CRC covers every header field but the
-count, so a corrupted header is told apart from a foreign one. Rows are a (kv heads x head dim)
-slice of the cache in f16 (lossless for a cache holding f16-rounded values) or q8_0 (blocks of
-32 values: an f16 scale, then 32 int8).
+torn tail (a record cut short) is dropped on load. The header CRC covers every field but the
+count, so a corrupted header is told apart from a foreign one; the fingerprint
+(``inference.engine.fingerprint``) tells the model that wrote the rows, since another model of
+the same shape (a fine-tune) would read them as garbage; the record CRCs catch rows damaged
+after writing, checked when a file is loaded. Rows are a (kv heads x head dim) slice of the
+cache in f16 (lossless for a cache holding f16-rounded values) or q8_0 (blocks of 32 values:
+an f16 scale, then 32 int8).
 """
 
 from __future__ import annotations
@@ -25,11 +30,14 @@ import numpy as np
 
 from inference.engine.kv_cache import KVCache, KVGeometry
 
-MAGIC = b"LMSKV001"
+MAGIC = b"LMSKV002"
+OLD_MAGICS = (b"LMSKV001",)  # formats this version no longer reads
 F16, Q8_0 = 0, 1
 DTYPE_NAMES = {F16: "f16", Q8_0: "q8_0"}
 Q8_BLOCK = 32
 COUNT_OFFSET = len(MAGIC)
+FINGERPRINT_BYTES = 16
+STATIC_OFFSET = COUNT_OFFSET + 4  # the checksummed part of the header starts here
 
 
 class SidecarError(ValueError):
@@ -43,10 +51,11 @@ class SidecarHeader:
     geometry: KVGeometry
     dtype: int
     count: int
+    fingerprint: bytes  # the model that wrote the rows
 
     @property
     def size(self) -> int:
-        return len(MAGIC) + 4 * 3 + 12 * self.geometry.n_layers + 4
+        return STATIC_OFFSET + FINGERPRINT_BYTES + 8 + 12 * self.geometry.n_layers + 4
 
     def row_bytes(self, n_values: int) -> int:
         if self.dtype == F16:
@@ -60,44 +69,58 @@ class SidecarHeader:
             ("k", np.uint8, (self.row_bytes(g.n_kv_heads * g.head_dim_k),)),
             ("v", np.uint8, (self.row_bytes(g.n_kv_heads * g.head_dim_v),)),
         ]
-        return np.dtype([("token", "<i4"), ("layers", layer, (g.n_layers,))])
+        return np.dtype([("token", "<i4"), ("layers", layer, (g.n_layers,)), ("crc", "<u4")])
+
+    def with_count(self, count: int) -> SidecarHeader:
+        return SidecarHeader(self.geometry, self.dtype, count, self.fingerprint)
 
     def encode(self) -> bytes:
         g = self.geometry
-        static = struct.pack("<II", g.n_layers, self.dtype)
+        if len(self.fingerprint) != FINGERPRINT_BYTES:
+            raise ValueError(f"a model fingerprint is {FINGERPRINT_BYTES} bytes, got {len(self.fingerprint)}")
+        static = self.fingerprint + struct.pack("<II", g.n_layers, self.dtype)
         static += struct.pack("<III", g.n_kv_heads, g.head_dim_k, g.head_dim_v) * g.n_layers
         return MAGIC + struct.pack("<I", self.count) + static + struct.pack("<I", zlib.crc32(static))
 
 
+HEADER_PREFIX = STATIC_OFFSET + FINGERPRINT_BYTES + 8  # the fields before the per-layer dims
+MAX_LAYERS = 4096
+
+
 def read_header(data: bytes) -> SidecarHeader:
     """Parse a header from the file's first bytes; raises SidecarError when it is corrupt."""
-    if data[: len(MAGIC)] != MAGIC:
+    if data[: len(MAGIC)] in OLD_MAGICS:
+        raise SidecarError(f"an older sidecar format ({data[: len(MAGIC)].decode()}), not {MAGIC.decode()}")
+    if data[: len(MAGIC)] != MAGIC or len(data) < HEADER_PREFIX:
         raise SidecarError("not a sidecar (bad magic)")
-    count, n_layers, dtype = struct.unpack_from("<III", data, COUNT_OFFSET)
-    static_end = COUNT_OFFSET + 12 + 12 * n_layers
-    if n_layers < 1 or n_layers > 4096 or len(data) < static_end + 4:
+    (count,) = struct.unpack_from("<I", data, COUNT_OFFSET)
+    fingerprint = bytes(data[STATIC_OFFSET : STATIC_OFFSET + FINGERPRINT_BYTES])
+    n_layers, dtype = struct.unpack_from("<II", data, STATIC_OFFSET + FINGERPRINT_BYTES)
+    dims_start = HEADER_PREFIX
+    static_end = dims_start + 12 * n_layers
+    if n_layers < 1 or n_layers > MAX_LAYERS or len(data) < static_end + 4:
         raise SidecarError(f"corrupted header (layer count {n_layers})")
-    static = data[COUNT_OFFSET + 4 : static_end]
+    static = data[STATIC_OFFSET:static_end]
     (crc,) = struct.unpack_from("<I", data, static_end)
     if crc != zlib.crc32(static):
         raise SidecarError("corrupted header (checksum mismatch)")
     if dtype not in DTYPE_NAMES:
         raise SidecarError(f"unknown row dtype {dtype}")
-    dims = set(struct.iter_unpack("<III", data[COUNT_OFFSET + 12 : static_end]))
+    dims = set(struct.iter_unpack("<III", data[dims_start:static_end]))
     if len(dims) != 1:
         raise SidecarError("per-layer geometries differ; this server's caches are uniform")
     kv_heads, head_dim_k, head_dim_v = dims.pop()
-    return SidecarHeader(KVGeometry(n_layers, kv_heads, head_dim_k, head_dim_v), dtype, count)
+    return SidecarHeader(KVGeometry(n_layers, kv_heads, head_dim_k, head_dim_v), dtype, count, fingerprint)
 
 
 def open_sidecar(path: Path) -> tuple[SidecarHeader, np.memmap | None]:
     """The header and the complete records (a torn tail dropped); None when it has none."""
     with path.open("rb") as f:
-        header = read_header(f.read(len(MAGIC) + 12 + 12 * 4096 + 4))
+        header = read_header(f.read(HEADER_PREFIX + 12 * MAX_LAYERS + 4))
     record = header.record_dtype
     complete = (path.stat().st_size - header.size) // record.itemsize
     count = max(0, min(header.count, complete))
-    header = SidecarHeader(header.geometry, header.dtype, count)
+    header = header.with_count(count)
     if count == 0:
         return header, None
     return header, np.memmap(path, dtype=record, mode="r", offset=header.size, shape=(count,))
@@ -139,14 +162,27 @@ def _records(cache: KVCache, start: int, end: int, header: SidecarHeader) -> np.
         v = cache.v[layer, :, start:end].transpose(1, 0, 2).reshape(n, -1)  # (n, kvh * hd)
         out["layers"]["k"][:, layer] = encode_rows(k, header.dtype)
         out["layers"]["v"][:, layer] = encode_rows(v, header.dtype)
+    raw = out.view(np.uint8).reshape(n, -1)  # (n, record bytes)
+    out["crc"] = [zlib.crc32(row[:-4]) for row in raw]
     return out
 
 
+def first_damaged(records: np.ndarray) -> int | None:
+    """The index of the first record whose bytes fail its checksum, or None when all pass."""
+    raw = records.view(np.uint8).reshape(len(records), -1)  # (n, record bytes)
+    stored = records["crc"]
+    for i in range(len(records)):
+        if zlib.crc32(raw[i, :-4]) != stored[i]:
+            return i
+    return None
+
+
 # -- writing -------------------------------------------------------------------------------
-def write_sidecar(path: Path, cache: KVCache, dtype: int = F16) -> None:
-    """Store every committed position of ``cache`` at ``path``. Written under a temporary name
-    and renamed into place, so no half-written file ever carries a loadable name."""
-    header = SidecarHeader(cache.geometry, dtype, cache.n_tokens)
+def write_sidecar(path: Path, cache: KVCache, fingerprint: bytes, dtype: int = F16) -> None:
+    """Store every committed position of ``cache`` (rows of the model ``fingerprint`` names) at
+    ``path``. Written under a temporary name and renamed into place, so no half-written file
+    ever carries a loadable name."""
+    header = SidecarHeader(cache.geometry, dtype, cache.n_tokens, fingerprint)
     temp = path.with_name(f".{path.name}.tmp")
     with temp.open("wb") as f:
         f.write(header.encode())
@@ -182,11 +218,15 @@ def sidecar_tokens(records: np.ndarray | None) -> list[int]:
 
 def load_into(records: np.ndarray, header: SidecarHeader, cache: KVCache) -> None:
     """Replace ``cache``'s contents with the sidecar's positions (no logits: the engine re-runs
-    the last prompt token when a request is wholly cached)."""
+    the last prompt token when a request is wholly cached). Raises SidecarError, the cache
+    untouched, when a record fails its checksum."""
     g = cache.geometry
     if header.geometry != g:
         raise ValueError(f"sidecar geometry {header.geometry} does not fit the cache's {g}")
     n = min(len(records), cache.n_ctx)
+    damaged = first_damaged(records[:n])
+    if damaged is not None:
+        raise SidecarError(f"record {damaged} of {n} fails its checksum (damaged rows)")
     for layer in range(g.n_layers):
         k = decode_rows(records["layers"]["k"][:n, layer], header.dtype)  # (n, kvh * hd)
         v = decode_rows(records["layers"]["v"][:n, layer], header.dtype)  # (n, kvh * hd)

@@ -134,7 +134,9 @@ class InferenceWorker:
             return None
         from .kv_disk import SidecarStore
 
-        return SidecarStore(self.kv_cache_dir, self.kv_disk_slots, engine.config.kv_geometry)
+        return SidecarStore(
+            self.kv_cache_dir, self.kv_disk_slots, engine.config.kv_geometry, engine.fingerprint
+        )
 
     def _serve_batch(self, jobs: list[Job]) -> None:
         """Serve jobs taken together. Sequential for now: each runs to completion in order."""

@@ -2,17 +2,27 @@
 
 Everything a deployment changes comes from the environment: ``LMSERVE_MODEL`` (the GGUF to
 serve; the default model when unset), ``LMSERVE_MODELS_DIR`` (where ``fetch_models`` puts
-the optional models), ``DATABASE_URL`` (SQLite by default), ``LMSERVE_SECRET_KEY``.
+the optional models), ``LMSERVE_DATA_DIR`` (the SQLite database and the generated secret key;
+the checkout by default), ``DATABASE_URL`` (SQLite by default), ``LMSERVE_SECRET_KEY`` (else
+a key generated once per installation), ``LMSERVE_ALLOWED_HOSTS`` (comma-separated, on top of
+the localhost names; ``manage.py lmserve`` adds its --host and --allowed-hosts).
 """
 
 import os
 from pathlib import Path
 
-BASE_DIR = Path(__file__).resolve().parent.parent
+from lmserve_site.secret import installation_secret
 
-SECRET_KEY = os.environ.get("LMSERVE_SECRET_KEY", "lmserve-local-development-key-change-me")
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(os.environ.get("LMSERVE_DATA_DIR") or BASE_DIR)
+
+SECRET_KEY = os.environ.get("LMSERVE_SECRET_KEY") or installation_secret(DATA_DIR / ".secret_key")
 DEBUG = os.environ.get("LMSERVE_DEBUG", "") == "1"
-ALLOWED_HOSTS = ["*"]
+# Only names this server is reached by: a DNS-rebinding page reaches 127.0.0.1 under its own.
+LOCAL_HOSTS = ["localhost", ".localhost", "127.0.0.1", "[::1]"]
+ALLOWED_HOSTS = LOCAL_HOSTS + [
+    h.strip() for h in os.environ.get("LMSERVE_ALLOWED_HOSTS", "").split(",") if h.strip()
+]
 
 INSTALLED_APPS = [
     "daphne",
@@ -30,6 +40,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -71,7 +82,7 @@ def _database():
             "HOST": u.hostname or "",
             "PORT": str(u.port or ""),
         }
-    return {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE_DIR / "db.sqlite3"}
+    return {"ENGINE": "django.db.backends.sqlite3", "NAME": DATA_DIR / "db.sqlite3"}
 
 
 DATABASES = {"default": _database()}
@@ -82,6 +93,10 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
+# The admin's CSS and JavaScript, served by WhiteNoise from the installed apps' static folders
+# (no collectstatic step: WHITENOISE_USE_FINDERS), under any server, DEBUG or not.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
 
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
@@ -97,5 +112,8 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {
         "lmserve": {"handlers": ["console"], "level": os.environ.get("LMSERVE_LOG_LEVEL", "INFO")},
+        # Errors inside Django views (the admin's 500s, refused hosts) with their tracebacks.
+        "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
+        "django.security": {"handlers": ["console"], "level": "WARNING", "propagate": False},
     },
 }

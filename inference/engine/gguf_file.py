@@ -62,6 +62,7 @@ class GGUFFile:
         reader = _HeaderReader(self.path, self._map)
         self.metadata: dict[str, Any] = reader.metadata
         self.tensors: dict[str, TensorInfo] = reader.tensors
+        self.data_start: int = reader.data_start  # the header (metadata, tensor table) ends here
 
     @property
     def architecture(self) -> str:
@@ -78,6 +79,10 @@ class GGUFFile:
         if key not in self.metadata:
             raise GGUFError(f"{self.path}: required metadata key {key!r} is missing")
         return self.metadata[key]
+
+    def header_bytes(self) -> memoryview:
+        """The raw header: magic, version, metadata and the tensor table."""
+        return memoryview(self._map)[: self.data_start]
 
     def tensor(self, name: str) -> TensorInfo:
         try:
@@ -108,7 +113,7 @@ class _HeaderReader:
             self.metadata[key] = self._value(self._value_type())
         infos = [self._tensor_header() for _ in range(n_tensors)]
         align = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
-        data_start = -(-self.pos // align) * align
+        self.data_start = data_start = -(-self.pos // align) * align
         self.tensors = {name: self._tensor(name, dims, t, data_start + off) for name, dims, t, off in infos}
 
     def _need(self, n: int) -> None:

@@ -46,13 +46,16 @@ ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris, in cel
 class ServerProcess:
     """One ``manage.py`` server subprocess with its logs in ``log_dir``."""
 
-    def __init__(self, args: list[str], log_dir: Path, announce: str = "lmserve: serving"):
+    def __init__(
+        self, args: list[str], log_dir: Path, announce: str = "lmserve: serving", env: dict | None = None
+    ):
         self.log_dir = log_dir
         self.stdout_path = log_dir / "stdout.txt"
         self.stderr_path = log_dir / "stderr.txt"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "LMSERVE_LOG_LEVEL": "INFO"}
-        env.pop("LMSERVE_MODEL", None)
-        env.pop("LMSERVE_API_KEY", None)
+        base = {**os.environ, "PYTHONUNBUFFERED": "1", "LMSERVE_LOG_LEVEL": "INFO"}
+        for name in ("LMSERVE_MODEL", "LMSERVE_API_KEY", "LMSERVE_ALLOWED_HOSTS"):
+            base.pop(name, None)
+        env = {**base, **(env or {})}
         self.process = subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), *args],
             cwd=ROOT,
@@ -119,9 +122,9 @@ class ServerProcess:
         return self.process.returncode
 
 
-def start_lmserve(log_dir: Path, *flags: str) -> ServerProcess:
+def start_lmserve(log_dir: Path, *flags: str, env: dict | None = None) -> ServerProcess:
     """``manage.py lmserve`` on a free port with the default model, ready to serve."""
-    server = ServerProcess(["lmserve", "--port", "0", *flags], log_dir)
+    server = ServerProcess(["lmserve", "--port", "0", *flags], log_dir, env=env)
     try:
         server.wait_listening()
         server.wait_ready()
@@ -171,8 +174,8 @@ def claude(model_server) -> anthropic.Anthropic:
 
 @pytest.fixture
 def http(idle_server) -> httpx.Client:
-    """Raw HTTP to the shared server, key included."""
-    headers = {"authorization": f"Bearer {API_KEY}"}
+    """Raw HTTP to the shared server, key and JSON content type included."""
+    headers = {"authorization": f"Bearer {API_KEY}", "content-type": "application/json"}
     with httpx.Client(base_url=idle_server.url, headers=headers, timeout=120) as c:
         yield c
 
@@ -182,10 +185,10 @@ def start_server(tmp_path):
     """Start extra lmserve servers with their own flags; stopped after the test."""
     started: list[ServerProcess] = []
 
-    def start(*flags: str) -> ServerProcess:
+    def start(*flags: str, env: dict | None = None) -> ServerProcess:
         log_dir = tmp_path / f"server{len(started)}"
         log_dir.mkdir()
-        proc = start_lmserve(log_dir, *flags)
+        proc = start_lmserve(log_dir, *flags, env=env)
         started.append(proc)
         return proc
 

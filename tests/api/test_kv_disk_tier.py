@@ -76,7 +76,7 @@ def test_sidecars_of_an_earlier_run_torn_or_corrupted(start_server, tmp_path):
     corrupt = disk / "corrupt.kv"
     shutil.copy(path, corrupt)
     data = bytearray(corrupt.read_bytes())
-    data[COUNT_OFFSET + 4] ^= 0x40  # the layer count: the header checksum no longer matches
+    data[COUNT_OFFSET + 4] ^= 0x40  # a fingerprint byte: the header checksum no longer matches
     corrupt.write_bytes(bytes(data))
     valid = 100
     with path.open("r+b") as f:

@@ -37,11 +37,15 @@ class Tokenizer:
         self.eog_ids: frozenset[int] = vocab.eog_ids
         self._plain_pieces: list[bytes | None] = [None] * vocab.size
 
-    def encode(self, text: str, add_bos: bool = False, parse_special: bool = True) -> list[int]:
+    def encode(
+        self, text: str, add_bos: bool = False, parse_special: bool = True, plain_mark: str | None = None
+    ) -> list[int]:
         """Token ids of ``text``, as ``llama_tokenize(text, add_special=add_bos, parse_special)``.
 
         With ``parse_special`` the texts of control tokens (``<|im_start|>``...) become those
-        tokens; user-defined tokens are recognized either way, as in llama.cpp.
+        tokens; user-defined tokens are recognized either way, as in llama.cpp. ``plain_mark``
+        is the character :meth:`mark_plain` inserted: it is dropped from the text, and the
+        control-token texts it broke are tokenized as plain text.
         """
         ids: list[int] = []
         if add_bos:
@@ -54,9 +58,20 @@ class Tokenizer:
                 ids.append(fragment)
                 after_special = True
             else:
+                if plain_mark is not None:
+                    fragment = fragment.replace(plain_mark, "")
+                    if not fragment:
+                        continue
                 ids.extend(self._encode_text(fragment, after_special))
                 after_special = False
         return ids
+
+    def mark_plain(self, text: str, mark: str) -> str:
+        """``text`` with every control-token text in it broken by ``mark``, so that a prompt
+        holding it, encoded with ``plain_mark=mark``, gets it as plain text: how text from a
+        user is kept from forging a chat template's role markers. ``mark`` must be a
+        character no token text contains (a Unicode noncharacter)."""
+        return self._vocab.break_control_texts(text, mark)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``; control tokens appear as their text, so ``decode(encode(s)) == s``.

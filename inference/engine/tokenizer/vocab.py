@@ -105,6 +105,25 @@ class Vocabulary:
             fragments = list(_split_fragments(fragments, token_text, token_id))
         return fragments
 
+    def break_control_texts(self, text: str, mark: str) -> str:
+        """``text`` with ``mark`` after the first character of every occurrence of a control or
+        unknown token's text, so that ``partition(parse_special=True)`` leaves them as text.
+        (A one-character token text cannot be broken; no vocabulary we know has one.)"""
+        cuts: set[int] = set()
+        for token_id in self._candidates(text, parse_special=True):
+            if not self.attrs[token_id] & (ATTR_CONTROL | ATTR_UNKNOWN):
+                continue  # user-defined tokens are recognized in plain text too, as in llama.cpp
+            token_text = self.tokens[token_id]
+            start = text.find(token_text)
+            while start != -1:
+                cuts.add(start + 1)
+                start = text.find(token_text, start + 1)
+        pieces, last = [], 0
+        for cut in sorted(cuts):
+            pieces += [text[last:cut], mark]
+            last = cut
+        return "".join(pieces) + text[last:]
+
     def _candidates(self, text: str, parse_special: bool) -> Iterator[int]:
         # A token can only occur if its first two characters do; checking that set first keeps
         # Gemma's ~6k control tokens from costing a substring search each.

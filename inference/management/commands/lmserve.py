@@ -26,6 +26,34 @@ def port_number(text: str) -> int:
     return value
 
 
+WILDCARD_ADDRESSES = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+
+def allowed_hosts(host: str, extra: str) -> list[str]:
+    """The localhost names, the address the server binds (unless it is every interface's) and
+    the ``--allowed-hosts`` names."""
+    hosts = list(settings.LOCAL_HOSTS)
+    if host not in WILDCARD_ADDRESSES:
+        hosts.append(f"[{host}]" if ":" in host and not host.startswith("[") else host)
+    hosts += [name.strip() for name in extra.split(",") if name.strip()]
+    return list(dict.fromkeys(hosts))
+
+
+def prepare_database(stdout) -> None:
+    """Apply the migrations of the embedded SQLite database, so that the admin (and
+    ``createsuperuser``) work on a fresh install. A configured server database (DATABASE_URL)
+    is migrated by its operator, not behind their back."""
+    from django.core.management import call_command
+    from django.db import connection
+
+    if connection.vendor != "sqlite":
+        return
+    try:
+        call_command("migrate", interactive=False, verbosity=0, stdout=stdout)
+    except Exception as exc:
+        raise CommandError(f"cannot prepare the database {connection.settings_dict['NAME']}: {exc}") from exc
+
+
 class Command(BaseCommand):
     help = (
         "Serve a GGUF model with the OpenAI Chat Completions API on /v1 (and unprefixed). "
@@ -55,6 +83,13 @@ class Command(BaseCommand):
             default=ServeConfig.ctx,
             help="context length in tokens per KV slot, capped at the model's "
             "training context (default: %(default)s)",
+        )
+        parser.add_argument(
+            "--allowed-hosts",
+            default=os.environ.get("LMSERVE_ALLOWED_HOSTS", ""),
+            help="comma-separated host names (or IPs) requests may carry in their Host header, on top "
+            "of the localhost names and --host; '.example.com' matches subdomains, '*' any host. "
+            "Other hosts get a 400, which keeps DNS-rebinding pages out (default: $LMSERVE_ALLOWED_HOSTS)",
         )
         parser.add_argument(
             "--api-key",
@@ -104,6 +139,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
+        settings.ALLOWED_HOSTS = allowed_hosts(options["host"], options["allowed_hosts"])
+        prepare_database(self.stdout)
         config = ServeConfig(
             model=options["model"] or "",
             ctx=options["ctx"],
