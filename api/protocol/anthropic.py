@@ -5,9 +5,13 @@ A translation layer over the same normalized request as the OpenAI dialects. Hon
 blocks are dropped, like replayed reasoning items), temperature, top_p, top_k, the required
 max_tokens, stop_sequences, stream and thinking (enabled / adaptive switch the reasoning
 channel on where the model has one; a no-op elsewhere), output_config.format, and client tools
-(:mod:`api.protocol.anthropic_tools`; dropped on a model without a tool convention). metadata
-and service_tier are ignored. Images, documents and server tools are refused (400). The
-encoders live in :mod:`api.protocol.anthropic_encoder`.
+(:mod:`api.protocol.anthropic_tools`; dropped on a model without a tool convention). Client
+metadata (Claude Code's ``x-anthropic-billing-header:`` system block) is dropped before
+rendering. Bookkeeping and hosted-service fields (metadata, service_tier, cache_control,
+inference_geo, speed, diagnostics, context_management, compaction, fallbacks, user_profile_id,
+workspace_id, output_config.effort) are ignored. Images, documents, server tools, mcp_servers
+and container are refused (400); ``thread`` is answered as the real API answers a request
+threads cannot serve. The encoders live in :mod:`api.protocol.anthropic_encoder`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from inference.types import GenerationRequest, Message
 from . import fields as f
 from .anthropic_tools import (
     SERVER_TOOL_PREFIXES,
+    check_tool_results,
     parse_anthropic_tool_choice,
     parse_anthropic_tools,
     tool_result_message,
@@ -34,7 +39,11 @@ from .formats import one_constraint, parse_format
 ROLES = ("user", "assistant")
 DROPPED_BLOCKS = ("thinking", "redacted_thinking")  # earlier reasoning never reaches the prompt
 MEDIA_BLOCKS = {"image": "image input", "document": "document input", "search_result": "search results"}
-THINKING_TYPES = ("enabled", "adaptive", "disabled")
+THINKING_TYPES = ("enabled", "adaptive", "between_tools", "disabled")
+# Claude Code's first system block is client metadata that changes with every prompt: rendered,
+# it would defeat the prompt cache for everything after it.
+CLIENT_METADATA_PREFIX = "x-anthropic-billing-header:"
+THREADS = "this server is stateless and holds no thread; send the whole conversation without 'thread'"
 BLOCK_SEPARATOR = "\n"  # text blocks are separate pieces of text: never glue words together
 
 
@@ -62,6 +71,7 @@ class MessagesRequest:
         """Validate a decoded JSON object (a count_tokens body when ``count_only``: no
         max_tokens, no sampling); the first problem found is returned as an ApiError."""
         try:
+            refuse_thread(body)
             _refuse_unsupported(body)
             max_tokens = None if count_only else f.integer(body, "max_tokens", lo=1)
             if max_tokens is None and not count_only:
@@ -69,11 +79,13 @@ class MessagesRequest:
                     bad_request("'max_tokens' is required", "max_tokens", "missing_required_parameter")
                 )
             tools, forced = parse_anthropic_tool_choice(body, parse_anthropic_tools(body))
+            messages = parse_messages(body.get("messages"))
+            check_tool_results(body["messages"])
             return cls(
                 tools=tools,
                 forced_call=forced is not None,
                 max_tokens=max_tokens,
-                messages=parse_messages(body.get("messages")),
+                messages=messages,
                 model=f.string(body, "model"),
                 stop_sequences=_parse_stop_sequences(body.get("stop_sequences")),
                 stream=bool(f.boolean(body, "stream")),
@@ -110,6 +122,23 @@ class MessagesRequest:
 
 
 # -- refused and not-yet-implemented parameters ---------------------------------------------
+def refuse_thread(body: dict) -> None:
+    """``thread`` (the message-threads beta) asks for server-held conversation state. Answered
+    as the real API answers a request threads cannot serve, so the SDK's tool runner resends
+    the whole conversation unthreaded; a ``continue`` names a thread this server never holds."""
+    thread = body.get("thread")
+    if thread is None or thread is False:
+        return
+    if not isinstance(thread, dict):
+        raise f.wrong_type("thread", "an object", thread)
+    if f.string(thread, "type", "thread.type") == "continue":
+        previous = f.string(thread, "previous_message_id", "thread.previous_message_id")
+        message = f"thread not found for previous_message_id {previous!r}: {THREADS}"
+        raise Invalid(ApiError(404, message, "thread", "thread_not_found", detail_code="thread_not_found"))
+    code = "thread_unsupported_request"
+    raise Invalid(ApiError(400, f"'thread' is not supported: {THREADS}", "thread", code, detail_code=code))
+
+
 def _refuse_unsupported(body: dict) -> None:
     if f.array(body, "mcp_servers"):
         raise Invalid(unsupported("mcp_servers", "(server-side MCP tools) is not supported"))
@@ -166,7 +195,9 @@ def parse_system(value: object) -> str | None:
         kind = f.string(block, "type", f"{at}.type")
         if kind != "text":
             raise f.invalid_value(f"{at}.type", kind, "'text'")
-        texts.append(_text_of(block, at))
+        text = _text_of(block, at)
+        if not text.startswith(CLIENT_METADATA_PREFIX):
+            texts.append(text)
     return BLOCK_SEPARATOR.join(texts)
 
 
