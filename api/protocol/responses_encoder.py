@@ -195,7 +195,7 @@ class ResponsesEncoder:
     def _response(self, status: str, usage=None, error=None, incomplete_details=None) -> dict:
         request = self.request
         done = status not in ("in_progress", "queued")
-        return {
+        response = {
             "id": self.id,
             "object": "response",
             "created_at": self.created_at,
@@ -219,7 +219,8 @@ class ResponsesEncoder:
             "tools": tools_echo(request.declared_tools),
             "top_p": request.top_p,
             "truncation": "disabled",
-            "usage": usage,
-            "user": None,
             "metadata": {},
         }
+        if usage is not None:  # the published schema has no null usage: absent until known
+            response["usage"] = usage
+        return response
