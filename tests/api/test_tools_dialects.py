@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import anthropic
 import jsonschema
 import openai
 import pytest
@@ -64,6 +65,7 @@ def test_responses_round_trip(oai):
         temperature=0,
     )
     (call,) = calls_of(first)
+    assert [item.type for item in first.output] == ["function_call"]  # no empty message item
     assert first.status == "completed" and call.name == "get_weather"
     assert json.loads(call.arguments)["city"] == "Paris"
     follow_up = [
@@ -181,6 +183,39 @@ def test_anthropic_forced_calls_always_match_the_schema(claude, choice, temperat
         assert tool_use.name == "get_weather"
     if tool_use.name == "get_weather":
         jsonschema.validate(tool_use.input, WEATHER_SCHEMA)
+
+
+def test_anthropic_tool_runner_round_trip(claude, model_server):
+    # anthropic 2.x's runner threads by default; refused, it resends whole, unthreaded turns.
+    asked = []
+
+    @anthropic.beta_tool
+    def get_weather(city: str, unit: str) -> str:
+        """Current weather in a city.
+
+        Args:
+            city: The city.
+            unit: celsius or fahrenheit.
+        """
+        asked.append(city)
+        return RESULT
+
+    logged = len(model_server.logs())
+    runner = claude.beta.messages.tool_runner(
+        model="m",
+        max_tokens=80,
+        messages=ASK_WEATHER,
+        tools=[get_weather],
+        max_iterations=3,
+        extra_body={"temperature": 0},
+    )
+    final = runner.until_done()
+    assert asked == ["Paris"]  # the auto turn's call ran (written without tags by this model)
+    assert final.stop_reason in ("end_turn", "max_tokens") and "21" in anthropic_text(final)
+    statuses = [
+        line.split()[2] for line in model_server.logs()[logged:].splitlines() if "POST /v1/messages" in line
+    ]
+    assert statuses == ["400", "200", "200"]  # thread refused, then two whole turns
 
 
 # -- a model without a tool convention -----------------------------------------------------------
