@@ -28,12 +28,12 @@ logger = logging.getLogger("lmserve.backend")
 
 
 def openai_overflow_message(overflow: ContextOverflow) -> str:
-    """OpenAI's wording of a context overflow, which LangChain, litellm and the Agents SDK
-    recognise (the Anthropic dialect words it its own way)."""
+    """OpenAI's wording of a context overflow, older and newer, so clients that match either
+    (litellm, LangChain, the Agents SDK) recognise it; the Anthropic dialect words it its own way."""
     return (
         f"This model's maximum context length is {overflow.n_ctx} tokens. However, your messages "
-        f"resulted in {overflow.prompt_tokens} tokens. Please reduce the length of the messages "
-        "(the server's context is set with --ctx)."
+        f"resulted in {overflow.prompt_tokens} tokens. Please reduce the length of the messages. "
+        f"Input tokens exceed the configured limit of {overflow.n_ctx} tokens (this server's --ctx)."
     )
 
 
