@@ -279,7 +279,8 @@ def test_the_anthropic_sdk_reads_a_stream_with_pings(slow_start_server):
         messages = long_prompt("delta", 1200)
         with claude.messages.stream(model="m", max_tokens=3, messages=messages) as stream:
             final = stream.get_final_message()
-    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 3
+    assert final.stop_reason in ("end_turn", "max_tokens") and final.content[0].type == "text"
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens > 1200
 
 
 def test_a_hang_up_stops_prefill_and_the_retry_resumes_from_cache(slow_start_server):
