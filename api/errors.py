@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from inference.types import Error
+from inference.types import ContextOverflow, Error
 
 # OpenAI's error "type" per status (the SDKs read the status; humans read the type).
 ERROR_TYPES = {
@@ -42,13 +42,18 @@ ANTHROPIC_ERROR_TYPES = {
 }
 
 
+def is_anthropic_client(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether an Anthropic client sent the request (it always carries ``anthropic-version``)."""
+    return any(name.lower() == b"anthropic-version" for name, _ in headers)
+
+
 def wants_anthropic_errors(path: str, headers: list[tuple[bytes, bytes]]) -> bool:
     """Whether a request's errors use the Anthropic envelope: on the Messages endpoints, and on
-    any request an Anthropic client sent (it always carries ``anthropic-version``)."""
+    any request an Anthropic client sent."""
     relative = path.strip("/").removeprefix("v1/")
     if relative == "messages" or relative.startswith("messages/"):
         return True
-    return any(name.lower() == b"anthropic-version" for name, _ in headers)
+    return is_anthropic_client(headers)
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,8 @@ class ApiError:
     code: str | None = None
     retry_after: int | None = None
     allow: tuple[str, ...] = ()  # for 405: the methods the endpoint accepts
+    overflow: ContextOverflow | None = None  # a prompt too long for the context
+    detail_code: str | None = None  # Anthropic's machine-readable error.details.error_code
 
     @property
     def type(self) -> str:
@@ -68,7 +75,9 @@ class ApiError:
 
     @classmethod
     def from_event(cls, error: Error) -> ApiError:
-        return cls(error.status, error.message, error.param, error.code, error.retry_after)
+        return cls(
+            error.status, error.message, error.param, error.code, error.retry_after, overflow=error.overflow
+        )
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         """Extra response headers this error carries."""
@@ -91,7 +100,16 @@ class ApiError:
         return ANTHROPIC_ERROR_TYPES.get(self.status, fallback)
 
     def anthropic_payload(self) -> dict:
-        return {"type": "error", "error": {"type": self.anthropic_type, "message": self.message}}
+        """Anthropic's envelope; a context overflow in the wording Anthropic clients parse
+        (Claude Code compacts on it)."""
+        message = self.message
+        if self.overflow is not None:
+            overflow = self.overflow
+            message = f"prompt is too long: {overflow.prompt_tokens} tokens > {overflow.n_ctx} maximum"
+        error = {"type": self.anthropic_type, "message": message}
+        if self.detail_code is not None:
+            error["details"] = {"error_code": self.detail_code}
+        return {"type": "error", "error": error}
 
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:

@@ -9,9 +9,10 @@ slot, prefill, decode, stream text through the emitter into the request's sink).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Protocol
 
-from inference.engine.engine import Engine, GenerationStats
+from inference.engine.engine import PREFILL_CHUNK, Engine, GenerationStats
 from inference.engine.kv_cache import KVCache
 from inference.engine.sampler import NonFiniteLogits
 
@@ -19,12 +20,22 @@ from .constraints import ConstraintCompiler, ConstraintDeadEnd, TokenConstraint
 from .emitter import ReplyEmitter
 from .kv_disk import SidecarStore
 from .slots import SlotPool
-from .types import Error, Finish, GenerationRequest, Message, PreparedPrompt, Usage
+from .types import ContextOverflow, Error, Finish, GenerationRequest, Message, PreparedPrompt, Usage
 
 DEFAULT_MAX_TOKENS = 1024
 THINK_FAMILIES = frozenset({"qwen3", "qwen3moe"})  # replies may open with a <think> block
 HERMES_FAMILIES = frozenset({"qwen2", "qwen3", "qwen3moe"})  # <tool_call> JSON function calls
 logger = logging.getLogger("lmserve.backend")
+
+
+def openai_overflow_message(overflow: ContextOverflow) -> str:
+    """OpenAI's wording of a context overflow, older and newer, so clients that match either
+    (litellm, LangChain, the Agents SDK) recognise it; the Anthropic dialect words it its own way."""
+    return (
+        f"This model's maximum context length is {overflow.n_ctx} tokens. However, your messages "
+        f"resulted in {overflow.prompt_tokens} tokens. Please reduce the length of the messages. "
+        f"Input tokens exceed the configured limit of {overflow.n_ctx} tokens (this server's --ctx)."
+    )
 
 
 class Sink(Protocol):
@@ -113,13 +124,9 @@ class ConversationBackend:
             return tokens
         room = self.n_ctx - len(tokens)
         if room < 1:
-            return Error(
-                400,
-                f"the prompt is {len(tokens)} tokens but the context (--ctx) holds {self.n_ctx}, "
-                "leaving no room for a reply",
-                code="context_length_exceeded",
-                param="messages",
-            )
+            overflow = ContextOverflow(len(tokens), self.n_ctx)
+            message = openai_overflow_message(overflow)
+            return Error(400, message, code="context_length_exceeded", param="messages", overflow=overflow)
         wanted = request.max_tokens if request.max_tokens is not None else DEFAULT_MAX_TOKENS
         return PreparedPrompt(tokens, min(wanted, room))
 
@@ -178,6 +185,11 @@ class ConversationBackend:
         constraint: TokenConstraint | None = None
         if request.constraint is not None:
             constraint = self.constraints.constraint(request.constraint)
+        t0 = time.perf_counter()
+        cached = self._prefill(cache, prompt.tokens, sink)
+        if cached is None:
+            return None
+        prefill_seconds = time.perf_counter() - t0
         tokens = self.engine.generate(
             cache,
             prompt.tokens,
@@ -194,6 +206,8 @@ class ConversationBackend:
             if emitter.stopped:
                 tokens.close()
                 break
+        # The engine found the whole prompt in the cache: _prefill put it there.
+        stats.cached_tokens, stats.prefill_seconds = cached, prefill_seconds + stats.prefill_seconds
         if sink.cancelled:
             return None
         for event in emitter.flush():
@@ -203,6 +217,18 @@ class ConversationBackend:
         if constraint is not None and constraint.completed:
             return "stop"
         return "length" if stats.generated_tokens >= prompt.max_tokens else "stop"
+
+    def _prefill(self, cache: KVCache, prompt: list[int], sink: Sink) -> int | None:
+        """Prefill the prompt's uncached rows chunk by chunk, checking between chunks whether
+        the client left: a long prefill stops within one chunk of a hang-up, and the rows it
+        did are kept in the slot, so a retry resumes from them. Returns how many prompt tokens
+        were cached before, or None when cancelled."""
+        cached = self.engine.reuse_prefix(cache, prompt)
+        for start in range(cached, len(prompt), PREFILL_CHUNK):
+            if sink.cancelled:
+                return None
+            self.engine.prefill(cache, prompt[start : start + PREFILL_CHUNK])
+        return cached
 
     def warm_up(self) -> None:
         """Run one tiny generation so the first request does not pay for JIT compilation;

@@ -41,6 +41,8 @@ class ServeConfig:
     kv_cache_dir: str | None = None  # spill evicted slots to sidecar files here
     kv_disk_slots: int = 8
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    stream_start_after: float = 3.0  # seconds a streamed request waits before its stream opens
+    keepalive_every: float = 10.0  # seconds between keep-alives on an open stream with no events
 
 
 class ConnectionGate:

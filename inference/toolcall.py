@@ -4,9 +4,10 @@ the convention of the qwen2 and qwen3 families' chat templates.
 :class:`ToolCallScanner` captures call regions in a reply's text as it streams: plain text
 passes through at once (except what may be the start of a marker), each call is reported as
 soon as its closing marker arrives, and a region whose JSON is not a call passes through as
-plain text, markers intact. :func:`forced_call_grammar` compiles "the reply is exactly one
-call to one of these tools" into a Lark grammar for llguidance, its argument numbers
-digit-bounded like a ``response_format`` schema's.
+plain text, markers intact; a reply that is exactly one call written without the markers
+(bare JSON or a fenced json block) is a call too. :func:`forced_call_grammar` compiles "the
+reply is exactly one call to one of these tools" into a Lark grammar for llguidance, its
+argument numbers digit-bounded like a ``response_format`` schema's.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from inference.constraints import bound_number_digits
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+FENCE = "```"
+FENCE_OPENERS = ("```", "```json")
 PERMISSIVE_ARGUMENTS = {"type": "object"}
 # The grammar of a non-enforced tool's arguments: any JSON object, spelled out as a recursive
 # schema because llguidance's own "any value" has open numbers, which the digit bounds cannot reach.
@@ -83,15 +86,59 @@ def parse_call(body: str) -> ToolCall | None:
     return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False))
 
 
+def bare_call(text: str) -> ToolCall | None:
+    """The call a whole reply makes without its markers: exactly one ``{"name": ...,
+    "arguments": {...}}`` object, bare or in a fenced json block (small models often drop
+    the tags; llama.cpp's Hermes parser accepts these too). None for anything else."""
+    body = text.strip()
+    if body.startswith(FENCE):
+        first_line, _, rest = body.partition("\n")
+        if first_line.strip() not in FENCE_OPENERS or not rest.rstrip().endswith(FENCE):
+            return None
+        body = rest.rstrip()[: -len(FENCE)]
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or set(value) != {"name", "arguments"}:
+        return None  # a JSON answer that merely has a "name" is not a call
+    return parse_call(body)
+
+
+def _may_be_bare_call(lead: str) -> bool | None:
+    """Whether a reply opening as ``lead`` may still be a bare call (None: too early to say)."""
+    body = lead.lstrip()
+    if not body or (FENCE.startswith(body) and len(body) < len(FENCE)):
+        return None
+    if body.startswith("{"):
+        return True
+    if not body.startswith(FENCE):
+        return False
+    first_line, newline, _ = body.partition("\n")
+    return None if not newline else first_line.strip() in FENCE_OPENERS
+
+
 class ToolCallScanner:
-    """Splits streamed reply text into plain text and completed :class:`ToolCall` s."""
+    """Splits streamed reply text into plain text and completed :class:`ToolCall` s. A reply
+    that opens like a bare call (``{`` or a json fence) is held whole and becomes a call if it
+    is exactly one (:func:`bare_call`), else plain text."""
 
     def __init__(self):
         self._held = ""  # text that may start a call marker
         self._region: list[str] | None = None  # the text inside an open call region
+        self._lead: str | None = ""  # the reply's opening while it may be a bare call
 
     def feed(self, text: str) -> list[str | ToolCall]:
         """Route more text; returns the text pieces and calls that can be sent now, in order."""
+        if self._lead is not None:
+            self._lead += text
+            verdict = _may_be_bare_call(self._lead)
+            if verdict is not False:
+                return []  # held: undecided yet, or a bare call candidate (decided at the end)
+            text, self._lead = self._lead, None
+        return self._scan(text)
+
+    def _scan(self, text: str) -> list[str | ToolCall]:
         out: list[str | ToolCall] = []
         text = self._held + text
         self._held = ""
@@ -103,7 +150,14 @@ class ToolCallScanner:
         return out
 
     def flush(self) -> list[str | ToolCall]:
-        """The reply ended: an unclosed region passes through as plain text."""
+        """The reply ended: a held opening is a bare call or plain text; an unclosed region
+        passes through as plain text."""
+        if self._lead is not None:
+            lead, self._lead = self._lead, None
+            call = bare_call(lead)
+            if call is not None:
+                return [call]
+            return self._scan(lead) + self.flush()
         out: list[str | ToolCall] = []
         if self._region is not None:
             out.append(CALL_OPEN + "".join(self._region) + self._held)

@@ -139,6 +139,15 @@ class Finish:
 
 
 @dataclass(frozen=True)
+class ContextOverflow:
+    """A prompt that leaves no room to reply: each dialect words this in the form its clients
+    parse (they compact or trim the conversation on it)."""
+
+    prompt_tokens: int
+    n_ctx: int
+
+
+@dataclass(frozen=True)
 class Error:
     """The request failed; ``status`` is the HTTP status every dialect reports it with."""
 
@@ -147,6 +156,7 @@ class Error:
     code: str | None = None
     param: str | None = None
     retry_after: int | None = None  # seconds, for overload answers (429, 503)
+    overflow: ContextOverflow | None = None  # set for code "context_length_exceeded"
 
 
 Event = TextDelta | ReasoningDelta | ToolCallDelta | Finish | Error

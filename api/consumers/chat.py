@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from api.errors import ApiError
 from api.protocol.chat import ChatCompletionRequest, ChatEncoder
-from api.sse import SSE_HEADERS, data_frame
+from api.sse import data_frame
 from inference.pipe import StreamPipe
 from inference.types import Event, Finish, GenerationRequest, ReasoningDelta, TextDelta, ToolCallDelta
 
@@ -13,6 +15,10 @@ from .generation import GenerationConsumer, collect_reply, failure
 
 class ChatCompletionsConsumer(GenerationConsumer):
     """One Chat Completions request, streamed (SSE) or answered whole."""
+
+    @cached_property
+    def stream_encoder(self) -> ChatEncoder:
+        return ChatEncoder(self.service.model_id)
 
     def parse(self, body: dict):
         return ChatCompletionRequest.parse(body)
@@ -33,16 +39,20 @@ class ChatCompletionsConsumer(GenerationConsumer):
         else:
             await self.send_error(failure(reply.end))
 
+    def opening_frames(self, request: ChatCompletionRequest) -> bytes:
+        """A stream opened before the first token starts with the role chunk, as OpenAI's do."""
+        return data_frame(self.stream_encoder.role_chunk())
+
     async def stream(self, request: ChatCompletionRequest, pipe: StreamPipe, event: Event | None) -> None:
-        encoder = ChatEncoder(self.service.model_id)
-        await self.start_stream(SSE_HEADERS)
+        encoder = self.stream_encoder
+        await self.open_stream(request)
         while isinstance(event, (TextDelta, ReasoningDelta, ToolCallDelta)):
             if isinstance(event, ToolCallDelta):
                 await self.send_chunk(data_frame(encoder.tool_call_chunk(event)))
             else:
                 field = "content" if isinstance(event, TextDelta) else "reasoning_content"
                 await self.send_chunk(data_frame(encoder.delta_chunk(event.text, field)))
-            event = await pipe.get()
+            event = await self.next_event(request, pipe)
         if not isinstance(event, Finish):
             # Mid-stream failure: in-band, as a data frame with a top-level error key.
             await self.end_stream(data_frame(failure(event).openai_payload()))

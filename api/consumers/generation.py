@@ -2,8 +2,14 @@
 worker's events in the endpoint's dialect (a stream, or one object at the end).
 
 A dialect consumer supplies the parser, the mapping onto the dialect-free GenerationRequest
-and its encoders; queueing, cancellation and the lazy start of streams live here. Dialects
-whose streams are named events (Responses, Anthropic Messages) only supply an EventEncoder.
+and its encoders; queueing, cancellation and the start of streams live here. Dialects whose
+streams are named events (Responses, Anthropic Messages) only supply an EventEncoder.
+
+A stream starts lazily, with the first event, so a failure that comes fast (a full queue, a
+bad grammar) is still a plain JSON error. A streamed request that waits longer than
+``--stream-start-after`` (in the queue or in prefill) starts its stream anyway, and any open
+stream sends a keep-alive every ``--keepalive`` seconds without events: clients with idle
+timeouts (Claude Code, proxies) then wait instead of giving up and retrying.
 """
 
 from __future__ import annotations
@@ -87,9 +93,8 @@ class GenerationConsumer(ApiConsumer):
         if pipe is None:
             return
         try:
-            # Nothing is sent before the first event: an early failure is still a plain JSON error.
-            first = await pipe.get()
-            if isinstance(first, Error):
+            first = await self.next_event(request, pipe) if request.stream else await pipe.get()
+            if isinstance(first, Error) and not self._headers_sent:
                 await self.send_error(ApiError.from_event(first))
             elif request.stream:
                 await self.stream(request, pipe, first)
@@ -102,6 +107,42 @@ class GenerationConsumer(ApiConsumer):
     def client_gone(self) -> None:
         if self.job is not None:
             self.service.cancel(self.job)
+
+    # -- streams ---------------------------------------------------------------------------
+    def opening_frames(self, request: Any) -> bytes:
+        """The frames a stream starts with (before any reply text)."""
+        return b""
+
+    def keepalive_frame(self) -> bytes:
+        """What an idle open stream sends: an SSE comment, which every SSE reader skips."""
+        return b": keep-alive\n\n"
+
+    async def open_stream(self, request: Any) -> None:
+        """Send the stream's headers and opening frames, once."""
+        if self._headers_sent:
+            return
+        await self.start_stream(SSE_HEADERS)
+        opening = self.opening_frames(request)
+        if opening:
+            await self.send_chunk(opening)
+
+    async def next_event(self, request: Any, pipe: StreamPipe) -> Event | None:
+        """The next event of a streamed reply. While none comes, the stream is opened after
+        ``stream_start_after`` seconds and kept alive every ``keepalive_every`` seconds."""
+        config = self.service.config
+        waiting = asyncio.ensure_future(pipe.get())
+        try:
+            while True:
+                delay = config.keepalive_every if self._headers_sent else config.stream_start_after
+                done, _ = await asyncio.wait({waiting}, timeout=delay)
+                if done:
+                    return waiting.result()
+                if self._headers_sent:
+                    await self.send_chunk(self.keepalive_frame())
+                else:
+                    await self.open_stream(request)
+        finally:
+            waiting.cancel()  # the request itself was cancelled (no-op once done)
 
     async def _enqueue(self, request: Any) -> StreamPipe | None:
         """Validate against the model and queue the job; None once an error was sent."""
@@ -147,6 +188,10 @@ class EventStreamConsumer(GenerationConsumer):
     """The dialects whose streams are named events (Responses, Anthropic Messages): a
     non-streamed reply runs through the same encoder and answers with its final object."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._stream_encoder: EventEncoder | None = None
+
     def encoder(self, request: Any) -> EventEncoder:
         raise NotImplementedError
 
@@ -161,16 +206,23 @@ class EventStreamConsumer(GenerationConsumer):
         else:
             await self.send_error(failure(event))
 
+    def stream_encoder(self, request: Any) -> EventEncoder:
+        """The encoder of this request's stream (made once: the stream may open early)."""
+        if self._stream_encoder is None:
+            self._stream_encoder = self.encoder(request)
+        return self._stream_encoder
+
+    def opening_frames(self, request: Any) -> bytes:
+        return event_frames(self.stream_encoder(request).start())
+
     async def stream(self, request: Any, pipe: StreamPipe, event: Event | None) -> None:
-        encoder = self.encoder(request)
-        await self.start_stream(SSE_HEADERS)
-        events = encoder.start()
+        encoder = self.stream_encoder(request)
+        await self.open_stream(request)
         while isinstance(event, (TextDelta, ReasoningDelta, ToolCallDelta)):
-            await self.send_chunk(event_frames(events + encoder.delta(event)))
-            events = []
-            event = await pipe.get()
+            await self.send_chunk(event_frames(encoder.delta(event)))
+            event = await self.next_event(request, pipe)
         if isinstance(event, Finish):
-            await self.end_stream(event_frames(events + encoder.finish(event)))
+            await self.end_stream(event_frames(encoder.finish(event)))
         else:
             # Mid-stream failure: in-band, in the dialect's own failure events.
-            await self.end_stream(event_frames(events + encoder.fail(failure(event))))
+            await self.end_stream(event_frames(encoder.fail(failure(event))))

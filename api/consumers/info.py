@@ -2,24 +2,41 @@
 
 from __future__ import annotations
 
-from api.errors import ApiError, not_found
+from datetime import UTC, datetime
+
+from api.errors import ApiError, is_anthropic_client, not_found
 
 from .base import ApiConsumer
 
 
 def model_object(service) -> dict:
     """The one model this process serves, as OpenAI's model object."""
+    return {"id": service.model_id, "object": "model", "created": _created(service), "owned_by": "lmserve"}
+
+
+def anthropic_model_object(service) -> dict:
+    """The same model as Anthropic's model object (``created_at`` is RFC 3339)."""
+    created = datetime.fromtimestamp(_created(service), tz=UTC).isoformat().replace("+00:00", "Z")
+    return {"type": "model", "id": service.model_id, "display_name": service.model_id, "created_at": created}
+
+
+def _created(service) -> int:
     try:
-        created = int(service.model_path.stat().st_mtime)
+        return int(service.model_path.stat().st_mtime)
     except OSError:
-        created = 0
-    return {"id": service.model_id, "object": "model", "created": created, "owned_by": "lmserve"}
+        return 0
 
 
 class ModelListConsumer(ApiConsumer):
-    """GET /v1/models: a list with exactly the loaded model."""
+    """GET /v1/models: a list with exactly the loaded model, in Anthropic's paged shape when an
+    Anthropic client asks (it sends ``anthropic-version``), else in OpenAI's."""
 
     async def respond(self, body: bytes) -> None:
+        if is_anthropic_client(self.scope["headers"]):
+            model = anthropic_model_object(self.service)
+            page = {"data": [model], "has_more": False, "first_id": model["id"], "last_id": model["id"]}
+            await self.send_json(200, page)
+            return
         await self.send_json(200, {"object": "list", "data": [model_object(self.service)]})
 
 
@@ -36,7 +53,8 @@ class ModelConsumer(ApiConsumer):
                 )
             )
             return
-        await self.send_json(200, model_object(self.service))
+        anthropic = is_anthropic_client(self.scope["headers"])
+        await self.send_json(200, (anthropic_model_object if anthropic else model_object)(self.service))
 
 
 class HealthConsumer(ApiConsumer):

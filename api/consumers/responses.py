@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from api.errors import ApiError
 from api.protocol.responses import ResponsesRequest
 from api.protocol.responses_encoder import ResponsesEncoder
 
@@ -19,3 +22,9 @@ class ResponsesConsumer(EventStreamConsumer):
 
     def encoder(self, request: ResponsesRequest) -> ResponsesEncoder:
         return ResponsesEncoder(self.service.model_id, request)
+
+    async def send_error(self, error: ApiError) -> None:
+        # The backend names the conversation 'messages'; on this endpoint it is 'input'.
+        if error.param == "messages":
+            error = replace(error, param="input")
+        await super().send_error(error)

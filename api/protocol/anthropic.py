@@ -6,9 +6,13 @@ blocks are dropped, like replayed reasoning items), temperature, top_p, top_k, t
 max_tokens, stop_sequences, stream and thinking (enabled / adaptive switch the reasoning
 channel on where the model has one; a no-op elsewhere), output_config.format, an assistant
 prefill (a final assistant message, which the reply continues), and client tools
-(:mod:`api.protocol.anthropic_tools`; dropped on a model without a tool convention). metadata
-and service_tier are ignored. Images, documents and server tools are refused (400). The
-encoders live in :mod:`api.protocol.anthropic_encoder`.
+(:mod:`api.protocol.anthropic_tools`; dropped on a model without a tool convention). Client
+metadata (Claude Code's ``x-anthropic-billing-header:`` system block) is dropped before
+rendering. Bookkeeping and hosted-service fields (metadata, service_tier, cache_control,
+inference_geo, speed, diagnostics, context_management, compaction, fallbacks, user_profile_id,
+workspace_id, output_config.effort) are ignored. Images, documents, server tools, mcp_servers
+and container are refused (400); ``thread`` is answered as the real API answers a request
+threads cannot serve. The encoders live in :mod:`api.protocol.anthropic_encoder`.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from inference.types import GenerationRequest, Message
 from . import fields as f
 from .anthropic_tools import (
     SERVER_TOOL_PREFIXES,
+    check_tool_results,
     parse_anthropic_tool_choice,
     parse_anthropic_tools,
     tool_result_message,
@@ -35,7 +40,11 @@ from .formats import one_constraint, parse_format
 ROLES = ("user", "assistant")
 DROPPED_BLOCKS = ("thinking", "redacted_thinking")  # earlier reasoning never reaches the prompt
 MEDIA_BLOCKS = {"image": "image input", "document": "document input", "search_result": "search results"}
-THINKING_TYPES = ("enabled", "adaptive", "disabled")
+THINKING_TYPES = ("enabled", "adaptive", "between_tools", "disabled")
+# Claude Code's first system block is client metadata that changes with every prompt: rendered,
+# it would defeat the prompt cache for everything after it.
+CLIENT_METADATA_PREFIX = "x-anthropic-billing-header:"
+THREADS = "this server is stateless and holds no thread; send the whole conversation without 'thread'"
 BLOCK_SEPARATOR = "\n"  # text blocks are separate pieces of text: never glue words together
 
 
@@ -64,6 +73,7 @@ class MessagesRequest:
         """Validate a decoded JSON object (a count_tokens body when ``count_only``: no
         max_tokens, no sampling); the first problem found is returned as an ApiError."""
         try:
+            refuse_thread(body)
             _refuse_unsupported(body)
             max_tokens = None if count_only else f.integer(body, "max_tokens", lo=1)
             if max_tokens is None and not count_only:
@@ -72,6 +82,7 @@ class MessagesRequest:
                 )
             tools, forced = parse_anthropic_tool_choice(body, parse_anthropic_tools(body))
             messages, prefill = parse_messages(body.get("messages"))
+            check_tool_results(body["messages"])
             output_format = _parse_output_format(body)
             if prefill and output_format is not None:
                 message = f"'{output_format.param}' cannot be combined with a prefilled assistant message"
@@ -120,6 +131,23 @@ class MessagesRequest:
 
 
 # -- refused and not-yet-implemented parameters ---------------------------------------------
+def refuse_thread(body: dict) -> None:
+    """``thread`` (the message-threads beta) asks for server-held conversation state. Answered
+    as the real API answers a request threads cannot serve, so the SDK's tool runner resends
+    the whole conversation unthreaded; a ``continue`` names a thread this server never holds."""
+    thread = body.get("thread")
+    if thread is None or thread is False:
+        return
+    if not isinstance(thread, dict):
+        raise f.wrong_type("thread", "an object", thread)
+    if f.string(thread, "type", "thread.type") == "continue":
+        previous = f.string(thread, "previous_message_id", "thread.previous_message_id")
+        message = f"thread not found for previous_message_id {previous!r}: {THREADS}"
+        raise Invalid(ApiError(404, message, "thread", "thread_not_found", detail_code="thread_not_found"))
+    code = "thread_unsupported_request"
+    raise Invalid(ApiError(400, f"'thread' is not supported: {THREADS}", "thread", code, detail_code=code))
+
+
 def _refuse_unsupported(body: dict) -> None:
     if f.array(body, "mcp_servers"):
         raise Invalid(unsupported("mcp_servers", "(server-side MCP tools) is not supported"))
@@ -176,7 +204,9 @@ def parse_system(value: object) -> str | None:
         kind = f.string(block, "type", f"{at}.type")
         if kind != "text":
             raise f.invalid_value(f"{at}.type", kind, "'text'")
-        texts.append(_text_of(block, at))
+        text = _text_of(block, at)
+        if not text.startswith(CLIENT_METADATA_PREFIX):
+            texts.append(text)
     return BLOCK_SEPARATOR.join(texts)
 
 

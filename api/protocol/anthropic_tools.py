@@ -99,3 +99,26 @@ def without_tools(messages: tuple[Message, ...]) -> tuple[Message, ...]:
         else:
             plain.append(message)
     return tuple(plain)
+
+
+def check_tool_results(items: list) -> None:
+    """Every ``tool_result`` answers a ``tool_use`` of the message just before it, as the real
+    API requires: a result without its call (a history cut short, or a threaded turn sent to a
+    stateless server) is a 400 rather than a reply made without the call in view. ``items``
+    are the already validated raw messages."""
+    previous: set[str] = set()
+    for i, item in enumerate(items):
+        blocks = item["content"] if isinstance(item["content"], list) else []
+        ids = [block.get("id") for block in blocks if block.get("type") == "tool_use"]
+        for j, block in enumerate(blocks):
+            if block.get("type") != "tool_result" or block.get("tool_use_id") in previous:
+                continue
+            at = f"messages[{i}].content[{j}]"
+            raise Invalid(
+                bad_request(
+                    f"'{at}': unexpected tool_use_id {block.get('tool_use_id')!r} in a tool_result block: "
+                    "each tool_result must answer a tool_use block of the previous message",
+                    f"{at}.tool_use_id",
+                )
+            )
+        previous = set(ids) if item["role"] == "assistant" else set()

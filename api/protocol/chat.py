@@ -140,7 +140,7 @@ def _refuse_unsupported(body: dict) -> None:
         raise Invalid(unsupported("n", "> 1 is not supported: this server returns one choice"))
     if f.boolean(body, "logprobs"):
         raise Invalid(unsupported("logprobs"))
-    if body.get("top_logprobs") is not None:
+    if f.integer(body, "top_logprobs", lo=0):  # 0 asks for nothing, as on Responses
         raise Invalid(unsupported("top_logprobs"))
     if f.obj(body, "logit_bias"):
         raise Invalid(unsupported("logit_bias"))
@@ -261,6 +261,11 @@ class ChatEncoder:
             message["reasoning_content"] = reasoning
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
         return self._envelope("chat.completion", [choice], usage=usage_payload(usage))
+
+    def role_chunk(self) -> dict:
+        """The chunk that opens a stream before any text: the role and empty content."""
+        self._role_sent = True
+        return self._chunk({"role": "assistant", "content": ""}, None)
 
     def delta_chunk(self, text: str, field: str = "content") -> dict:
         """A content (or reasoning_content) delta; the first one of the stream also carries

@@ -4,9 +4,9 @@
 with ``type`` and a monotonic ``sequence_number``) and keeps the response object they build.
 A non-streamed reply runs through the same machine and answers with its final object, so the
 two shapes cannot drift apart. Reasoning (ReasoningDelta) is its own output item ahead of the
-message; the message item is always present, empty if the reply was. Each completed function
-call (ToolCallDelta) closes the message and becomes a ``function_call`` item after it, its
-arguments sent whole in one delta.
+message; the message item is present, empty if the reply was, unless the reply made calls.
+Each completed function call (ToolCallDelta) closes the open item and becomes a
+``function_call`` item after it, its arguments sent whole in one delta.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from .responses_tools import tools_echo
 def usage_payload(usage: Usage) -> dict:
     return {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        # Nothing is written to a cache the way OpenAI bills cache writes: always 0.
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.total_tokens,
@@ -110,7 +111,8 @@ class ResponsesEncoder:
     def finish(self, finish: Finish) -> list[dict]:
         """Close the open items and end with response.completed (or .incomplete on the budget)."""
         complete = finish.reason != "length"
-        events = [] if self._has_message() else self._switch_to("message")
+        answered = any(item.kind in ("message", "function_call") for item in self.items)
+        events = [] if answered else self._switch_to("message")
         events += self._close(self.items[-1], "completed" if complete else "incomplete")
         status = "completed" if complete else "incomplete"
         details = None if complete else {"reason": "max_output_tokens"}
@@ -132,13 +134,10 @@ class ResponsesEncoder:
         return events
 
     # -- items -----------------------------------------------------------------------------
-    def _has_message(self) -> bool:
-        return any(item.kind == "message" for item in self.items)
-
     def _function_call(self, event: ToolCallDelta) -> list[dict]:
-        """Close the message (present even if empty), then the whole function_call item."""
-        events = [] if self._has_message() else self._switch_to("message")
-        events += self._close(self.items[-1], "completed")
+        """Close the open item, then the whole function_call item (a reply that is only calls
+        has no message item, as with OpenAI's)."""
+        events = self._close(self.items[-1], "completed") if self.items else []
         item = OutputItem("function_call", f"fc_{uuid.uuid4().hex}", len(self.items), call=event)
         self.items.append(item)
         where = {"item_id": item.id, "output_index": item.index}
@@ -196,7 +195,7 @@ class ResponsesEncoder:
     def _response(self, status: str, usage=None, error=None, incomplete_details=None) -> dict:
         request = self.request
         done = status not in ("in_progress", "queued")
-        return {
+        response = {
             "id": self.id,
             "object": "response",
             "created_at": self.created_at,
@@ -220,7 +219,8 @@ class ResponsesEncoder:
             "tools": tools_echo(request.declared_tools),
             "top_p": request.top_p,
             "truncation": "disabled",
-            "usage": usage,
-            "user": None,
             "metadata": {},
         }
+        if usage is not None:  # the published schema has no null usage: absent until known
+            response["usage"] = usage
+        return response

@@ -196,7 +196,7 @@ def test_reasoning_is_its_own_output_item_ahead_of_the_message():
     assert [e["output_index"] for e in events if e["type"].endswith(".delta")] == [0, 0, 1, 1]
     assert encoder.response["usage"] == {
         "input_tokens": 30,
-        "input_tokens_details": {"cached_tokens": 12},
+        "input_tokens_details": {"cached_tokens": 12, "cache_write_tokens": 0},
         "output_tokens": 7,
         "output_tokens_details": {"reasoning_tokens": 3},
         "total_tokens": 37,

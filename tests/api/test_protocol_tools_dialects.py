@@ -138,9 +138,16 @@ def test_function_call_item_follows_the_message_and_replays_through_the_sdk():
     assert final.status == "completed" and final.output[1].arguments == call["arguments"]
 
 
-def test_a_call_only_reply_still_has_a_message_item_first():
-    encoder, _ = run_responses([ReasoningDelta("hm"), CALL, Finish("tool_calls", USAGE)])
-    assert [item["type"] for item in encoder.response["output"]] == ["reasoning", "message", "function_call"]
+def test_a_call_only_reply_has_no_message_item():
+    # As OpenAI's: the Agents SDK would show an empty message item as an empty assistant turn.
+    encoder, events = run_responses([ReasoningDelta("hm"), CALL, Finish("tool_calls", USAGE)])
+    assert [item["type"] for item in encoder.response["output"]] == ["reasoning", "function_call"]
+    assert [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"] == [
+        "reasoning",
+        "function_call",
+    ]
+    encoder, _ = run_responses([TextDelta("Sure."), CALL, Finish("tool_calls", USAGE)])
+    assert [item["type"] for item in encoder.response["output"]] == ["message", "function_call"]
 
 
 def test_response_object_echoes_the_tools():

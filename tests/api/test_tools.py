@@ -66,6 +66,19 @@ def test_round_trip(oai):
     assert "21" in answer.choices[0].message.content
 
 
+def test_an_auto_call_written_without_tags_is_a_call(oai):
+    # Under "auto" the 0.5B coder writes the call as bare JSON, without <tool_call> tags; as
+    # llama.cpp's Hermes parser does, a reply that is exactly one call is taken as the call.
+    reply = oai.chat.completions.create(
+        model="m", messages=ASK_WEATHER, tools=[WEATHER, TIME], max_tokens=80, temperature=0
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message.content
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and choice.message.content is None
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_SCHEMA)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_forced_calls_are_always_one_valid_call(oai, choice, temperature):

@@ -1,15 +1,26 @@
 """Function calling on the Responses and Anthropic Messages dialects, through the real SDKs on
 live servers: Qwen2.5-Coder (Hermes <tool_call>) for round trips, streamed calls and forced
 calls (always one call whose arguments match the schema), and the default SmolLM2 (no tool
-convention), where Anthropic tools are accepted and dropped while Responses tools are a 400."""
+convention), where Anthropic tools are accepted and dropped while Responses tools are a 400.
+The frameworks' default loops (the anthropic tool runner, the OpenAI Agents SDK) run here too."""
 
 from __future__ import annotations
 
 import json
 
+import anthropic
 import jsonschema
 import openai
 import pytest
+from agents import (
+    Agent,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
 
 from tests.api.conftest import (
     API_KEY,
@@ -64,6 +75,7 @@ def test_responses_round_trip(oai):
         temperature=0,
     )
     (call,) = calls_of(first)
+    assert [item.type for item in first.output] == ["function_call"]  # no empty message item
     assert first.status == "completed" and call.name == "get_weather"
     assert json.loads(call.arguments)["city"] == "Paris"
     follow_up = [
@@ -181,6 +193,69 @@ def test_anthropic_forced_calls_always_match_the_schema(claude, choice, temperat
         assert tool_use.name == "get_weather"
     if tool_use.name == "get_weather":
         jsonschema.validate(tool_use.input, WEATHER_SCHEMA)
+
+
+def test_anthropic_tool_runner_round_trip(claude, model_server):
+    # anthropic 2.x's runner threads by default; refused, it resends whole, unthreaded turns.
+    asked = []
+
+    @anthropic.beta_tool
+    def get_weather(city: str, unit: str) -> str:
+        """Current weather in a city.
+
+        Args:
+            city: The city.
+            unit: celsius or fahrenheit.
+        """
+        asked.append(city)
+        return RESULT
+
+    logged = len(model_server.logs())
+    runner = claude.beta.messages.tool_runner(
+        model="m",
+        max_tokens=80,
+        messages=ASK_WEATHER,
+        tools=[get_weather],
+        max_iterations=3,
+        extra_body={"temperature": 0},
+    )
+    final = runner.until_done()
+    assert asked == ["Paris"]  # the auto turn's call ran (written without tags by this model)
+    assert final.stop_reason in ("end_turn", "max_tokens") and "21" in anthropic_text(final)
+    statuses = [
+        line.split()[2] for line in model_server.logs()[logged:].splitlines() if "POST /v1/messages" in line
+    ]
+    assert statuses == ["400", "200", "200"]  # thread refused, then two whole turns
+
+
+@pytest.mark.parametrize("api", ["chat_completions", "responses"])
+def test_openai_agents_tool_loop(model_server, api):
+    # The Agents SDK's default loop: tool_choice auto, the call run, the answer from its result.
+    set_tracing_disabled(True)  # it would upload traces to OpenAI
+    asked = []
+
+    @function_tool
+    def get_weather(city: str, unit: str) -> str:
+        """Current weather in a city.
+
+        Args:
+            city: The city.
+            unit: celsius or fahrenheit.
+        """
+        asked.append(city)
+        return RESULT
+
+    client = openai.AsyncOpenAI(
+        base_url=model_server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=600
+    )
+    model = (OpenAIChatCompletionsModel if api == "chat_completions" else OpenAIResponsesModel)("m", client)
+    settings = ModelSettings(temperature=0, max_tokens=80)
+    agent = Agent(name="weather", tools=[get_weather], model=model, model_settings=settings)
+    result = Runner.run_sync(agent, ASK_WEATHER[0]["content"], max_turns=3)
+    assert asked == ["Paris"] and "21" in result.final_output
+    messages = [item for item in result.new_items if item.type == "message_output_item"]
+    assert [item.type for item in result.new_items][0] == "tool_call_item"  # no empty message first
+    assert all(item.raw_item.content for item in messages)
 
 
 # -- a model without a tool convention -----------------------------------------------------------

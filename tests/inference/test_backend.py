@@ -58,6 +58,14 @@ def test_validate_clamps_the_budget_to_the_context(backend):
     assert (
         isinstance(too_long, Error) and too_long.status == 400 and too_long.code == "context_length_exceeded"
     )
+    # Worded as OpenAI words it (old and new forms), which LangChain and litellm recognise.
+    n = too_long.overflow.prompt_tokens
+    assert too_long.overflow.n_ctx == 256 and n > 256
+    assert (
+        f"maximum context length is 256 tokens. However, your messages resulted in {n} tokens"
+        in too_long.message
+    )
+    assert "Input tokens exceed the configured limit of 256 tokens" in too_long.message
 
 
 def test_natural_end_budget_end_and_stop_string(backend):
@@ -130,3 +138,33 @@ def test_prompts_without_control_texts_tokenize_as_before(backend):
     ]
     engine = backend.engine
     assert engine.encode_chat(messages) == engine.encode_prompt(engine.render_chat(messages))
+
+
+class HangUpDuringPrefill(RecordingSink):
+    """A client that hangs up once the backend has asked ``after`` times whether it left."""
+
+    def __init__(self, after: int):
+        super().__init__()
+        self.asked, self.after = 0, after
+
+    @property
+    def cancelled(self) -> bool:
+        self.asked += 1
+        return self.asked > self.after
+
+    @cancelled.setter
+    def cancelled(self, value: bool) -> None:
+        pass
+
+
+def test_a_hang_up_stops_prefill_between_chunks_and_keeps_the_rows():
+    backend = ConversationBackend(Engine.load(default_model_path()), n_ctx=1024, kv_slots=1)
+    request = GenerationRequest((Message("user", "word " * 700),), GREEDY, max_tokens=1)
+    prepared = backend.validate(request)
+    sink = HangUpDuringPrefill(after=2)  # two chunks run, then the client is gone
+    backend.generate(request, prepared, sink)
+    backend.slots.release()
+    assert sink.events == []  # no reply, no Finish: the request was cancelled
+    assert len(backend.slots.slots[0].tokens) == 2 * 256  # the rows prefilled before the hang-up
+    retry, _ = run(backend, request)
+    assert retry.events[-1].usage.cached_tokens == 512  # the retry resumes from them

@@ -80,6 +80,49 @@ def test_scanner_reports_each_call_as_it_closes():
     assert scanner.feed(': "b", "arguments": "{\\"x\\": 1}"}</tool_call>') == [ToolCall("b", '{"x": 1}')]
 
 
+BARE = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}'
+PARIS = ToolCall("get_weather", '{"city": "Paris", "unit": "c"}')
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        BARE,
+        "  " + BARE + "\n",
+        "```json\n" + BARE + "\n```",
+        "```\n" + BARE + "\n```\n",
+    ],
+)
+def test_a_reply_that_is_exactly_one_unmarked_call_is_a_call(reply):
+    # Small models under tool_choice auto often drop the <tool_call> tags (llama.cpp accepts these).
+    assert scan(list(reply)) == [PARIS]  # one character at a time: undecided openings are held
+    assert scan([reply]) == [PARIS]
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        BARE + " That is the call.",
+        "Call: " + BARE,
+        '{"name": "Bob", "age": 3}',
+        '{"name": "get_weather", "arguments": {}, "id": 1}',
+        "```python\nprint(1)\n```",
+        "```json\n" + BARE + "\n``` and more",
+        "{not json",
+    ],
+)
+def test_anything_else_that_looks_like_json_stays_text(reply):
+    assert scan(list(reply)) == [reply]
+
+
+def test_text_that_cannot_be_a_bare_call_streams_at_once():
+    scanner = ToolCallScanner()
+    assert scanner.feed("Hello") == ["Hello"]
+    fenced = ToolCallScanner()
+    assert fenced.feed("```py") == []  # undecided until the fence's language is known
+    assert fenced.feed("thon\n") == ["```python\n"]
+
+
 def test_parse_call_rejects_non_calls():
     assert parse_call('{"name": "f", "arguments": [1]}') is None
     assert parse_call('{"name": "", "arguments": {}}') is None

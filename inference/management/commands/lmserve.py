@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 from django.conf import settings
@@ -16,6 +17,16 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
     return value
 
 
@@ -138,6 +149,22 @@ class Command(BaseCommand):
             "(default: %(default)s)",
         )
 
+        parser.add_argument(
+            "--stream-start-after",
+            type=positive_seconds,
+            default=ServeConfig.stream_start_after,
+            help="open a streamed response (headers and the first event) once its request has "
+            "waited this long for its first token in the queue or in prefill, so clients see "
+            "progress; faster failures stay plain JSON errors (default: %(default)s)",
+        )
+        parser.add_argument(
+            "--keepalive",
+            type=positive_seconds,
+            default=ServeConfig.keepalive_every,
+            help="seconds between keep-alives (Anthropic ping events, SSE comments) on an open "
+            "stream that has nothing else to send (default: %(default)s)",
+        )
+
     def handle(self, *args, **options):
         settings.ALLOWED_HOSTS = allowed_hosts(options["host"], options["allowed_hosts"])
         prepare_database(self.stdout)
@@ -152,6 +179,8 @@ class Command(BaseCommand):
             kv_cache_dir=options["kv_cache_dir"],
             kv_disk_slots=options["kv_disk_slots"],
             max_body_bytes=getattr(settings, "LMSERVE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
+            stream_start_after=options["stream_start_after"],
+            keepalive_every=options["keepalive"],
         )
         try:
             service = InferenceService.from_config(config)
