@@ -92,3 +92,49 @@ def prefetch(typingctx, array, index):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _integer_arg(context, builder, value, from_type, to_type):
+    return context.cast(builder, value, from_type, to_type)
+
+
+@intrinsic
+def float_from_bits(typingctx, bits):
+    """The float32 whose bit pattern is ``bits`` (a scalar bitcast; numba has none)."""
+    if not isinstance(bits, types.Integer):
+        return None
+    sig = types.float32(bits)
+
+    def codegen(context, builder, signature, args):
+        word = _integer_arg(context, builder, args[0], signature.args[0], types.uint32)
+        return builder.bitcast(word, ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def bits_from_float(typingctx, value):
+    """The bit pattern (uint32) of a float32."""
+    if value != types.float32:
+        return None
+    sig = types.uint32(value)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
+@intrinsic
+def uint16_pointer(typingctx, address):
+    """A uint16 pointer at an integer address (for numba.carray over memory a caller keeps
+    alive: the KV caches of the rows of one forward live in separate arrays)."""
+    if not isinstance(address, types.Integer):
+        return None
+    sig = types.CPointer(types.uint16)(address)
+
+    def codegen(context, builder, signature, args):
+        word = _integer_arg(context, builder, args[0], signature.args[0], types.int64)
+        return builder.inttoptr(word, ir.IntType(16).as_pointer())
+
+    return sig, codegen

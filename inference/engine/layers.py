@@ -61,13 +61,28 @@ def to_f16_precision(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16).astype(np.float32)
 
 
+@numba.njit(cache=True)
+def rope_table_into(positions, n_rot, base, cos, sin):
+    """cos, sin (n, n_rot/2) of each position as ggml computes them: theta starts at the
+    position and is multiplied by base ** (-2 / n_rot) pair after pair, all in float32."""
+    theta_scale = np.float32(base) ** (np.float32(-2.0) / np.float32(n_rot))
+    for i in range(positions.shape[0]):
+        theta = np.float32(positions[i])
+        for j in range(n_rot // 2):
+            cos[i, j] = np.cos(theta)
+            sin[i, j] = np.sin(theta)
+            theta = theta * theta_scale
+
+
 def rope_angles(positions: np.ndarray, n_rot: int, base: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of each (position, pair) angle, computed as llama.cpp does in float32:
-    the per-pair frequency is a running product of ``base ** (-2 / n_rot)``."""
-    theta_scale = np.float32(base) ** np.float32(-2.0 / n_rot)
-    freqs = np.cumprod(np.full(n_rot // 2, theta_scale, np.float32), dtype=np.float32) / theta_scale
-    theta = positions.astype(np.float32)[:, None] * freqs[None, :]  # (n, n_rot/2)
-    return np.cos(theta), np.sin(theta)
+    """cos and sin (n, n_rot/2) of each (position, pair) angle, computed as ggml does in
+    float32: the angle starts at the position and is multiplied by ``base ** (-2 / n_rot)``
+    pair after pair; cosf and sinf of each."""
+    positions = np.ascontiguousarray(positions, np.int64).reshape(-1)
+    cos = np.empty((positions.shape[0], n_rot // 2), np.float32)  # (n, n_rot/2)
+    sin = np.empty_like(cos)  # (n, n_rot/2)
+    rope_table_into(positions, n_rot, float(base), cos, sin)
+    return cos, sin
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str) -> np.ndarray:
