@@ -15,7 +15,7 @@ import numba
 import numpy as np
 
 from .intdot import add_min_terms, dot_row_int
-from .layout import GroupLayout, dequantize_reference
+from .layout import GroupLayout
 from .quantize import ACT_Q8_0, round_row_int
 
 NO_BIAS = np.zeros(0, np.float32)
@@ -83,8 +83,3 @@ def float_matmul(weights: np.ndarray, values: np.ndarray) -> np.ndarray:
     out = np.empty((values.shape[0], weights.shape[0]), np.float32)  # (n, rows)
     _float_rows(weights, np.ascontiguousarray(values, np.float32), out)
     return out
-
-
-def matmul_reference(layout: GroupLayout, x: np.ndarray) -> np.ndarray:
-    """Plain numpy x @ W.T in float64 from the reference dequantization -> (n, rows) float64."""
-    return np.asarray(x, np.float64) @ dequantize_reference(layout).astype(np.float64).T
