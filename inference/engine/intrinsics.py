@@ -138,3 +138,18 @@ def uint16_pointer(typingctx, address):
         return builder.inttoptr(word, ir.IntType(16).as_pointer())
 
     return sig, codegen
+
+
+@intrinsic
+def fma32(typingctx, a, b, c):
+    """a * b + c in float32 rounded once (llvm.fma: the FMA instruction where the CPU has one,
+    else libm's exact fmaf), whatever fastmath setting the caller has."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        values = [context.cast(builder, v, t, types.float32) for v, t in zip(args, (a, b, c), strict=True)]
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3), "llvm.fma.f32")
+        return builder.call(fn, values)
+
+    return sig, codegen

@@ -112,12 +112,13 @@ def _matrix(qtype, rows: int, cols: int, seed: int):
     return load_matrix(qtype, random_quant_bytes(qtype, rows, cols, seed), (rows, cols))
 
 
+@pytest.mark.parametrize("n_rows", [1, 5])
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda q: q.name)
-def test_rows_stage_equals_matrix_matvec(qtype):
+def test_rows_stage_equals_matrix_matvec(qtype, n_rows):
     # Two stacked linears of one format (70 + 45 rows: tiles straddle them) with a bias on the
-    # second, for three input rows, against each matrix's own matvec of each row (the integer
-    # kernel or the float kernel): bitwise for block formats, whose products are exact sums.
-    cols, n_rows = 512, 3
+    # second, for one row and for five (a block of four plus one), against each matrix's own
+    # matvec of each row: bitwise for block formats, whose products are exact sums.
+    cols, padded = 512, 8  # the kernel's rounded inputs come in whole blocks of rows
     first, second = _matrix(qtype, 70, cols, 3), _matrix(qtype, 45, cols, 4)
     bias = np.random.default_rng(2).standard_normal(45).astype(np.float32)
     layer = LayerWeights((first, second, *[None] * 5), (None, bias, *[None] * 5), (np.ones(8),) * 4, None)
@@ -127,10 +128,10 @@ def test_rows_stage_equals_matrix_matvec(qtype):
     weights, linears = step.model.weights, step.model.linears[0, 0:3]
     x = np.random.default_rng(1).standard_normal((n_rows, cols)).astype(np.float32)
     rounded = sk.Rounded(
-        np.empty((3, n_rows, cols), np.float32),  # values
-        np.zeros((3, n_rows, cols), np.int16),  # integer codes
-        np.zeros((3, n_rows, cols // 16), np.float32),  # their scales
-        np.zeros((3, n_rows, cols // 16), np.float32),  # group sums
+        np.empty((3, padded, cols), np.float32),  # values
+        np.zeros((3, padded, cols), np.int16),  # integer codes
+        np.zeros((3, padded, cols // 16), np.float32),  # their scales
+        np.zeros((3, padded, cols // 16), np.float32),  # group sums
     )
     for n in range(n_rows):
         sk.round_inputs(linears, x[n], rounded, n)

@@ -11,16 +11,17 @@ from collections import namedtuple
 import numba
 import numpy as np
 
+from ..quants.intdot import ROW_BLOCK
 from .step_kernels import (
     ATTEND, COLS, DOWN, FFN, FFN_POST, FLAGS, GELU, HEAD_DIM, KV, N_FF, N_HEADS, N_KV, OUT, OUT_POST,
     POST_NORMS, PREP_DOWN, PREP_FFN, PREP_OUT, PREP_QKV, QKV, SLOT_DOWN, SLOT_GATE, SLOT_OUT, SLOT_Q,
-    SOLO_ROWS, STAGES_PER_LAYER, TILE_ROWS, Rounded, StepModel, StepRows, StepWeights, add_normed_stage,
+    SOLO_ROWS, STAGES_PER_LAYER, Rounded, StepModel, StepRows, StepWeights, add_normed_stage,
     attend_stage, ffn_stage, kv_stage, prepare_stage, rows_stage,
 )  # fmt: skip
 
 Scratch = namedtuple(
     "Scratch",
-    ["qkv", "attn", "act", "proj", "normed", "values", "ints", "int_scales", "sums", "q_buf", "scores", "tile", "all_rows"],
+    ["qkv", "attn", "act", "proj", "normed", "values", "ints", "int_scales", "sums", "q_buf", "scores", "all_rows"],
 )
 
 
@@ -45,7 +46,7 @@ def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo):
     else:
         rows_stage(w, out_lin, rounded, n_rows, x, True, counters, stage + OUT)
     prepare_stage(x, scratch.all_rows, model.norms[layer, 2], eps, ffn_lin, rounded, normed, solo, counters, stage + PREP_FFN)
-    ffn_stage(w, ffn_lin, rounded, dims[N_FF], dims[FLAGS] & GELU, scratch.tile[tid], scratch.act, counters, stage + FFN)
+    ffn_stage(w, ffn_lin, rounded, dims[N_FF], dims[FLAGS] & GELU, scratch.act, counters, stage + FFN)
     prepare_stage(scratch.act, scratch.all_rows, no_norm, eps, down_lin, rounded, normed, solo, counters, stage + PREP_DOWN)
     if post:
         rows_stage(w, down_lin, rounded, n_rows, scratch.proj, False, counters, stage + DOWN)
@@ -78,7 +79,7 @@ def _all_threads(n_threads, x, model, rows, scratch, logits, counters, solo):
     q, scales, mins, bias, floats, gelu = model.weights
     linears, head, norms, qk_norms, output_norm, layer_info, dims, eps, scale = model[1:]
     positions, caches, cos, sin, head_rows = rows
-    qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, tile, all_rows = scratch
+    qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, all_rows = scratch
     claimed, done = counters
     for tid in numba.prange(n_threads):
         run_stages(
@@ -86,7 +87,7 @@ def _all_threads(n_threads, x, model, rows, scratch, logits, counters, solo):
             StepModel(StepWeights(q, scales, mins, bias, floats, gelu), linears, head, norms, qk_norms,
                       output_norm, layer_info, dims, eps, scale),
             StepRows(positions, caches, cos, sin, head_rows),
-            Scratch(qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, tile, all_rows),
+            Scratch(qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, all_rows),
             logits, (claimed, done), solo,
         )  # fmt: skip
 
@@ -102,19 +103,19 @@ def forward_rows(n_threads, x, model, rows, logits):
     n_stages = (model.linears.shape[0] + 1) * STAGES_PER_LAYER
     solo = n_rows <= SOLO_ROWS
     copies = n_threads if solo else 1
+    padded = -(-n_rows // ROW_BLOCK) * ROW_BLOCK  # rounded inputs: whole blocks of rows, zero padding
     scratch = Scratch(
         np.empty((n_rows, (n_heads + 2 * dims[N_KV]) * hd), np.float32),  # (N, q|k|v)
         np.empty((n_rows, n_heads * hd), np.float32),  # (N, heads * hd) attention output
         np.empty((n_rows, dims[N_FF]), np.float32),  # (N, n_ff) activated gate * up
         np.empty((n_rows, n_embd), np.float32),  # (N, n_embd) a product before its post norm
         np.empty((n_threads, n_embd), np.float32),  # (threads, n_embd) a normed row
-        np.empty((copies, 3, n_rows, max_cols), np.float32),  # (copies, slots, N, cols) rounded inputs
-        np.zeros((copies, 3, n_rows, max_cols), np.int16),  # their integer codes
-        np.zeros((copies, 3, n_rows, max_cols // 16), np.float32),  # (copies, slots, N, groups) code scales
-        np.zeros((copies, 3, n_rows, max_cols // 16), np.float32),  # group sums
+        np.empty((copies, 3, padded, max_cols), np.float32),  # (copies, slots, rows, cols) rounded inputs
+        np.zeros((copies, 3, padded, max_cols), np.int16),  # their integer codes
+        np.zeros((copies, 3, padded, max_cols // 16), np.float32),  # (copies, slots, rows, groups) code scales
+        np.zeros((copies, 3, padded, max_cols // 16), np.float32),  # group sums
         np.empty((n_threads, hd), np.float32),  # (threads, hd) one q head
         np.empty((n_threads, rows.positions.max() + 1), np.float32),  # (threads, keys) scores
-        np.empty((n_threads, 2, TILE_ROWS), np.float32),  # (threads, gate|up, tile)
         np.arange(n_rows),  # (N,) every row, in order
     )
     counters = (np.zeros(n_stages, np.int64), np.zeros(n_stages, np.int64))  # claimed, done per stage

@@ -14,7 +14,7 @@ import functools
 import numba
 import numpy as np
 
-from .intdot import add_min_terms, dot_row_int
+from .intdot import dot_row_int, min_sum
 from .layout import GroupLayout
 from .quantize import ACT_Q8_0, round_row_int
 
@@ -26,7 +26,7 @@ def matrows_kernel(group_shift: int, has_mins: bool, kind: int = ACT_Q8_0):
     """The round + product kernel for groups of ``1 << group_shift`` weights and activation
     rounding ``kind`` (an integer kind: every block format's; numba caches each variant)."""
 
-    @numba.njit(parallel=True, fastmath=True, cache=True)
+    @numba.njit(parallel=True, cache=True)
     def matrows(q, scales, mins, x, bias, out):
         n, cols = x.shape
         n_groups = scales.shape[1]
@@ -45,7 +45,7 @@ def matrows_kernel(group_shift: int, has_mins: bool, kind: int = ACT_Q8_0):
                     q_flat, r * cols, codes[t], scales_flat, r * n_groups, code_scales[t], n_groups, group_shift
                 )
                 if has_mins:
-                    acc = add_min_terms(acc, mins_flat, r * n_groups, group_sums[t], n_groups)
+                    acc += min_sum(mins_flat, r * n_groups, group_sums[t], n_groups)
                 if bias.shape[0]:
                     acc += bias[r]
                 out[t, r] = acc
