@@ -129,7 +129,7 @@ def test_rows_stage_equals_matrix_matvec(qtype, n_rows):
     x = np.random.default_rng(1).standard_normal((n_rows, cols)).astype(np.float32)
     rounded = sk.Rounded(
         np.empty((3, padded, cols), np.float32),  # values
-        np.zeros((3, padded, cols), np.int16),  # integer codes
+        np.zeros((3, padded, cols), np.int8),  # integer codes
         np.zeros((3, padded, cols // 16), np.float32),  # their scales
         np.zeros((3, padded, cols // 16), np.float32),  # group sums
     )

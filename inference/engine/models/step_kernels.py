@@ -32,7 +32,9 @@ import numpy as np
 
 from ..intrinsics import prefetch, uint16_pointer
 from ..layers import silu_one
-from ..quants.intdot import ROW_BLOCK, dot_row_int, dot_rows_int, min_sum, min_sums_block
+from ..quants.intdot import (
+    ROW_BLOCK, dot_pair_int, dot_row_int, dot_rows_int, min_sum, min_sums_pair, min_sums_tile,
+)  # fmt: skip
 from ..quants.quantize import round_row, round_row_int
 from ..worksharing import claim, mark_done, wait_done
 from .kernels import attend_head, rope_inplace, round_f16_inplace, store_half
@@ -72,38 +74,69 @@ Rounded = namedtuple("Rounded", ["values", "ints", "int_scales", "sums"])
 
 
 @numba.njit(cache=True)
-def _dot_tile_grouped(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, block, min_block):
+def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_block):
+    """One activation row: weight rows two at a time (two independent sums in flight)."""
+    q, scales, mins = weights.q, weights.scales, weights.mins
+    cols, shift = lin[COLS], lin[SHIFT]
+    groups = cols >> shift
+    codes, code_scales, group_sums = rounded.ints[k, 0], rounded.int_scales[k, 0], rounded.sums[k, 0]
+    ahead = max(1, PREFETCH_BYTES // cols) * cols
+    end = lin[Q_OFF] + lin[ROWS] * cols
+    has_mins, has_bias, b_first = lin[M_OFF] >= 0, lin[B_OFF] >= 0, lin[B_OFF]
+    for r in range(r0, r1, 2):
+        pair = r + 1 < r1
+        row_start, s_start, m_start = lin[Q_OFF] + r * cols, lin[S_OFF] + r * groups, lin[M_OFF] + r * groups
+        # Prefetch ~3 KB ahead: the hardware prefetcher alone left single-thread reads of short
+        # rows at ~12 GB/s, against ~15 with this (measured on 576-4864 column rows).
+        for i in range(row_start + ahead, min(row_start + ahead + 2 * cols, end), 64):
+            prefetch(q, i)
+        if pair:
+            dot_pair_int(q, row_start, row_start + cols, codes, scales, s_start, s_start + groups, code_scales, groups, shift, block)
+            if has_mins:
+                min_sums_pair(mins, m_start, m_start + groups, group_sums, groups, min_block)
+        else:
+            block[0] = dot_row_int(q, row_start, codes, scales, s_start, code_scales, groups, shift)
+            if has_mins:
+                min_block[0] = min_sum(mins, m_start, group_sums, groups)
+        for i in range(2 if pair else 1):
+            acc = block[i]
+            if has_mins:
+                acc += min_block[i]
+            if has_bias:
+                acc += weights.bias[b_first + r + i]
+            if accumulate:
+                out[0, r + i - r0] += acc
+            else:
+                out[0, r + i - r0] = acc
+
+
+@numba.njit(cache=True)
+def _dot_tile_rows(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch):
+    """Several activation rows: blocks of ROW_BLOCK per pass over each weight row."""
+    block, min_tile = scratch[0], scratch[1:]
     q, scales, mins, bias = weights.q, weights.scales, weights.mins, weights.bias
     cols, shift = lin[COLS], lin[SHIFT]
     groups = cols >> shift
     codes, code_scales, group_sums = rounded.ints[k], rounded.int_scales[k], rounded.sums[k]
-    # Prefetch ~3 KB ahead: the hardware prefetcher alone left single-thread reads of short
-    # rows at ~12 GB/s, against ~15 with this (measured on 576-4864 column rows).
     ahead = max(1, PREFETCH_BYTES // cols) * cols
     end = lin[Q_OFF] + lin[ROWS] * cols
-    step = 1 if n_rows == 1 else ROW_BLOCK
-    for n0 in range(0, n_rows, step):
+    has_mins, has_bias, b_first = lin[M_OFF] >= 0, lin[B_OFF] >= 0, lin[B_OFF]
+    for n0 in range(0, n_rows, ROW_BLOCK):
+        if has_mins:
+            min_sums_tile(mins, lin[M_OFF] + r0 * groups, r1 - r0, group_sums, n0, groups, min_tile)
         for r in range(r0, r1):
             row_start, s_start = lin[Q_OFF] + r * cols, lin[S_OFF] + r * groups
             if n0 == 0:
                 for i in range(row_start + ahead, min(row_start + ahead + cols, end), 64):
                     prefetch(q, i)
-            m_start = lin[M_OFF] + r * groups
-            if step == 1:
-                block[0] = dot_row_int(q, row_start, codes[0], scales, s_start, code_scales[0], groups, shift)
-                if lin[M_OFF] >= 0:
-                    min_block[0] = min_sum(mins, m_start, group_sums[0], groups)
-            else:
-                # Rows past n_rows are padding (zero codes): computed, never stored.
-                dot_rows_int(q, row_start, codes, n0, scales, s_start, code_scales, groups, shift, block)
-                if lin[M_OFF] >= 0:
-                    min_sums_block(mins, m_start, group_sums, n0, groups, min_block)
-            for i in range(min(step, n_rows - n0)):
+            # Rows past n_rows are padding (zero codes): computed, never stored.
+            dot_rows_int(q, row_start, codes, n0, scales, s_start, code_scales, groups, shift, block)
+            for i in range(min(ROW_BLOCK, n_rows - n0)):
                 acc = block[i]
-                if lin[M_OFF] >= 0:
-                    acc += min_block[i]
-                if lin[B_OFF] >= 0:
-                    acc += bias[lin[B_OFF] + r]
+                if has_mins:
+                    acc += min_tile[r - r0, i]
+                if has_bias:
+                    acc += bias[b_first + r]
                 if accumulate:
                     out[n0 + i, r - r0] += acc
                 else:
@@ -130,16 +163,18 @@ def _dot_rows_float(weights, lin, values, r0, r1, out, accumulate):
 
 
 @numba.njit(cache=True)
-def dot_tile(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, block):
+def dot_tile(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch):
     """out[n, 0 : r1-r0] (+)= rows r0..r1 of linear ``lin`` times row n of slot k's rounded
     input, for n < n_rows: integer group dot products for block formats (intdot.py, up to
-    ROW_BLOCK input rows per pass over a weight row), float32 for float matrices. ``block``
-    is scratch (2, ROW_BLOCK)."""
+    ROW_BLOCK input rows per pass over a weight row), float32 for float matrices. ``scratch``
+    (1 + TILE_ROWS, ROW_BLOCK): the dot products of a block, then the min terms of a tile."""
     if lin[SHIFT] == FLOAT_SHIFT:
         for n in range(n_rows):
             _dot_rows_float(weights, lin, rounded.values[k, n], r0, r1, out[n], accumulate)
+    elif n_rows == 1:
+        _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, scratch[0], scratch[1])
     else:
-        _dot_tile_grouped(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, block[0], block[1])
+        _dot_tile_rows(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch)
 
 
 @numba.njit(cache=True)
@@ -198,7 +233,7 @@ def rows_stage(weights, linears, rounded, n_rows, out, accumulate, counters, sta
     for k in range(linears.shape[0]):
         total += linears[k, ROWS]
     n_items = (total + TILE_ROWS - 1) // TILE_ROWS
-    block = np.empty((2, ROW_BLOCK), np.float32)  # (dots|min sums, ROW_BLOCK)
+    scratch = np.empty((1 + TILE_ROWS, ROW_BLOCK), np.float32)  # (dots | min terms per row, ROW_BLOCK)
     item = claim(claimed, stage)
     while item < n_items:
         a, b = item * TILE_ROWS, min(total, (item + 1) * TILE_ROWS)
@@ -206,7 +241,7 @@ def rows_stage(weights, linears, rounded, n_rows, out, accumulate, counters, sta
         for k in range(linears.shape[0]):
             lo, hi = max(a, offset), min(b, offset + linears[k, ROWS])
             if lo < hi:
-                dot_tile(weights, linears[k], rounded, k, n_rows, lo - offset, hi - offset, out[:, lo:hi], accumulate, block)
+                dot_tile(weights, linears[k], rounded, k, n_rows, lo - offset, hi - offset, out[:, lo:hi], accumulate, scratch)
             offset += linears[k, ROWS]
         mark_done(done, stage)
         item = claim(claimed, stage)
@@ -278,17 +313,17 @@ def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage):
     n_rows = act.shape[0]
     n_items = (n_ff + TILE_ROWS - 1) // TILE_ROWS
     stacked = linears[1, ROWS] == 0
-    block = np.empty((2, ROW_BLOCK), np.float32)  # (dots|min sums, ROW_BLOCK)
+    scratch = np.empty((1 + TILE_ROWS, ROW_BLOCK), np.float32)  # (dots | min terms per row, ROW_BLOCK)
     tile = np.empty((2, n_rows, TILE_ROWS), np.float32)  # (gate|up, N, tile)
     item = claim(claimed, stage)
     while item < n_items:
         a, b = item * TILE_ROWS, min(n_ff, (item + 1) * TILE_ROWS)
         gate, up = tile[0, :, : b - a], tile[1, :, : b - a]
-        dot_tile(weights, linears[0], rounded, 0, n_rows, a, b, gate, False, block)
+        dot_tile(weights, linears[0], rounded, 0, n_rows, a, b, gate, False, scratch)
         if stacked:
-            dot_tile(weights, linears[0], rounded, 0, n_rows, n_ff + a, n_ff + b, up, False, block)
+            dot_tile(weights, linears[0], rounded, 0, n_rows, n_ff + a, n_ff + b, up, False, scratch)
         else:
-            dot_tile(weights, linears[1], rounded, 1, n_rows, a, b, up, False, block)
+            dot_tile(weights, linears[1], rounded, 1, n_rows, a, b, up, False, scratch)
         for n in range(n_rows):
             if gelu:
                 gate_bits, table = gate[n].view(np.uint32), weights.gelu

@@ -111,7 +111,7 @@ def forward_rows(n_threads, x, model, rows, logits):
         np.empty((n_rows, n_embd), np.float32),  # (N, n_embd) a product before its post norm
         np.empty((n_threads, n_embd), np.float32),  # (threads, n_embd) a normed row
         np.empty((copies, 3, padded, max_cols), np.float32),  # (copies, slots, rows, cols) rounded inputs
-        np.zeros((copies, 3, padded, max_cols), np.int16),  # their integer codes
+        np.zeros((copies, 3, padded, max_cols), np.int8),  # their integer codes
         np.zeros((copies, 3, padded, max_cols // 16), np.float32),  # (copies, slots, rows, groups) code scales
         np.zeros((copies, 3, padded, max_cols // 16), np.float32),  # group sums
         np.empty((n_threads, hd), np.float32),  # (threads, hd) one q head

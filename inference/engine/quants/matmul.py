@@ -31,7 +31,7 @@ def matrows_kernel(group_shift: int, has_mins: bool, kind: int = ACT_Q8_0):
         n, cols = x.shape
         n_groups = scales.shape[1]
         values = np.empty((n, cols), np.float32)  # (n, cols) x as ggml rounds it
-        codes = np.empty((n, cols), np.int16)  # (n, cols) the same as integer codes
+        codes = np.empty((n, cols), np.int8)  # (n, cols) the same as integer codes
         code_scales = np.empty((n, n_groups), np.float32)  # (n, n_groups) their scale per group
         group_sums = np.zeros((n, n_groups), np.float32)  # (n, n_groups)
         for t in numba.prange(n):
