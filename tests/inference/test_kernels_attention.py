@@ -14,7 +14,15 @@ import pytest
 
 from inference.engine.kv_cache import KVCache, KVGeometry
 from inference.engine.layers import ROPE_NEOX, ROPE_NORM, apply_rope, attention, rope_angles
-from inference.engine.models.kernels import attend_rows, half_value, rope_inplace, round_f16_inplace, store_half
+from inference.engine.models.kernels import (
+    HOST_F16C,
+    attend_rows,
+    half_value_f16c,
+    half_value_generic,
+    rope_inplace,
+    round_f16_inplace,
+    store_half,
+)
 
 N_HEADS, N_KV, HEAD_DIM, N_CTX = 6, 2, 32, 64
 TOLERANCE = 4 * 2.0**-11  # a few f16 steps of a probability, times |v| <= ~4
@@ -45,10 +53,10 @@ def test_round_f16_inplace_equals_numpy():
 
 
 @numba.njit(cache=True)
-def _half_values(bits):
+def _half_values(bits, convert):
     out = np.empty(bits.shape[0], np.float32)  # (n,)
     for i in range(bits.shape[0]):
-        out[i] = half_value(bits[i])
+        out[i] = convert(bits[i])
     return out
 
 
@@ -59,7 +67,10 @@ def test_f16_store_and_read_equal_numpy_float16():
     np.testing.assert_array_equal(bits, x.astype(np.float16).view(np.uint16))
     every_finite = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     every_finite = every_finite[np.isfinite(every_finite.view(np.float16))]
-    np.testing.assert_array_equal(_half_values(every_finite), every_finite.view(np.float16).astype(np.float32))
+    expected = every_finite.view(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(_half_values(every_finite, half_value_generic), expected)
+    if HOST_F16C:  # the conversion the host uses, when it has F16C
+        np.testing.assert_array_equal(_half_values(every_finite, half_value_f16c), expected)
 
 
 def test_kv_cache_holds_float16_at_half_the_bytes():

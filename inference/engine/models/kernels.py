@@ -13,7 +13,11 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import bits_from_float, float_from_bits
+from llvmlite import binding as llvm_binding
+
+from ..intrinsics import bits_from_float, float_from_bits, half_bits_to_float
+
+HOST_F16C = "+f16c" in llvm_binding.get_host_cpu_features().flatten()
 
 F16_MIN_NORMAL = np.float32(2.0**-14)
 F16_SUBNORMAL_STEP = np.float32(2.0**-24)
@@ -50,11 +54,22 @@ def f16_bits(v, b):
 
 
 @numba.njit(cache=True)
-def half_value(h):
-    """The float32 value of float16 bits ``h`` (finite): the magnitude bits moved into float32
-    position and rebiased by an exact power-of-two multiply, which covers subnormals too."""
+def half_value_generic(h):
+    """The float32 value of float16 bits ``h`` (finite) in integer and float32 operations: the
+    magnitude bits moved into float32 position and rebiased by an exact power-of-two multiply,
+    which covers subnormals too. For CPUs without F16C."""
     magnitude = float_from_bits(np.uint32(h & 0x7FFF) << np.uint32(13)) * HALF_TO_FLOAT_SCALE
     return -magnitude if h & 0x8000 else magnitude
+
+
+@numba.njit(cache=True)
+def half_value_f16c(h):
+    """The float32 value of float16 bits ``h`` through the F16C conversion."""
+    return half_bits_to_float(np.uint16(h))
+
+
+# Both are exact conversions (the same values); the host's is used.
+half_value = half_value_f16c if HOST_F16C else half_value_generic
 
 
 @numba.njit(cache=True)
