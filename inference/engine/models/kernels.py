@@ -15,15 +15,14 @@ import numpy as np
 
 from llvmlite import binding as llvm_binding
 
-from ..intrinsics import bits_from_float, float_from_bits, half_bits_to_float
+from ..ggml_math import expf_ggml, hsum8
+from ..intrinsics import bits_from_float, float_from_bits, fma32, half_bits_to_float
 
 HOST_F16C = "+f16c" in llvm_binding.get_host_cpu_features().flatten()
 
 F16_MIN_NORMAL = np.float32(2.0**-14)
 F16_SUBNORMAL_STEP = np.float32(2.0**-24)
 HALF_TO_FLOAT_SCALE = np.float32(2.0**112)  # rebias a float16 exponent (15) to float32's (127)
-
-
 @numba.njit(cache=True)
 def round_f16_inplace(a):
     """Round a contiguous float32 vector to nearest-even float16 values, in place.
@@ -81,50 +80,76 @@ def store_half(src, dst):
 
 @numba.njit(cache=True)
 def rope_inplace(x, cos, sin, neox):
-    """Rotate one head vector x (head_dim,) by the angles cos, sin (n_rot/2,) like apply_rope."""
+    """Rotate one head vector x (head_dim,) by the angles cos, sin (n_rot/2,) as ggml's compiled
+    rotate_pairs does: x0' = fma(x0, cos, -(x1 * sin)), x1' = fma(x0, sin, x1 * cos) (C's
+    contraction of the first product; matches llama.cpp's tensors bit for bit)."""
     half = cos.shape[0]
     for i in range(half):
-        if neox:
-            a, b = x[i], x[i + half]
-            x[i] = a * cos[i] - b * sin[i]
-            x[i + half] = a * sin[i] + b * cos[i]
-        else:
-            a, b = x[2 * i], x[2 * i + 1]
-            x[2 * i] = a * cos[i] - b * sin[i]
-            x[2 * i + 1] = a * sin[i] + b * cos[i]
-
-
-@numba.njit(fastmath=True, cache=True)
-def scores_into(q, keys, first, end, scale, out):
-    """out[t - first] = scale * q . keys[t] for t in first..end; keys (ctx, hd) f16 bits."""
-    for t in range(first, end):
-        row = keys[t]
-        acc = np.float32(0.0)
-        for d in range(q.shape[0]):
-            acc += q[d] * half_value(row[d])
-        out[t - first] = acc * scale
-
-
-@numba.njit(fastmath=True, cache=True)
-def weighted_values(probs, values, first, out):
-    """out = sum_t probs[t] * values[first + t]; values (ctx, hd) f16 bits."""
-    out[:] = 0.0
-    for t in range(probs.shape[0]):
-        p, row = probs[t], values[first + t]
-        for d in range(out.shape[0]):
-            out[d] += p * half_value(row[d])
+        i0, i1 = (i, i + half) if neox else (2 * i, 2 * i + 1)
+        a, b = x[i0], x[i1]
+        x[i0] = fma32(a, cos[i], -(b * sin[i]))
+        x[i1] = fma32(a, sin[i], b * cos[i])
 
 
 @numba.njit(cache=True)
-def softmax_f16_inplace(scores):
-    """Softmax in float32, summed in order; probabilities rounded to f16."""
+def rope_rows(x, cos, sin, neox):
+    """rope_inplace over x (n, heads, head_dim), row i by cos[i], sin[i]."""
+    for i in range(x.shape[0]):
+        for h in range(x.shape[1]):
+            rope_inplace(x[i, h], cos[i], sin[i], neox)
+
+
+@numba.njit(cache=True)
+def scores_into(q, keys, first, end, scale, out):
+    """out[t - first] = scale * q . keys[t] for t in first..end; keys (ctx, hd) f16 bits. Each
+    dot as tinyBLAS (llama.cpp's f16 GEMM) sums it: lane l accumulates d = l mod 8 with FMA."""
+    for t in range(first, end):
+        row = keys[t]
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
+        for d in range(0, q.shape[0], 8):
+            a0 = fma32(q[d], half_value(row[d]), a0)
+            a1 = fma32(q[d + 1], half_value(row[d + 1]), a1)
+            a2 = fma32(q[d + 2], half_value(row[d + 2]), a2)
+            a3 = fma32(q[d + 3], half_value(row[d + 3]), a3)
+            a4 = fma32(q[d + 4], half_value(row[d + 4]), a4)
+            a5 = fma32(q[d + 5], half_value(row[d + 5]), a5)
+            a6 = fma32(q[d + 6], half_value(row[d + 6]), a6)
+            a7 = fma32(q[d + 7], half_value(row[d + 7]), a7)
+        out[t - first] = hsum8(a0, a1, a2, a3, a4, a5, a6, a7) * scale
+
+
+@numba.njit(cache=True)
+def weighted_values(probs, values, first, out, lanes):
+    """out = sum_t probs[t] * values[first + t]; values (ctx, hd) f16 bits. As tinyBLAS sums
+    it: key t goes to lane (first + t) mod 8 (lanes count from cache row 0), FMA per lane,
+    lanes summed by hsum8. ``lanes`` is scratch (8, hd)."""
+    lanes[:] = 0.0
+    for t in range(probs.shape[0]):
+        p, row, lane = probs[t], values[first + t], lanes[(first + t) % 8]
+        for d in range(out.shape[0]):
+            lane[d] = fma32(half_value(row[d]), p, lane[d])
+    for d in range(out.shape[0]):
+        out[d] = hsum8(lanes[0, d], lanes[1, d], lanes[2, d], lanes[3, d], lanes[4, d], lanes[5, d], lanes[6, d], lanes[7, d])
+
+
+@numba.njit(cache=True)
+def softmax_f16_inplace(scores, first):
+    """llama.cpp's softmax of scores for cache rows first.. (masked rows before them count as
+    zeros): ggml_v_expf per value, float sums of 8-row blocks aligned to cache row 0 added in
+    float64, probabilities times float32(1 / sum), then rounded to f16."""
     top = scores.max()
-    total = np.float32(0.0)
-    for t in range(scores.shape[0]):
-        scores[t] = np.exp(scores[t] - top)
-        total += scores[t]
-    for t in range(scores.shape[0]):
-        scores[t] /= total
+    total, block, n = 0.0, np.float32(0.0), scores.shape[0]
+    lane = np.zeros(8, np.float32)  # (8,) the current block
+    for t in range(n):
+        scores[t] = expf_ggml(scores[t] - top)
+        lane[(first + t) % 8] = scores[t]
+        if (first + t) % 8 == 7 or t == n - 1:
+            block = hsum8(lane[0], lane[1], lane[2], lane[3], lane[4], lane[5], lane[6], lane[7])
+            total += np.float64(block)
+            lane[:] = 0.0
+    inverse = np.float32(1.0 / total)
+    for t in range(n):
+        scores[t] *= inverse
     round_f16_inplace(scores)
 
 
@@ -135,8 +160,8 @@ def attend_head(q, keys, values, pos, window, scale, scores, out):
     first = max(0, pos + 1 - window) if window > 0 else 0
     probs = scores[: pos + 1 - first]
     scores_into(q, keys, first, pos + 1, scale, probs)
-    softmax_f16_inplace(probs)
-    weighted_values(probs, values, first, out)
+    softmax_f16_inplace(probs, first)
+    weighted_values(probs, values, first, out, np.empty((8, out.shape[0]), np.float32))
 
 
 @numba.njit(parallel=True, cache=True)

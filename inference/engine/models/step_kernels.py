@@ -331,7 +331,7 @@ def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage):
                     act[n, a + i] = gelu_lookup(gate[n, i], gate_bits[i], table) * up[n, i]
             else:
                 for i in range(b - a):
-                    act[n, a + i] = silu_one(gate[n, i]) * up[n, i]
+                    act[n, a + i] = silu_one(gate[n, i], a + i < n_ff - n_ff % 8) * up[n, i]
         mark_done(done, stage)
         item = claim(claimed, stage)
     wait_done(done, stage, n_items)
