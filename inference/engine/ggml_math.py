@@ -37,11 +37,8 @@ def expf_ggml(x):
     u = b * b
     c0, c1, c2, c3, c4 = EXP_POLY
     j = fma32(fma32(fma32(c0, b, c1), u, fma32(c2, b, c3)), u, c4 * b)
-    if abs(n) <= np.float32(126.0):
-        return fma32(j, k, k)
+    # Both of ggml's paths are computed and one selected (no branch: loops over it vectorize).
     g = np.uint32(0x82000000) if n <= np.float32(0.0) else np.uint32(0)
-    s1 = float_from_bits(g + np.uint32(0x7F000000))
-    if abs(n) > np.float32(192.0):
-        return s1 * s1
-    s2 = float_from_bits(e - g)
-    return fma32(s2, j, s2) * s1
+    s1, s2 = float_from_bits(g + np.uint32(0x7F000000)), float_from_bits(e - g)
+    scaled = fma32(s2, j, s2) * s1 if abs(n) <= np.float32(192.0) else s1 * s1
+    return fma32(j, k, k) if abs(n) <= np.float32(126.0) else scaled

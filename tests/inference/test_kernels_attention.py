@@ -21,6 +21,8 @@ from inference.engine.models.kernels import (
     half_value_generic,
     rope_inplace,
     round_f16_inplace,
+    scores_into_f16c,
+    scores_into_generic,
     store_half,
 )
 
@@ -113,3 +115,18 @@ def test_attend_rows_matches_reference(start, n, window):
     last = np.empty_like(got[-1:])
     attend_rows(q[-1:].copy(), cache.k_bits[1], cache.v_bits[1], start + n - 1, window, np.float32(0.25), last)
     np.testing.assert_array_equal(last, got[-1:])
+
+
+def test_score_selections_give_the_same_bits_and_the_dot_product():
+    rng = np.random.default_rng(9)
+    keys = (rng.standard_normal((40, HEAD_DIM)) * 3).astype(np.float16)
+    keys[0, :8] = [6e-8, -6e-8, 1e-5, -1e-5, 0.0, -0.0, 65504.0, -65504.0]  # subnormals, zeros, extremes
+    q = rng.standard_normal(HEAD_DIM).astype(np.float32)
+    generic = np.empty(40, np.float32)
+    scores_into_generic(q, keys.view(np.uint16), 0, 40, np.float32(0.5), generic)
+    expected = 0.5 * (keys.astype(np.float64) @ q.astype(np.float64))
+    np.testing.assert_allclose(generic, expected, rtol=1e-5, atol=1e-3)
+    if HOST_F16C:
+        f16c = np.empty(40, np.float32)
+        scores_into_f16c(q, keys.view(np.uint16), 0, 40, np.float32(0.5), f16c)
+        np.testing.assert_array_equal(f16c, generic)

@@ -16,6 +16,7 @@ import numpy as np
 from llvmlite import binding as llvm_binding
 
 from ..ggml_math import expf_ggml, hsum8
+from .attention_ir import score_f16c, score_generic
 from ..intrinsics import bits_from_float, float_from_bits, fma32, half_bits_to_float
 
 HOST_F16C = "+f16c" in llvm_binding.get_host_cpu_features().flatten()
@@ -100,22 +101,21 @@ def rope_rows(x, cos, sin, neox):
 
 
 @numba.njit(cache=True)
-def scores_into(q, keys, first, end, scale, out):
-    """out[t - first] = scale * q . keys[t] for t in first..end; keys (ctx, hd) f16 bits. Each
-    dot as tinyBLAS (llama.cpp's f16 GEMM) sums it: lane l accumulates d = l mod 8 with FMA."""
+def scores_into_f16c(q, keys, first, end, scale, out):
     for t in range(first, end):
-        row = keys[t]
-        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
-        for d in range(0, q.shape[0], 8):
-            a0 = fma32(q[d], half_value(row[d]), a0)
-            a1 = fma32(q[d + 1], half_value(row[d + 1]), a1)
-            a2 = fma32(q[d + 2], half_value(row[d + 2]), a2)
-            a3 = fma32(q[d + 3], half_value(row[d + 3]), a3)
-            a4 = fma32(q[d + 4], half_value(row[d + 4]), a4)
-            a5 = fma32(q[d + 5], half_value(row[d + 5]), a5)
-            a6 = fma32(q[d + 6], half_value(row[d + 6]), a6)
-            a7 = fma32(q[d + 7], half_value(row[d + 7]), a7)
-        out[t - first] = hsum8(a0, a1, a2, a3, a4, a5, a6, a7) * scale
+        out[t - first] = score_f16c(q, keys, t) * scale
+
+
+@numba.njit(cache=True)
+def scores_into_generic(q, keys, first, end, scale, out):
+    for t in range(first, end):
+        out[t - first] = score_generic(q, keys, t) * scale
+
+
+# scores_into(q, keys, first, end, scale, out): out[t - first] = scale * q . keys[t] for t in
+# first..end, keys (ctx, hd) f16 bits, each dot summed as tinyBLAS sums it (attention_ir.py).
+# Both selections give the same bits; the host's is used.
+scores_into = scores_into_f16c if HOST_F16C else scores_into_generic
 
 
 @numba.njit(cache=True)
@@ -138,15 +138,16 @@ def softmax_f16_inplace(scores, first):
     zeros): ggml_v_expf per value, float sums of 8-row blocks aligned to cache row 0 added in
     float64, probabilities times float32(1 / sum), then rounded to f16."""
     top = scores.max()
-    total, block, n = 0.0, np.float32(0.0), scores.shape[0]
-    lane = np.zeros(8, np.float32)  # (8,) the current block
+    n = scores.shape[0]
     for t in range(n):
         scores[t] = expf_ggml(scores[t] - top)
-        lane[(first + t) % 8] = scores[t]
-        if (first + t) % 8 == 7 or t == n - 1:
-            block = hsum8(lane[0], lane[1], lane[2], lane[3], lane[4], lane[5], lane[6], lane[7])
-            total += np.float64(block)
-            lane[:] = 0.0
+    total = 0.0
+    lane = np.zeros(8, np.float32)  # (8,) one block, zeros for rows outside first..
+    for start in range(first - first % 8, first + n, 8):
+        for i in range(8):
+            t = start + i - first
+            lane[i] = scores[t] if 0 <= t < n else np.float32(0.0)
+        total += np.float64(hsum8(lane[0], lane[1], lane[2], lane[3], lane[4], lane[5], lane[6], lane[7]))
     inverse = np.float32(1.0 / total)
     for t in range(n):
         scores[t] *= inverse
@@ -159,9 +160,10 @@ def attend_head(q, keys, values, pos, window, scale, scores, out):
     ``pos`` (the last ``window`` only, if > 0); ``scores`` is scratch of at least pos+1."""
     first = max(0, pos + 1 - window) if window > 0 else 0
     probs = scores[: pos + 1 - first]
+    lanes = np.empty((8, out.shape[0]), np.float32)  # (8, hd_v)
     scores_into(q, keys, first, pos + 1, scale, probs)
     softmax_f16_inplace(probs, first)
-    weighted_values(probs, values, first, out, np.empty((8, out.shape[0]), np.float32))
+    weighted_values(probs, values, first, out, lanes)
 
 
 @numba.njit(parallel=True, cache=True)
