@@ -6,16 +6,16 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .intrinsics import bits_from_float, fma32, float_from_bits
+from .intrinsics import bits_from_float, float_from_bits, fma32
 
 # expf_ggml's constants (the ARM optimized-routines expf that ggml adapted), exact in float32.
 EXP_SHIFT = np.float32(float.fromhex("0x1.8p23"))  # adding it rounds to an integer in the low bits
 EXP_LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
 EXP_LN2_HI, EXP_LN2_LO = np.float32(float.fromhex("0x1.62e4p-1")), np.float32(float.fromhex("0x1.7f7d1cp-20"))
 EXP_POLY = tuple(
-    np.float32(float.fromhex(h)) for h in ("0x1.0e4020p-7", "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2", "0x1.ffffecp-1")
+    np.float32(float.fromhex(h))
+    for h in ("0x1.0e4020p-7", "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2", "0x1.ffffecp-1")
 )
-
 
 
 @numba.njit(cache=True)

@@ -2,8 +2,9 @@
 
 Rows are positions: row ``i`` holds the keys and values of the token at position ``i``
 (keys already normed and rotated), stored as float16 like llama.cpp's default cache: half
-the memory of float32 and no loss, since every value is rounded to f16 anyway. ``tokens`` shadows the rows so a later request can find
-the longest common prefix with what is cached and prefill only the rest.
+the memory of float32 and no loss, since every value is rounded to f16 anyway. ``tokens``
+shadows the rows so a later request can find the longest common prefix with what is cached
+and prefill only the rest.
 """
 
 from __future__ import annotations

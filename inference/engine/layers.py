@@ -98,7 +98,9 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str) -> n
     from .models.kernels import rope_rows  # the models package imports this module
 
     out = np.array(x, np.float32)  # (n, heads, head_dim)
-    rope_rows(out, np.ascontiguousarray(cos, np.float32), np.ascontiguousarray(sin, np.float32), style == ROPE_NEOX)
+    rope_rows(
+        out, np.ascontiguousarray(cos, np.float32), np.ascontiguousarray(sin, np.float32), style == ROPE_NEOX
+    )
     return out
 
 

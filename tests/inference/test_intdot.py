@@ -91,6 +91,8 @@ def test_avx2_and_generic_selections_and_row_blocks_give_the_same_bits(group_shi
     n_groups = cols >> group_shift
     scales = rng.standard_normal(n_groups).astype(np.float32)
     int_scales = rng.random((4, n_groups), dtype=np.float32)
-    out = _both_selections(q, ints, scales, int_scales, n_groups, group_shift, avx2_dot_row_int, avx2_dot_rows_int)
+    out = _both_selections(
+        q, ints, scales, int_scales, n_groups, group_shift, avx2_dot_row_int, avx2_dot_rows_int
+    )
     for variant in out[1:]:
         np.testing.assert_array_equal(variant, out[0])

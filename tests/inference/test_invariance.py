@@ -87,7 +87,9 @@ def test_verify_rows_and_truncation_equal_decode(engine, seed):
     got = engine.verify(cache, tokens[start : start + 5])
     assert np.array_equal(got, reference[start : start + 5])
     cache.truncate(start + 2)  # keep two, verify again from there
-    assert np.array_equal(engine.verify(cache, tokens[start + 2 : start + 7]), reference[start + 2 : start + 7])
+    assert np.array_equal(
+        engine.verify(cache, tokens[start + 2 : start + 7]), reference[start + 2 : start + 7]
+    )
 
 
 def test_mixed_runs_in_one_forward_equal_separate_forwards(engine):

@@ -51,7 +51,9 @@ def test_round_f16_inplace_equals_numpy():
     x = _wide_range_values(1)
     got = x.copy()
     round_f16_inplace(got)
-    np.testing.assert_array_equal(got.view(np.uint32), x.astype(np.float16).astype(np.float32).view(np.uint32))
+    np.testing.assert_array_equal(
+        got.view(np.uint32), x.astype(np.float16).astype(np.float32).view(np.uint32)
+    )
 
 
 @numba.njit(cache=True)
@@ -98,7 +100,10 @@ def test_rope_angles_are_a_running_product_in_float32():
     scale = np.float32(10000.0) ** np.float32(-2.0 / 8)
     theta = np.float32(1000.0)
     for j in range(4):
-        assert abs(cos[2, j] - np.cos(np.float64(theta))) < 1e-6 and abs(sin[2, j] - np.sin(np.float64(theta))) < 1e-6
+        assert (
+            abs(cos[2, j] - np.cos(np.float64(theta))) < 1e-6
+            and abs(sin[2, j] - np.sin(np.float64(theta))) < 1e-6
+        )
         theta = np.float32(theta * scale)
     np.testing.assert_array_equal(cos[0], np.ones(4, np.float32))
 
@@ -113,7 +118,9 @@ def test_attend_rows_matches_reference(start, n, window):
     np.testing.assert_allclose(got, expected, atol=TOLERANCE)
     # A row's output does not depend on the rows computed with it.
     last = np.empty_like(got[-1:])
-    attend_rows(q[-1:].copy(), cache.k_bits[1], cache.v_bits[1], start + n - 1, window, np.float32(0.25), last)
+    attend_rows(
+        q[-1:].copy(), cache.k_bits[1], cache.v_bits[1], start + n - 1, window, np.float32(0.25), last
+    )
     np.testing.assert_array_equal(last, got[-1:])
 
 

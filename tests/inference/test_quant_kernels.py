@@ -81,7 +81,9 @@ def test_matmul_rows_are_matvecs_bitwise_and_agree_with_reference(qtype, n_token
     assert got.shape == (n_tokens, rows) and got.dtype == np.float32
     np.testing.assert_array_equal(got, np.stack([matvec(layout, row, kind) for row in x]))
     for row, result in zip(x, got):
-        _assert_within_sum_bound(result, matvec_reference(layout, row, kind), _magnitude(layout) @ np.abs(row), cols)
+        _assert_within_sum_bound(
+            result, matvec_reference(layout, row, kind), _magnitude(layout) @ np.abs(row), cols
+        )
 
 
 def test_matrix_products_route_to_the_kernels():
@@ -120,7 +122,9 @@ def test_kernels_are_cached_on_disk():
     layout = _layout(Q.Q4_1, 8, 64)
     dequantize_rows(layout, np.arange(8))
     matvec(layout, np.ones(64, np.float32), ACTIVATION_KIND[Q.Q4_1])
-    matmul(layout, np.ones((3, 64), np.float32), ACTIVATION_KIND[Q.Q4_1])  # compiled (or loaded) and saved by now
+    matmul(
+        layout, np.ones((3, 64), np.float32), ACTIVATION_KIND[Q.Q4_1]
+    )  # compiled (or loaded) and saved by now
     script = textwrap.dedent(
         """
         import numpy as np, gguf

@@ -28,7 +28,6 @@ from numba.extending import intrinsic
 from ..intrinsics import element_pointer, fma32
 from .intdot_ir import row_dots
 
-
 ROW_BLOCK = 4  # activation rows per weight pass in dot_rows_int
 # The instruction selection of the host (intdot_ir.py); both give the same bits.
 HOST_SIMD = "avx2" if "+avx2" in llvm_binding.get_host_cpu_features().flatten() else "generic"
@@ -64,15 +63,31 @@ def _group_dot_pair_intrinsic(group: int, simd: str):
     s_start, s_next) with one activation row: two independent sums in flight for one token."""
 
     @intrinsic
-    def group_dot_pair(typingctx, q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out):
+    def group_dot_pair(
+        typingctx, q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out
+    ):
         sig = types.void(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
 
         def codegen(context, builder, signature, args):
             q_type, _, _, ints_type, scales_type, _, _, int_scales_type, _, out_type = signature.args
-            q_arr, q_start, q_next, ints_arr, scales_arr, s_start, s_next, int_scales_arr, n_groups, out_arr = args
+            (
+                q_arr,
+                q_start,
+                q_next,
+                ints_arr,
+                scales_arr,
+                s_start,
+                s_next,
+                int_scales_arr,
+                n_groups,
+                out_arr,
+            ) = args
             zero = ir.Constant(ir.IntType(64), 0)
             weight_rows = [
-                (element_pointer(context, builder, q_type, q_arr, qs), element_pointer(context, builder, scales_type, scales_arr, ss))
+                (
+                    element_pointer(context, builder, q_type, q_arr, qs),
+                    element_pointer(context, builder, scales_type, scales_arr, ss),
+                )
                 for qs, ss in ((q_start, s_start), (q_next, s_next))
             ]
             a0 = element_pointer(context, builder, ints_type, ints_arr, zero)
@@ -130,7 +145,10 @@ _generic_rows_16 = _group_dot_rows_intrinsic(16, ROW_BLOCK, "generic")
 _generic_rows_32 = _group_dot_rows_intrinsic(32, ROW_BLOCK, "generic")
 _avx2_rows_16 = _group_dot_rows_intrinsic(16, ROW_BLOCK, "avx2")
 _avx2_rows_32 = _group_dot_rows_intrinsic(32, ROW_BLOCK, "avx2")
-_generic_pair_16, _generic_pair_32 = _group_dot_pair_intrinsic(16, "generic"), _group_dot_pair_intrinsic(32, "generic")
+_generic_pair_16, _generic_pair_32 = (
+    _group_dot_pair_intrinsic(16, "generic"),
+    _group_dot_pair_intrinsic(32, "generic"),
+)
 _avx2_pair_16, _avx2_pair_32 = _group_dot_pair_intrinsic(16, "avx2"), _group_dot_pair_intrinsic(32, "avx2")
 
 
@@ -169,7 +187,9 @@ def avx2_dot_rows_int(q, q_start, ints, n0, scales, s_start, int_scales, n_group
 
 
 @numba.njit(cache=True)
-def generic_dot_pair_int(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, group_shift, out):
+def generic_dot_pair_int(
+    q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, group_shift, out
+):
     """dot_pair_int through the generic instruction selection."""
     if group_shift == 4:
         _generic_pair_16(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
@@ -178,7 +198,9 @@ def generic_dot_pair_int(q, q_start, q_next, ints, scales, s_start, s_next, int_
 
 
 @numba.njit(cache=True)
-def avx2_dot_pair_int(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, group_shift, out):
+def avx2_dot_pair_int(
+    q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, group_shift, out
+):
     """dot_pair_int through AVX2 (only where the CPU has AVX2)."""
     if group_shift == 4:
         _avx2_pair_16(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
@@ -227,7 +249,12 @@ def min_sums_tile(mins, m_first, n_weight_rows, group_sums, n0, n_groups, out):
     in-order chain of fused multiply-adds as min_sum, all chains of a tile advanced together."""
     out[:n_weight_rows] = 0.0
     for g in range(n_groups):
-        s0, s1, s2, s3 = group_sums[n0, g], group_sums[n0 + 1, g], group_sums[n0 + 2, g], group_sums[n0 + 3, g]
+        s0, s1, s2, s3 = (
+            group_sums[n0, g],
+            group_sums[n0 + 1, g],
+            group_sums[n0 + 2, g],
+            group_sums[n0 + 3, g],
+        )
         for r in range(n_weight_rows):
             m, row = mins[m_first + r * n_groups + g], out[r]
             row[0], row[1] = fma32(m, s0, row[0]), fma32(m, s1, row[1])

@@ -31,7 +31,9 @@ def _constant_vector(values: list[int]) -> ir.Constant:
 
 
 def _call(builder, name: str, result_type, args):
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(result_type, [a.type for a in args]), name)
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(result_type, [a.type for a in args]), name
+    )
     return builder.call(fn, args)
 
 
@@ -83,7 +85,9 @@ def lane_sum(builder, total):
     """The 8 lanes summed as ggml's hsum_float_8: ((x4 + x0) + (x6 + x2)) + ((x5 + x1) + (x7 + x3))."""
     lane = [builder.extract_element(total, ir.Constant(I32, i)) for i in range(LANES)]
     r = [builder.fadd(lane[4 + i], lane[i], flags=EXACT) for i in range(4)]
-    return builder.fadd(builder.fadd(r[0], r[2], flags=EXACT), builder.fadd(r[1], r[3], flags=EXACT), flags=EXACT)
+    return builder.fadd(
+        builder.fadd(r[0], r[2], flags=EXACT), builder.fadd(r[1], r[3], flags=EXACT), flags=EXACT
+    )
 
 
 def row_dots(builder, simd: str, group: int, weight_rows, act_rows, n_groups):
@@ -93,7 +97,9 @@ def row_dots(builder, simd: str, group: int, weight_rows, act_rows, n_groups):
     group is loaded and prepared once for all activation rows; every pair gets the same
     instructions, so the same bits, whichever other rows it is computed with."""
     floats = ir.VectorType(ir.FloatType(), LANES)
-    accs = [[cgutils.alloca_once_value(builder, ir.Constant(floats, None)) for _ in act_rows] for _ in weight_rows]
+    accs = [
+        [cgutils.alloca_once_value(builder, ir.Constant(floats, None)) for _ in act_rows] for _ in weight_rows
+    ]
     with cgutils.for_range(builder, n_groups) as loop:
         g = loop.index
         offset = builder.mul(g, ir.Constant(g.type, group))

@@ -42,7 +42,14 @@ def matrows_kernel(group_shift: int, has_mins: bool, kind: int = ACT_Q8_0):
         for r in numba.prange(q.shape[0]):
             for t in range(n):
                 acc = dot_row_int(
-                    q_flat, r * cols, codes[t], scales_flat, r * n_groups, code_scales[t], n_groups, group_shift
+                    q_flat,
+                    r * cols,
+                    codes[t],
+                    scales_flat,
+                    r * n_groups,
+                    code_scales[t],
+                    n_groups,
+                    group_shift,
                 )
                 if has_mins:
                     acc += min_sum(mins_flat, r * n_groups, group_sums[t], n_groups)
@@ -53,7 +60,9 @@ def matrows_kernel(group_shift: int, has_mins: bool, kind: int = ACT_Q8_0):
     return matrows
 
 
-def matmul(layout: GroupLayout, x: np.ndarray, kind: int = ACT_Q8_0, bias: np.ndarray | None = None) -> np.ndarray:
+def matmul(
+    layout: GroupLayout, x: np.ndarray, kind: int = ACT_Q8_0, bias: np.ndarray | None = None
+) -> np.ndarray:
     """round(x) @ W.T (+ bias): x (n, cols) float32 -> (n, rows) float32, x rounded as ``kind``."""
     rows, cols = layout.q.shape
     x = np.ascontiguousarray(x, dtype=np.float32)

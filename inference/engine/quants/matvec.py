@@ -1,7 +1,8 @@
 """Matrix-vector product W @ x over a GroupLayout (the decode path: one token at a time).
 
-One kernel call does the whole linear (matmul.py's, with one row): it rounds x as ggml would for the weight's format
-(quantize.py, a serial pass over one row), then takes the product and adds the bias.
+One kernel call does the whole linear (matmul.py's, with one row): it rounds x as ggml would
+for the weight's format (quantize.py, a serial pass over one row), then takes the product and
+adds the bias.
 
 Decoding reads every weight once per token, so the product is memory-bound; each row is one
 integer group dot product (intdot.py: exact int8 x int8 sums per group, scaled in float, as
