@@ -158,8 +158,9 @@ def _records(cache: KVCache, start: int, end: int, header: SidecarHeader) -> np.
     out = np.zeros(n, dtype=header.record_dtype)  # (n,) records
     out["token"] = cache.tokens[start:end]
     for layer in range(g.n_layers):
-        k = cache.k[layer, :, start:end].transpose(1, 0, 2).reshape(n, -1)  # (n, kvh * hd)
-        v = cache.v[layer, :, start:end].transpose(1, 0, 2).reshape(n, -1)  # (n, kvh * hd)
+        # The cache holds float16; the Q8 encoding computes its scales in float32.
+        k = cache.k[layer, :, start:end].transpose(1, 0, 2).reshape(n, -1).astype(np.float32)  # (n, kvh * hd)
+        v = cache.v[layer, :, start:end].transpose(1, 0, 2).reshape(n, -1).astype(np.float32)  # (n, kvh * hd)
         out["layers"]["k"][:, layer] = encode_rows(k, header.dtype)
         out["layers"]["v"][:, layer] = encode_rows(v, header.dtype)
     raw = out.view(np.uint8).reshape(n, -1)  # (n, record bytes)

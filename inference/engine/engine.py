@@ -26,6 +26,7 @@ from .fingerprint import model_fingerprint
 from .gguf_file import GGUFFile
 from .kv_cache import KVCache
 from .models import DecoderModel, load_model
+from .models.base import Run
 from .sampler import Sampler, SamplingParams
 from .tokenizer import Tokenizer, load_tokenizer
 
@@ -70,6 +71,14 @@ class GenerationStats:
     @property
     def prefilled_tokens(self) -> int:
         return self.prompt_tokens - self.cached_tokens
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """One conversation's next token in a lockstep batch: appended to its own cache."""
+
+    cache: KVCache
+    token: int
 
 
 class Engine:
@@ -162,7 +171,24 @@ class Engine:
         return logits
 
     def decode_one(self, cache: KVCache, token: int) -> np.ndarray:
+        """Append one token; the logits after it (vocab,)."""
         return self.model.forward([token], cache)
+
+    def decode_batch(self, rows: Sequence[BatchRow]) -> np.ndarray:
+        """One token for each of several conversations (distinct caches, any positions) in one
+        forward; logits (len(rows), vocab), each row bitwise what ``decode_one`` gives."""
+        return np.stack(self.model.forward_runs([Run(row.cache, [row.token]) for row in rows]))
+
+    def verify(self, cache: KVCache, tokens: Sequence[int]) -> np.ndarray:
+        """Append a short run of tokens (a draft) and return the logits after each one
+        (len(tokens), vocab), bitwise what decoding them one by one gives. Keep the first k
+        with ``cache.truncate(n_before + k)``: the rows after it are forgotten."""
+        return self.model.forward(list(tokens), cache, all_logits=True)
+
+    def forward(self, runs: Sequence[Run]) -> list[np.ndarray]:
+        """The general primitive: each run's tokens appended to its own cache in one forward
+        (see DecoderModel.forward_runs)."""
+        return self.model.forward_runs(runs)
 
     def reuse_prefix(self, cache: KVCache, prompt: Sequence[int]) -> int:
         """Keep the cached rows the prompt starts with; return how many were kept. At least

@@ -92,3 +92,79 @@ def prefetch(typingctx, array, index):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _integer_arg(context, builder, value, from_type, to_type):
+    return context.cast(builder, value, from_type, to_type)
+
+
+@intrinsic
+def float_from_bits(typingctx, bits):
+    """The float32 whose bit pattern is ``bits`` (a scalar bitcast; numba has none)."""
+    if not isinstance(bits, types.Integer):
+        return None
+    sig = types.float32(bits)
+
+    def codegen(context, builder, signature, args):
+        word = _integer_arg(context, builder, args[0], signature.args[0], types.uint32)
+        return builder.bitcast(word, ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def bits_from_float(typingctx, value):
+    """The bit pattern (uint32) of a float32."""
+    if value != types.float32:
+        return None
+    sig = types.uint32(value)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
+@intrinsic
+def uint16_pointer(typingctx, address):
+    """A uint16 pointer at an integer address (for numba.carray over memory a caller keeps
+    alive: the KV caches of the rows of one forward live in separate arrays)."""
+    if not isinstance(address, types.Integer):
+        return None
+    sig = types.CPointer(types.uint16)(address)
+
+    def codegen(context, builder, signature, args):
+        word = _integer_arg(context, builder, args[0], signature.args[0], types.int64)
+        return builder.inttoptr(word, ir.IntType(16).as_pointer())
+
+    return sig, codegen
+
+
+@intrinsic
+def fma32(typingctx, a, b, c):
+    """a * b + c in float32 rounded once (llvm.fma: the FMA instruction where the CPU has one,
+    else libm's exact fmaf), whatever fastmath setting the caller has."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        values = [context.cast(builder, v, t, types.float32) for v, t in zip(args, (a, b, c), strict=True)]
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3), "llvm.fma.f32")
+        return builder.call(fn, values)
+
+    return sig, codegen
+
+
+@intrinsic
+def half_bits_to_float(typingctx, bits):
+    """The float32 value of float16 bits (uint16) through LLVM's half type: one ``vcvtph2ps``
+    per 8 values where the CPU has F16C. Only for such CPUs (elsewhere LLVM would call a
+    runtime helper numba does not link); models/kernels.half_value picks."""
+    if bits != types.uint16:
+        return None
+    sig = types.float32(bits)
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return sig, codegen

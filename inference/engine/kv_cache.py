@@ -1,8 +1,10 @@
 """Per-conversation key/value cache.
 
 Rows are positions: row ``i`` holds the keys and values of the token at position ``i``
-(keys already normed and rotated). ``tokens`` shadows the rows so a later request can find
-the longest common prefix with what is cached and prefill only the rest.
+(keys already normed and rotated), stored as float16 like llama.cpp's default cache: half
+the memory of float32 and no loss, since every value is rounded to f16 anyway. ``tokens``
+shadows the rows so a later request can find the longest common prefix with what is cached
+and prefill only the rest.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ class KVGeometry:
     head_dim_k: int
     head_dim_v: int
 
-    def bytes_per_position(self, itemsize: int = 4) -> int:
+    def bytes_per_position(self, itemsize: int = 2) -> int:
         return self.n_layers * self.n_kv_heads * (self.head_dim_k + self.head_dim_v) * itemsize
 
 
@@ -36,8 +38,8 @@ class KVCache:
         g = geometry
         self.geometry = g
         self.n_ctx = n_ctx
-        self.k = np.zeros((g.n_layers, g.n_kv_heads, n_ctx, g.head_dim_k), np.float32)  # (L, kvh, ctx, hd)
-        self.v = np.zeros((g.n_layers, g.n_kv_heads, n_ctx, g.head_dim_v), np.float32)  # (L, kvh, ctx, hd)
+        self.k = np.zeros((g.n_layers, g.n_kv_heads, n_ctx, g.head_dim_k), np.float16)  # (L, kvh, ctx, hd)
+        self.v = np.zeros((g.n_layers, g.n_kv_heads, n_ctx, g.head_dim_v), np.float16)  # (L, kvh, ctx, hd)
         self.tokens: list[int] = []
         # The logits after the last prefill, keyed by its length: a request whose whole prompt is
         # already cached starts from these instead of re-running its last token, so repeating a
@@ -48,6 +50,15 @@ class KVCache:
     def n_tokens(self) -> int:
         """Positions filled (and committed)."""
         return len(self.tokens)
+
+    @property
+    def k_bits(self) -> np.ndarray:
+        """The keys as float16 bit patterns (uint16), as the numba kernels take them."""
+        return self.k.view(np.uint16)
+
+    @property
+    def v_bits(self) -> np.ndarray:
+        return self.v.view(np.uint16)
 
     @property
     def nbytes(self) -> int:
@@ -62,8 +73,8 @@ class KVCache:
     def write(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
         """Store rows for positions ``start .. start+n`` of one layer; k, v are (n, kvh, hd).
 
-        Values are kept at f16 precision, as in llama.cpp's default cache, so attention sees
-        the same operands there and here (and a spill to an f16 sidecar is lossless)."""
+        Values are rounded to f16 (nearest even), as in llama.cpp's default cache, so attention
+        sees the same operands there and here (and a spill to an f16 sidecar is lossless)."""
         n = k.shape[0]
         self.k[layer, :, start : start + n] = k.transpose(1, 0, 2).astype(np.float16)
         self.v[layer, :, start : start + n] = v.transpose(1, 0, 2).astype(np.float16)

@@ -11,6 +11,7 @@ import math
 import numba
 import numpy as np
 
+from .ggml_math import expf_ggml
 from .kv_cache import KVCache
 
 ROPE_NORM = "norm"  # rotate adjacent pairs (x0, x1), (x2, x3) ... — llama
@@ -28,23 +29,29 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 
 @numba.njit(cache=True)
-def silu_one(g):
-    """x * sigmoid(x) of one float32 value."""
+def silu_one(g, vector_lane):
+    """x * sigmoid(x) of one float32 value as llama.cpp computes it: x / (1 + e) with e from
+    ggml's vector expf for the elements of whole 8-wide blocks (``vector_lane``), libm's expf
+    for the tail of a row."""
+    if vector_lane:
+        return g / (np.float32(1.0) + expf_ggml(np.float32(0.0) - g))
     return g / (np.float32(1.0) + np.exp(-g))
 
 
 @numba.njit(cache=True)
 def silu_into(x, out):
-    for i in range(x.shape[0]):
-        out[i] = silu_one(x[i])
+    """silu_one over each row of x (rows, n)."""
+    for r in range(x.shape[0]):
+        vector_end = x.shape[1] - x.shape[1] % 8
+        for i in range(x.shape[1]):
+            out[r, i] = silu_one(x[r, i], i < vector_end)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    """x * sigmoid(x) in float32, through the same expf as the fused decode step (numpy's SIMD
-    exp differs from it in the last bit for some inputs, enough to flip an int8 rounding)."""
+    """x * sigmoid(x) in float32 over the last axis, as llama.cpp's SwiGLU computes it (silu_one)."""
     x = np.ascontiguousarray(x, np.float32)
     out = np.empty_like(x)  # (..., n)
-    silu_into(x.reshape(-1), out.reshape(-1))
+    silu_into(x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1]))
     return out
 
 
@@ -61,28 +68,39 @@ def to_f16_precision(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16).astype(np.float32)
 
 
+@numba.njit(cache=True)
+def rope_table_into(positions, n_rot, base, cos, sin):
+    """cos, sin (n, n_rot/2) of each position as ggml computes them: theta starts at the
+    position and is multiplied by base ** (-2 / n_rot) pair after pair, all in float32."""
+    theta_scale = np.float32(base) ** (np.float32(-2.0) / np.float32(n_rot))
+    for i in range(positions.shape[0]):
+        theta = np.float32(positions[i])
+        for j in range(n_rot // 2):
+            cos[i, j] = np.cos(theta)
+            sin[i, j] = np.sin(theta)
+            theta = theta * theta_scale
+
+
 def rope_angles(positions: np.ndarray, n_rot: int, base: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of each (position, pair) angle, computed as llama.cpp does in float32:
-    the per-pair frequency is a running product of ``base ** (-2 / n_rot)``."""
-    theta_scale = np.float32(base) ** np.float32(-2.0 / n_rot)
-    freqs = np.cumprod(np.full(n_rot // 2, theta_scale, np.float32), dtype=np.float32) / theta_scale
-    theta = positions.astype(np.float32)[:, None] * freqs[None, :]  # (n, n_rot/2)
-    return np.cos(theta), np.sin(theta)
+    """cos and sin (n, n_rot/2) of each (position, pair) angle, computed as ggml does in
+    float32: the angle starts at the position and is multiplied by ``base ** (-2 / n_rot)``
+    pair after pair; cosf and sinf of each."""
+    positions = np.ascontiguousarray(positions, np.int64).reshape(-1)
+    cos = np.empty((positions.shape[0], n_rot // 2), np.float32)  # (n, n_rot/2)
+    sin = np.empty_like(cos)  # (n, n_rot/2)
+    rope_table_into(positions, n_rot, float(base), cos, sin)
+    return cos, sin
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str) -> np.ndarray:
-    """Rotate ``x`` (n, heads, head_dim) by the angles of its positions (n, n_rot/2)."""
-    n_rot = cos.shape[1] * 2
-    out = x.copy()
-    c, s = cos[:, None, :], sin[:, None, :]  # (n, 1, n_rot/2)
-    if style == ROPE_NEOX:
-        a, b = x[..., : n_rot // 2], x[..., n_rot // 2 : n_rot]
-        out[..., : n_rot // 2] = a * c - b * s
-        out[..., n_rot // 2 : n_rot] = a * s + b * c
-    else:
-        a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
-        out[..., 0:n_rot:2] = a * c - b * s
-        out[..., 1:n_rot:2] = a * s + b * c
+    """Rotate ``x`` (n, heads, head_dim) by the angles of its positions (n, n_rot/2), with the
+    fused multiply-adds of ggml's rotate_pairs (models/kernels.rope_inplace)."""
+    from .models.kernels import rope_rows  # the models package imports this module
+
+    out = np.array(x, np.float32)  # (n, heads, head_dim)
+    rope_rows(
+        out, np.ascontiguousarray(cos, np.float32), np.ascontiguousarray(sin, np.float32), style == ROPE_NEOX
+    )
     return out
 
 

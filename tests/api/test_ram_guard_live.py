@@ -1,8 +1,8 @@
 """The RAM guard at start-up of a real server: an absurd --kv-slots is clamped, or kept when forced.
 
-SmolLM2-135M at --ctx 8192 prices a slot at 8192 x 30 layers x 3 kv heads x 128 x 4 bytes
-(360 MiB); ten thousand of them exceed any machine this runs on. Slot caches are allocated on
-first use, so a forced server starts all the same.
+SmolLM2-135M at --ctx 8192 prices a slot at 8192 x 30 layers x 3 kv heads x 128 x 2 bytes
+(180 MiB: the cache holds float16); ten thousand of them exceed any machine this runs on.
+Slot caches are allocated on first use, so a forced server starts all the same.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 CLAMPED = re.compile(
-    r"KV RAM guard: 10000 slot\(s\) x 360\.0 MiB = .* clamped to (\d+) slot\(s\) to fit half"
+    r"KV RAM guard: 10000 slot\(s\) x 180\.0 MiB = .* clamped to (\d+) slot\(s\) to fit half"
 )
 
 

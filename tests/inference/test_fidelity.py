@@ -10,10 +10,16 @@ move (``self_spread``). Its kernels then sum in other orders, and since activati
 quantized to int8 before every product, a rounding that flips near a .5 boundary grows through
 the layers: on SmolLM2 llama.cpp moves by up to 0.44 and even changes its argmax on one prompt.
 
-- Logits: ours may differ from llama.cpp's by at most NOISE_FACTOR times that spread (max and
-  mean absolute difference over the top-64 and 256 probe ids), plus a small floor.
-- Greedy tokens: all 32 must be identical, except that where llama.cpp's own top-2 margin is
-  below the same bound the two candidates are a tie within noise and either may be taken; the
+Every op of our forward reproduces llama.cpp's CPU arithmetic (docs/FIDELITY.md), so the bounds
+are tight where that is proven:
+
+- SmolLM2 (Q4_1; every intermediate tensor compared bit for bit with llama.cpp's eval
+  callback): prompt logits within EXACT_BOUND (measured: identical).
+- The other real models (K-quants, whose int8 arithmetic we sum in another order): within
+  llama.cpp's own batch-size spread (REAL_FACTOR x, plus a small floor).
+- Synthetic models (every format, random weights that amplify differences): NOISE_FACTOR x.
+- Greedy tokens: all 32 identical, except that where llama.cpp's own top-2 margin is below the
+  model's bound (SmolLM2: NEAR_TIE) the two candidates are a tie and either may be taken; the
   comparison stops there, since the continuations legitimately part.
 """
 
@@ -32,7 +38,10 @@ from tests.fixtures.synthetic_gguf import synthetic_path
 
 GOLDENS = sorted((Path(__file__).resolve().parents[1] / "goldens").glob("generation_*.json"))
 NOISE_FACTOR = 3.0
+REAL_FACTOR = 1.0
 NOISE_FLOOR = 0.02  # logits; where llama.cpp's batch sizes happen to agree exactly
+EXACT_BOUND = 0.02  # SmolLM2's prompt logits (issue 14: within 0.02 where llama.cpp is exact)
+NEAR_TIE = 0.05  # SmolLM2's decode steps: a llama.cpp top-2 margin below this is a tie
 
 
 def golden_id(path: Path) -> str:
@@ -61,6 +70,15 @@ def case(request, synthetic_dir):
     return golden, engine_for(golden["model_file"], arch, synthetic_dir)
 
 
+def _bounds(golden: dict, spread: dict) -> tuple[float, float, float]:
+    """(max, mean) bounds on |logit diff| and the top-2 margin below which greedy may part."""
+    if golden["model_file"] == default_model_path().name:
+        return EXACT_BOUND, EXACT_BOUND, NEAR_TIE
+    factor = NOISE_FACTOR if golden["synthetic"] else REAL_FACTOR
+    max_bound = factor * spread["max_abs"] + NOISE_FLOOR
+    return max_bound, factor * spread["mean_abs"] + NOISE_FLOOR, max_bound
+
+
 def run_prompt(engine: Engine, tokens: list[int], steps: int) -> tuple[np.ndarray, list[int], list]:
     """Prefill ``tokens``, then greedy-decode ``steps`` tokens ignoring end-of-generation."""
     cache = engine.new_cache(len(tokens) + steps + 1)
@@ -87,8 +105,7 @@ def test_prompt_logits_and_greedy_tokens_match_llama_cpp(case):
         spread = ref["self_spread"]
         ids = np.array(ref["top_ids"] + golden["probe_ids"])
         diff = np.abs(logits[ids] - np.array(ref["top_values"] + ref["probe_values"]))
-        max_bound = NOISE_FACTOR * spread["max_abs"] + NOISE_FLOOR
-        mean_bound = NOISE_FACTOR * spread["mean_abs"] + NOISE_FLOOR
+        max_bound, mean_bound, tie = _bounds(golden, spread)
         assert diff.max() <= max_bound, f"{name}: max |logit diff| {diff.max():.3f} > {max_bound:.3f}"
         assert diff.mean() <= mean_bound, f"{name}: mean |logit diff| {diff.mean():.3f} > {mean_bound:.3f}"
         expected, margins = prompt["greedy"]["tokens"], prompt["greedy"]["margins"]
@@ -96,8 +113,8 @@ def test_prompt_logits_and_greedy_tokens_match_llama_cpp(case):
             if got == want:
                 continue
             gap = float(step_logits[step][want] - step_logits[step][got])
-            assert margins[step] < max_bound, (
+            assert margins[step] < tie, (
                 f"{name}: step {step} chose {got}, llama.cpp {want} "
-                f"(llama.cpp margin {margins[step]:.4f} > noise bound {max_bound:.3f}; ours {gap:.4f})"
+                f"(llama.cpp margin {margins[step]:.4f} > tie bound {tie:.3f}; ours {gap:.4f})"
             )
             break

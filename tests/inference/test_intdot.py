@@ -7,7 +7,15 @@ import numba
 import numpy as np
 import pytest
 
-from inference.engine.quants.intdot import dot_row_int, dot_row_reference
+from inference.engine.quants.intdot import (
+    HOST_SIMD,
+    avx2_dot_row_int,
+    avx2_dot_rows_int,
+    dot_row_int,
+    dot_row_reference,
+    generic_dot_row_int,
+    generic_dot_rows_int,
+)
 from inference.engine.quants.quantize import ACT_Q8_0, ACT_Q8_1, ACT_Q8_K, round_row_int
 
 
@@ -21,7 +29,7 @@ def test_dot_row_int_equals_reference(group_shift):
     rng = np.random.default_rng(group_shift)
     group, cols = 1 << group_shift, 896
     q = rng.integers(-128, 128, 3 * cols, dtype=np.int8)  # three rows, the middle one used
-    ints = rng.integers(-127, 128, cols).astype(np.int16)
+    ints = rng.integers(-127, 128, cols).astype(np.int8)
     scales = rng.standard_normal(3 * cols // group).astype(np.float32)
     int_scales = rng.random(cols // group, dtype=np.float32)
     got = _dot(q, cols, ints, scales, cols // group, int_scales, cols // group, group_shift)
@@ -35,7 +43,7 @@ def test_dot_row_int_equals_reference(group_shift):
     extreme = _dot(
         np.full(cols, -128, np.int8),
         0,
-        np.full(cols, 127, np.int16),
+        np.full(cols, 127, np.int8),
         ones,
         0,
         ones,
@@ -49,8 +57,42 @@ def test_dot_row_int_equals_reference(group_shift):
 @pytest.mark.parametrize("group", [16, 32])
 def test_integer_codes_reproduce_the_rounded_values(kind, group):
     x = (np.random.default_rng(kind).standard_normal(512) * 3).astype(np.float32)
-    values, ints = np.empty(512, np.float32), np.empty(512, np.int16)
+    values, ints = np.empty(512, np.float32), np.empty(512, np.int8)
     int_scales, sums = np.empty(512 // group, np.float32), np.zeros(512 // group, np.float32)
     round_row_int(kind, x, values, ints, int_scales, sums, group, True)
     assert np.abs(ints).max() <= 127
     np.testing.assert_array_equal(values, ints.astype(np.float32) * np.repeat(int_scales, group))
+
+
+@numba.njit(cache=True)
+def _both_selections(q, ints, scales, int_scales, n_groups, group_shift, host_row, host_rows):
+    """(generic one-row, host one-row, generic block, host block) for the 4 rows of ints."""
+    out = np.empty((4, 4), np.float32)  # (variant, row)
+    for i in range(4):
+        out[0, i] = generic_dot_row_int(q, 0, ints[i], scales, 0, int_scales[i], n_groups, group_shift)
+        out[1, i] = host_row(q, 0, ints[i], scales, 0, int_scales[i], n_groups, group_shift)
+    generic_dot_rows_int(q, 0, ints, 0, scales, 0, int_scales, n_groups, group_shift, out[2])
+    host_rows(q, 0, ints, 0, scales, 0, int_scales, n_groups, group_shift, out[3])
+    return out
+
+
+@pytest.mark.skipif(HOST_SIMD != "avx2", reason="the CPU has no AVX2: only the generic selection runs")
+@pytest.mark.parametrize("group_shift", [4, 5])
+def test_avx2_and_generic_selections_and_row_blocks_give_the_same_bits(group_shift):
+    # Every weight code from -128 to 127 (maddubs's |w| = 128 included) against the extreme
+    # activation codes and random ones; the block of four rows equals four single rows.
+    rng = np.random.default_rng(group_shift + 10)
+    cols = 1024
+    q = np.resize(np.arange(-128, 128, dtype=np.int16), cols).astype(np.int8)
+    rng.shuffle(q)
+    ints = rng.integers(-127, 128, (4, cols)).astype(np.int8)
+    ints[0, :] = 127
+    ints[1, :] = -127
+    n_groups = cols >> group_shift
+    scales = rng.standard_normal(n_groups).astype(np.float32)
+    int_scales = rng.random((4, n_groups), dtype=np.float32)
+    out = _both_selections(
+        q, ints, scales, int_scales, n_groups, group_shift, avx2_dot_row_int, avx2_dot_rows_int
+    )
+    for variant in out[1:]:
+        np.testing.assert_array_equal(variant, out[0])

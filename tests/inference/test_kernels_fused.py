@@ -1,5 +1,5 @@
-"""The fused one-region decode step (models/fused.py, step_kernels.py) against the numpy
-layer path (each family's ``block``), from one shared prefilled cache.
+"""The fused one-region forward (models/fused.py, step_kernels.py) against the numpy layer
+path (each family's ``block``), from one shared prefilled cache.
 
 Both round every activation exactly as ggml does and share the integer group dot products, so
 they usually agree to float32 noise. Not always: float matrices go through BLAS on one side and
@@ -20,7 +20,7 @@ from inference.engine.engine import Engine
 from inference.engine.kv_cache import KVCache
 from inference.engine.layers import gelu_tanh, rms_norm
 from inference.engine.models import step_kernels as sk
-from inference.engine.models.fused import DecodeStep, LayerWeights
+from inference.engine.models.fused import FusedForward, LayerWeights
 from inference.engine.models.rowops import f16_bits, gelu_f16, gelu_tanh_f16, rms_norm_row
 from inference.engine.quants import load_matrix
 from tests.fixtures.model_files import default_model_path, optional_model_path
@@ -31,8 +31,8 @@ from tests.inference.test_quants import Q, random_quant_bytes
 def _decode_logits(engine: Engine, fused: bool, prefilled: KVCache) -> list[np.ndarray]:
     """Four decode steps after the same prefilled cache, through the fused step or the numpy
     layers; then the cache rows the steps wrote."""
-    saved = engine.model.decode_step
-    engine.model.decode_step = saved if fused else None
+    saved = engine.model.fused
+    engine.model.fused = saved if fused else None
     try:
         cache = engine.new_cache(64)
         cache.k[...], cache.v[...], cache.tokens = prefilled.k, prefilled.v, list(prefilled.tokens)
@@ -40,7 +40,7 @@ def _decode_logits(engine: Engine, fused: bool, prefilled: KVCache) -> list[np.n
         # What the step wrote into the cache is what the numpy path reads back.
         return logits + [cache.k[:, :, 17:21].ravel(), cache.v[:, :, 17:21].ravel()]
     finally:
-        engine.model.decode_step = saved
+        engine.model.fused = saved
 
 
 def _fused_and_plain(engine: Engine) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -54,18 +54,18 @@ def test_fused_decode_equals_numpy_layers_on_synthetic_models(arch, synthetic_di
     # Together these cover every quant format and F32/F16/BF16 in every slot, stacked and
     # separate q/k/v and gate/up, biases, q/k norms, post norms, GELU and sliding windows.
     engine = Engine.load(synthetic_path(arch, synthetic_dir))
-    assert engine.model.decode_step is not None
+    assert engine.model.fused is not None
     _assert_agree(*_fused_and_plain(engine))
 
 
 def test_models_with_experts_keep_the_numpy_path(synthetic_dir):
-    assert Engine.load(synthetic_path("qwen3moe", synthetic_dir)).model.decode_step is None
+    assert Engine.load(synthetic_path("qwen3moe", synthetic_dir)).model.fused is None
 
 
 @pytest.mark.parametrize("model", ["default", "qwen2.5-coder-0.5b-instruct.gguf", "gemma-3-270m-q4_k_m.gguf"])
 def test_fused_decode_equals_numpy_layers_on_real_models(model):
     engine = Engine.load(default_model_path() if model == "default" else optional_model_path(model))
-    assert engine.model.decode_step is not None and engine.model.decode_step.computes_logits
+    assert engine.model.fused is not None
     _assert_agree(*_fused_and_plain(engine))
 
 
@@ -112,30 +112,37 @@ def _matrix(qtype, rows: int, cols: int, seed: int):
     return load_matrix(qtype, random_quant_bytes(qtype, rows, cols, seed), (rows, cols))
 
 
+@pytest.mark.parametrize("n_rows", [1, 5])
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda q: q.name)
-def test_rows_stage_equals_matrix_matvec(qtype):
+def test_rows_stage_equals_matrix_matvec(qtype, n_rows):
     # Two stacked linears of one format (70 + 45 rows: tiles straddle them) with a bias on the
-    # second, against each matrix's own matvec (the per-linear kernel or numpy for floats).
-    cols = 512
+    # second, for one row and for five (a block of four plus one), against each matrix's own
+    # matvec of each row: bitwise for block formats, whose products are exact sums.
+    cols, padded = 512, 8  # the kernel's rounded inputs come in whole blocks of rows
     first, second = _matrix(qtype, 70, cols, 3), _matrix(qtype, 45, cols, 4)
     bias = np.random.default_rng(2).standard_normal(45).astype(np.float32)
     layer = LayerWeights((first, second, *[None] * 5), (None, bias, *[None] * 5), (np.ones(8),) * 4, None)
     dims = np.array([1, 1, 8, 8, 0, 0], np.int64)
-    step = DecodeStep([layer], dims, 1e-5, 1.0, None, np.ones(8, np.float32))
-    weights, linears = step.model[0], step.model[1][0, 0:3]
-    x = np.random.default_rng(1).standard_normal(cols).astype(np.float32)
-    rounded = (
-        np.empty((3, cols), np.float32),  # values
-        np.zeros((3, cols), np.int16),  # integer codes
-        np.zeros((3, cols // 16), np.float32),  # their scales
-        np.zeros((3, cols // 16), np.float32),  # group sums
+    head = _matrix(Q.Q8_0, 4, 32, 5)
+    step = FusedForward([layer], dims, 1e-5, 1.0, head, np.ones(8, np.float32))
+    weights, linears = step.model.weights, step.model.linears[0, 0:3]
+    x = np.random.default_rng(1).standard_normal((n_rows, cols)).astype(np.float32)
+    rounded = sk.Rounded(
+        np.empty((3, padded, cols), np.float32),  # values
+        np.zeros((3, padded, cols), np.int8),  # integer codes
+        np.zeros((3, padded, cols // 16), np.float32),  # their scales
+        np.zeros((3, padded, cols // 16), np.float32),  # group sums
     )
-    sk.round_inputs(linears, x, rounded)
-    out = np.full(115, np.nan, np.float32)
+    for n in range(n_rows):
+        sk.round_inputs(linears, x[n], rounded, n)
+    out = np.full((n_rows, 115), np.nan, np.float32)
     counters = (np.zeros(1, np.int64), np.zeros(1, np.int64))
-    sk.rows_stage(weights, linears, rounded, out, False, counters, 0)
-    expected = np.concatenate([first.matvec(x), second.matvec(x, bias)])
-    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
+    sk.rows_stage(weights, linears, rounded, n_rows, out, False, counters, 0)
+    expected = np.stack([np.concatenate([first.matvec(row), second.matvec(row, bias)]) for row in x])
+    if qtype in (Q.F32, Q.F16, Q.BF16):
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
+    else:
+        np.testing.assert_array_equal(out, expected)
     assert counters[1][0] == 4  # every tile of 32 rows claimed and done once
 
 

@@ -145,8 +145,11 @@ def test_f32_stays_a_float32_matrix_without_copy():
     assert isinstance(matrix, FloatMatrix)
     assert np.shares_memory(matrix.weights, weights)
     x = np.arange(64, dtype=np.float32)
-    np.testing.assert_allclose(matrix.matvec(x), weights @ x, rtol=1e-6)
-    np.testing.assert_allclose(matrix.matmul(np.stack([x, -x])), np.stack([x, -x]) @ weights.T, rtol=1e-6)
+    # Our fixed summation order against float64: within float32 rounding of the summed terms.
+    exact, terms = weights.astype(np.float64) @ x, np.abs(weights).astype(np.float64) @ np.abs(x)
+    np.testing.assert_array_less(np.abs(matrix.matvec(x) - exact), 64 * 2.0**-24 * terms)
+    rows = np.stack([matrix.matvec(x), matrix.matvec(-x)])  # each row as one-row products give it
+    np.testing.assert_array_equal(matrix.matmul(np.stack([x, -x])), rows)
     assert_bitwise_equal(matrix.take_rows(np.array([4, 0])), weights[[4, 0]])
 
 

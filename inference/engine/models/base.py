@@ -7,6 +7,8 @@ A family subclasses :class:`DecoderModel`, reads its config and weights, and wri
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -15,15 +17,27 @@ from ..kv_cache import KVCache
 from ..layers import ROPE_NEOX, apply_rope, rms_norm, rope_angles
 from ..quants import GroupedMatrix, QuantMatrix, load_matrix
 from .config import ModelConfig
-from .fused import DecodeStep, LayerWeights
-from .kernels import decode_attention, prefill_attention
+from .fused import FusedForward, LayerWeights, RowPlan
+from .kernels import attend_rows
 
 
 def linear(weight: QuantMatrix, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-    """x (n, cols) @ weight.T (+ bias) -> (n, rows); one token goes through the matvec kernel."""
-    if x.shape[0] == 1:
-        return weight.matvec(x[0], bias)[None, :]
+    """x (n, cols) @ weight.T (+ bias) -> (n, rows); each row's result independent of n."""
     return weight.matmul(np.ascontiguousarray(x), bias)
+
+
+@dataclass(frozen=True)
+class Run:
+    """Tokens appended to one cache by a forward, and whether every position's logits come
+    back (a verify run) or only the last one's."""
+
+    cache: KVCache
+    tokens: Sequence[int]
+    all_logits: bool = False
+
+    @property
+    def n_logits(self) -> int:
+        return len(self.tokens) if self.all_logits else 1
 
 
 def stack_linears(layer: dict, names: tuple[str, ...], key: str) -> None:
@@ -68,11 +82,11 @@ def layer_slots(w: dict) -> tuple[tuple, tuple]:
 
 class DecoderModel(ABC):
     """A decoder-only transformer over a GGUF file; subclasses define ``block`` and, for the
-    fused one-token step, ``step_layers``."""
+    fused forward, ``step_layers``."""
 
     rope_style: str = "norm"
-    step_flags: int = 0  # the family's switches of the fused step (step_kernels QK_NORM, ...)
-    decode_step: DecodeStep | None = None
+    step_flags: int = 0  # the family's switches of the fused forward (step_kernels QK_NORM, ...)
+    fused: FusedForward | None = None
 
     def __init__(self, f: GGUFFile, config: ModelConfig):
         self.file = f
@@ -93,33 +107,37 @@ class DecoderModel(ABC):
     def optional_vector(self, name: str) -> np.ndarray | None:
         return self.vector(name) if self.file.has_tensor(name) else None
 
-    # -- the fused one-token step ------------------------------------------------------------
+    # -- the fused forward -----------------------------------------------------------------
     def step_layers(self) -> list[LayerWeights] | None:
-        """Every layer's weights as the fused step takes them; None: the family has none."""
+        """Every layer's weights as the fused forward takes them; None: the family has none."""
         return None
 
     def rope_bases(self) -> tuple[float, ...]:
         """The RoPE bases the layers use; LayerWeights.rope_table indexes this."""
         return (self.config.rope_base,)
 
-    def build_decode_step(self) -> DecodeStep | None:
+    def build_fused(self) -> FusedForward | None:
         layers = self.step_layers()
         if layers is None:
             return None
         neox = self.rope_style == ROPE_NEOX
-        return DecodeStep.build(layers, self.config, self.output, self.output_norm, self.step_flags, neox)
+        return FusedForward.build(layers, self.config, self.output, self.output_norm, self.step_flags, neox)
 
-    def step_one(self, token: int, cache: KVCache) -> np.ndarray:
-        """Logits (vocab,) of one token through the fused step."""
-        start = cache.n_tokens
-        tables = [self.rope_table(start, base) for base in self.rope_bases()]
-        cos = np.stack([c for c, _ in tables])  # (tables, n_rot/2)
-        sin = np.stack([s for _, s in tables])  # (tables, n_rot/2)
-        out = self.decode_step(self.embed(np.array([token]))[0], cache, start, cos, sin)
-        cache.commit([token])
-        if self.decode_step.computes_logits:
-            return out
-        return linear(self.output, rms_norm(out[None], self.output_norm, self.config.norm_eps))[0]
+    def row_plan(self, runs: Sequence[Run]) -> RowPlan:
+        """Where the rows of ``runs`` go, with their RoPE angles and the rows whose logits come
+        back (every row of an all-logits run, else its last)."""
+        caches, positions, head_rows = [], [], []
+        for run in runs:
+            start, first_row = run.cache.n_tokens, len(positions)
+            caches += [run.cache] * len(run.tokens)
+            positions += range(start, start + len(run.tokens))
+            last = first_row + len(run.tokens)
+            head_rows += range(first_row, last) if run.all_logits else [last - 1]
+        positions = np.array(positions, np.int64)  # (N,)
+        tables = [rope_angles(positions, self.config.n_rot, base) for base in self.rope_bases()]
+        cos = np.ascontiguousarray(np.stack([c for c, _ in tables], axis=1))  # (N, tables, n_rot/2)
+        sin = np.ascontiguousarray(np.stack([s for _, s in tables], axis=1))  # (N, tables, n_rot/2)
+        return RowPlan(caches, positions, cos, sin, np.array(head_rows, np.int64))
 
     # -- forward ---------------------------------------------------------------------------
     def embed(self, tokens: np.ndarray) -> np.ndarray:
@@ -129,14 +147,36 @@ class DecoderModel(ABC):
     def block(self, layer: int, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
         """One transformer layer over x (n, n_embd) at positions start..start+n."""
 
-    def forward(self, tokens: list[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
+    def forward(self, tokens: Sequence[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
         """Run ``tokens`` after what ``cache`` holds; return the last position's logits
         (vocab,) or, with ``all_logits``, every position's (n, vocab)."""
-        n = len(tokens)
-        cache.check_room(n)
-        if n == 1 and self.decode_step is not None:
-            logits = self.step_one(tokens[0], cache)
-            return logits[None] if all_logits else logits
+        return self.forward_runs([Run(cache, tokens, all_logits)])[0]
+
+    def forward_runs(self, runs: Sequence[Run]) -> list[np.ndarray]:
+        """Each run's tokens appended to its own cache, all in one forward; per run, the last
+        position's logits (vocab,) or every position's (n, vocab). A row's logits are bitwise
+        the same whichever runs it shares the forward with."""
+        if len({id(run.cache) for run in runs}) != len(runs):
+            raise ValueError("each run of a forward needs its own cache")
+        for run in runs:
+            if not len(run.tokens):
+                raise ValueError("a run needs at least one token")
+            run.cache.check_room(len(run.tokens))
+        if self.fused is None:
+            return [self.forward_layers(list(run.tokens), run.cache, run.all_logits) for run in runs]
+        plan = self.row_plan(runs)
+        tokens = np.concatenate([np.asarray(run.tokens, np.int64) for run in runs])  # (N,)
+        logits = self.fused(self.embed(tokens), plan)  # (M, vocab)
+        results, at = [], 0
+        for run in runs:
+            run.cache.commit(list(run.tokens))
+            results.append(logits[at : at + run.n_logits] if run.all_logits else logits[at])
+            at += run.n_logits
+        return results
+
+    def forward_layers(self, tokens: list[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        """``forward`` through the numpy layers (``block``): the path of families without a fused
+        forward, and the reference the tests compare the fused one with."""
         start = cache.n_tokens
         x = self.embed(np.asarray(tokens, dtype=np.int64))  # (n, n_embd)
         for layer in range(self.config.n_layers):
@@ -171,47 +211,19 @@ class DecoderModel(ABC):
         rope_base: float | None = None,
     ) -> np.ndarray:
         """Rotate q (n, heads, hd) and k (n, kvh, hd), store k, v rows, attend with q;
-        returns (n, n_heads * head_dim_v). One token goes through the fused decode kernel."""
+        returns (n, n_heads * head_dim_v)."""
         if scale is None:
             scale = 1.0 / np.sqrt(self.config.head_dim_k)
-        if q.shape[0] == 1:
-            cos, sin = self.rope_table(start, rope_base)
-            out = np.empty((q.shape[1], v.shape[2]), np.float32)  # (heads, hd_v)
-            decode_attention(
-                np.ascontiguousarray(q[0]),
-                np.ascontiguousarray(k[0]),
-                np.ascontiguousarray(v[0]),
-                cos,
-                sin,
-                self.rope_style == ROPE_NEOX,
-                cache.k[layer],
-                cache.v[layer],
-                start,
-                window,
-                np.float32(scale),
-                out,
-            )
-            return out.reshape(1, -1)
         q, k = self.rope(q, start, rope_base), self.rope(k, start, rope_base)
         cache.write(layer, start, k, v)
         out = np.empty((q.shape[0], q.shape[1], v.shape[2]), np.float32)  # (n, heads, hd_v)
-        prefill_attention(
+        attend_rows(
             np.ascontiguousarray(q, np.float32),
-            cache.k[layer],
-            cache.v[layer],
+            cache.k_bits[layer],
+            cache.v_bits[layer],
             start,
             window,
             np.float32(scale),
             out,
         )
         return out.reshape(out.shape[0], -1)
-
-    def rope_table(self, position: int, base: float | None) -> tuple[np.ndarray, np.ndarray]:
-        """cos, sin (n_rot/2,) of one position, remembered for the layers that follow."""
-        if getattr(self, "_rope_position", None) != position:
-            self._rope_position, self._rope_tables = position, {}
-        if base not in self._rope_tables:
-            c = self.config
-            cos, sin = rope_angles(np.array([position]), c.n_rot, c.rope_base if base is None else base)
-            self._rope_tables[base] = (cos[0], sin[0])
-        return self._rope_tables[base]

@@ -1,11 +1,12 @@
-"""The fused decode step: one token through every layer in one numba parallel region.
+"""The fused forward: N rows (tokens) through every layer in one numba parallel region.
 
 At 100+ tokens per second a token has ~10 ms for 30 layers, and each numpy call or parallel
 region costs tens of microseconds (a sleeping OpenMP team takes that long to wake). So the
 step's weights are gathered once at load into flat arenas described by int64 tables
-(step_kernels.py), and ``DecodeStep.__call__`` is a single kernel call per token. Families
-with a layer the kernel does not cover (float matrices, experts, unequal k/v head sizes)
-keep their numpy ``block``, which is also the reference the tests compare against.
+(step_kernels.py), and ``FusedForward.__call__`` is a single kernel call per forward, of one
+token or many (a prefill chunk, a lockstep batch, a verify run). Families with a layer the
+kernel does not cover (experts, unequal k/v head sizes) keep their numpy ``block``, which is
+also the reference the tests compare against.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..kv_cache import KVCache
 from ..quants.layout import GroupLayout
 from ..quants.matrix import FloatMatrix, GroupedMatrix, QuantMatrix
 from . import step_kernels as sk
+from . import step_region
 from .rowops import gelu_table
 
 SUPPORTED_GROUP_SIZES = (16, 32)  # every block format's
@@ -101,18 +103,17 @@ def fusable(matrix: QuantMatrix | None) -> bool:
     return matrix is None or isinstance(matrix, FloatMatrix)
 
 
-class DecodeStep:
-    """One-token forward of a whole model in one kernel call (see the module docstring)."""
+class FusedForward:
+    """A forward of N rows through the whole model in one kernel call (module docstring)."""
 
     def __init__(self, layers: list[LayerWeights], dims: np.ndarray, eps, scale, head, output_norm):
         self.dims = dims
         matrices = [m for w in layers for m in w.linears if m is not None]
-        head_in_kernel = head is not None and fusable(head)
-        arena = _Arena(matrices + ([head] if head_in_kernel else []))
+        arena = _Arena(matrices + [head])
         linears = np.array(
             [[arena.row(m, b) for m, b in zip(w.linears, w.biases, strict=True)] for w in layers], np.int64
         )  # (layers, slots, fields)
-        head_row = np.array([arena.row(head if head_in_kernel else None, None)], np.int64)  # (1, fields)
+        head_row = np.array([arena.row(head, None)], np.int64)  # (1, fields)
         n_embd = layers[0].norms[0].shape[0]
         zeros = np.zeros(n_embd, np.float32)  # (n_embd,)
         norms = np.array([[zeros if n is None else n for n in w.norms] for w in layers], np.float32)  # (L, 4, n_embd)
@@ -123,36 +124,50 @@ class DecodeStep:
         )  # (L, 2, hd)
         layer_info = np.array([[w.window, w.rope_table] for w in layers], np.int64)  # (L, 2)
         gelu = gelu_table() if dims[sk.FLAGS] & sk.GELU else np.zeros(1, np.float32)  # (65536,) or unused
-        weights = (arena.q, arena.scales, arena.mins, arena.bias_array(), arena.floats, gelu)
-        self.head_rows = int(head_row[0, sk.ROWS])
-        self.model = (
+        weights = sk.StepWeights(arena.q, arena.scales, arena.mins, arena.bias_array(), arena.floats, gelu)
+        self.vocab = int(head_row[0, sk.ROWS])
+        self.model = sk.StepModel(
             weights, linears, head_row, norms, qk_norms, np.asarray(output_norm, np.float32), layer_info,
             dims, np.float32(eps), np.float32(scale),
         )  # fmt: skip
 
     @classmethod
     def build(cls, layers: list[LayerWeights], config, head: QuantMatrix, output_norm, flags: int, neox: bool):
-        """A DecodeStep for these layers, or None if a matrix has no kernel here (block formats
-        with groups of 16 or 32, and float matrices, have) or k and v heads differ in size."""
+        """A FusedForward for these layers, or None if a matrix has no kernel here (block
+        formats with groups of 16 or 32, and float matrices, have) or k and v heads differ in
+        size."""
         if config.head_dim_k != config.head_dim_v:
             return None
-        if not all(fusable(m) for w in layers for m in w.linears):
+        if not all(fusable(m) for w in layers for m in w.linears) or not fusable(head):
             return None
         dims = np.array(
             [config.n_heads, config.n_kv_heads, config.head_dim_k, config.n_ff, flags, int(neox)], np.int64
         )  # (6,)
         return cls(layers, dims, config.norm_eps, 1.0 / np.sqrt(config.head_dim_k), head, output_norm)
 
-    @property
-    def computes_logits(self) -> bool:
-        """Whether the output head runs inside the step (else the caller applies it to x)."""
-        return self.head_rows > 0
-
-    def __call__(self, x: np.ndarray, cache: KVCache, pos: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        """x (n_embd,) of the token at ``pos`` -> logits (vocab,), or the final hidden row
-        (n_embd,) when the head is not in the kernel. cos, sin: (tables, n_rot/2)."""
-        x = np.array(x, np.float32)  # (n_embd,) updated in place
-        logits = np.empty(max(self.head_rows, 1), np.float32)  # (vocab,)
+    def __call__(self, x: np.ndarray, rows: RowPlan) -> np.ndarray:
+        """x (N, n_embd) of the rows ``rows`` describes -> logits (M, vocab) of its head rows.
+        Writes every row's k and v into its cache (the caller commits the tokens)."""
+        x = np.array(x, np.float32)  # (N, n_embd) updated in place
+        logits = np.empty((rows.head_rows.shape[0], self.vocab), np.float32)  # (M, vocab)
         threads = numba.get_num_threads()
-        sk.decode_step(threads, x, self.model, cos, sin, cache.k, cache.v, pos, logits)
-        return logits if self.computes_logits else x
+        step_region.forward_rows(threads, x, self.model, rows.kernel_rows(), logits)
+        return logits
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """The rows of one fused forward: where each goes (its cache and position), its RoPE
+    angles, and which rows' logits come back. The caches must stay alive during the call."""
+
+    caches: list[KVCache]  # (N,) one per row; a cache may hold several consecutive rows
+    positions: np.ndarray  # (N,) int64
+    cos: np.ndarray  # (N, tables, n_rot/2) float32
+    sin: np.ndarray  # (N, tables, n_rot/2) float32
+    head_rows: np.ndarray  # (M,) int64: rows whose logits are wanted, in order
+
+    def kernel_rows(self) -> sk.StepRows:
+        table = np.array(
+            [[c.k_bits.ctypes.data, c.v_bits.ctypes.data, c.n_ctx] for c in self.caches], np.int64
+        )  # (N, 3)
+        return sk.StepRows(self.positions, table, self.cos, self.sin, self.head_rows)

@@ -37,7 +37,7 @@ class Gemma3Model(DecoderModel):
         super().__init__(f, config)
         self.embed_scale = np.float32(np.sqrt(config.n_embd))
         self.layers = [self.load_layer(i) for i in range(config.n_layers)]
-        self.decode_step = self.build_decode_step()
+        self.fused = self.build_fused()
 
     def load_layer(self, i: int) -> dict:
         layer = {name: self.matrix(f"blk.{i}.{name}.weight") for name in MATRICES}

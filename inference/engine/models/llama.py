@@ -21,7 +21,7 @@ class LlamaModel(DecoderModel):
     def __init__(self, f: GGUFFile, config: ModelConfig | None = None):
         super().__init__(f, config or ModelConfig.from_gguf(f))
         self.layers = [self.load_layer(i) for i in range(self.config.n_layers)]
-        self.decode_step = self.build_decode_step()
+        self.fused = self.build_fused()
 
     def step_layers(self) -> list[LayerWeights] | None:
         layers = []

@@ -8,7 +8,7 @@ import numba
 import numpy as np
 
 from ..quants.quantize import round_f16
-from .kernels import F16_MIN_NORMAL, F16_SUBNORMAL_STEP
+from .kernels import f16_bits
 
 
 @numba.njit(cache=True)
@@ -41,19 +41,6 @@ def gelu_f16(v):
     c, half, one, cubic = np.float32(np.sqrt(2.0 / np.pi)), np.float32(0.5), np.float32(1.0), np.float32(0.044715)
     v16 = round_f16(v)
     return round_f16(half * v16 * (one + np.tanh(c * v16 * (one + cubic * v16 * v16))))
-
-
-@numba.njit(cache=True)
-def f16_bits(v, b):
-    """The float16 bit pattern nearest (ties to even) to a float32 ``v`` with |v| < 65504,
-    given ``b``, the bits of v (numba has no scalar bitcast)."""
-    sign = (b >> np.uint32(16)) & np.uint32(0x8000)
-    magnitude = abs(v)
-    if magnitude < F16_MIN_NORMAL:  # subnormal: a multiple of 2**-24, 1024 = the first normal
-        return np.uint16(sign | np.uint32(np.rint(magnitude / F16_SUBNORMAL_STEP)))
-    b = (b & np.uint32(0x7FFFFFFF)) + np.uint32(0xFFF) + ((b >> np.uint32(13)) & np.uint32(1))
-    exponent = (b >> np.uint32(23)) - np.uint32(112)  # rebias 127 -> 15
-    return np.uint16(sign | (exponent << np.uint32(10)) | ((b >> np.uint32(13)) & np.uint32(0x3FF)))
 
 
 @numba.njit(cache=True)

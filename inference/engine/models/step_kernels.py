@@ -1,39 +1,43 @@
-"""A whole decode step (every layer and the output head) in one numba parallel region.
+"""A forward of N rows (tokens) through every layer and the head in one numba parallel region.
 
-Each thread runs ``run_stages``: the same list of stages, claiming work items of each from
-shared counters (see worksharing.py) and waiting for the stage to complete before the next.
-Per layer:
+The rows may belong to different caches at different positions: one decode step (N = 1), a
+prefill chunk (N rows of one cache), a lockstep batch (one row per cache) and a verify run
+all take this one kernel, and a row's arithmetic does not depend on N or on the other rows.
+Every output element of a product is the same integer group dot product (intdot.py) of the
+row's own rounded input, and every norm, RoPE, attention and activation runs over one row in
+one fixed order. So a row's logits are bitwise the same however it is batched.
 
-    QKV      rows of the q|k|v products           (input: rms_norm(x), rounded per weight format)
-    KV       per kv head: k norm, RoPE, f16 cache write of k and v
-    ATTEND   per q head: q norm, RoPE, attention over the cache
-    OUT      rows of the output product            (x += ..., or into ``proj`` with post norms)
-    OUT_POST one item: x += rms_norm(proj)          (post-norm families only)
-    FFN      rows of gate and up, then SiLU(gate) * up or GELU(gate) * up
-    DOWN     rows of the down product               (x += ..., or into ``proj``)
-    FFN_POST one item: x += rms_norm(proj)
+Each thread runs ``run_stages``: the same list of stages, claiming work items from shared
+counters (worksharing.py) and waiting for each stage to complete before the next. Per layer:
 
-and at the end HEAD: rows of the output matrix on rms_norm(x). Inputs that every item of a stage
-reads (the normed and rounded row) are computed by each thread for itself: cheaper than one
-more stage. Weights live in flat arenas, each linear described by a row of an int64 table
-(``LINEAR_FIELDS``), so one call takes a handful of arrays instead of hundreds.
+    PREP_QKV  per row: rms_norm(x), rounded per weight format    QKV   tiles of q|k|v rows
+    KV        per (row, kv head): k norm, RoPE, f16 cache write of k and v
+    ATTEND    per (row, q head): q norm, RoPE, attention over the row's cache
+    PREP_OUT, OUT (x += ..., or into ``proj``), OUT_POST per row: x += rms_norm(proj)
+    PREP_FFN, FFN tiles of gate and up rows, SiLU(gate) * up or GELU(gate) * up
+    PREP_DOWN, DOWN, FFN_POST
 
-Arithmetic is the per-linear kernels' (matvec.py) and the numpy layers' rounding (f16 q, cache
-rows and probabilities; ggml's activation rounding), so models' numpy ``block`` stays the
-reference the tests compare against.
+and at the end PREP_HEAD, HEAD for the rows whose logits are wanted. With one row every thread
+rounds the input itself (no stage, no wait): cheaper than one more barrier per product.
+Weights live in flat arenas, each linear described by a row of an int64 table
+(``LINEAR_FIELDS``). The kernel's inputs are named tuples (``StepModel``, ``StepRows``).
 """
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numba
 import numpy as np
 
-from ..quants.intdot import add_min_terms, dot_row_int
-from ..quants.quantize import round_row, round_row_int
-from ..intrinsics import prefetch
-from ..worksharing import claim, mark_done, wait_done
-from .kernels import rope_inplace, round_f16_inplace, scores_into, softmax_f16_inplace, weighted_values
+from ..intrinsics import prefetch, uint16_pointer
 from ..layers import silu_one
+from ..quants.intdot import (
+    ROW_BLOCK, dot_pair_int, dot_row_int, dot_rows_int, min_sum, min_sums_pair, min_sums_tile,
+)  # fmt: skip
+from ..quants.quantize import round_row, round_row_int
+from ..worksharing import claim, mark_done, wait_done
+from .kernels import attend_head, rope_inplace, round_f16_inplace, store_half
 from .rowops import gelu_lookup, rms_norm_into
 
 # Columns of the linear table: offsets into the arenas (-1: none), shape, format. A float
@@ -45,45 +49,103 @@ LINEAR_FIELDS = 8
 # gate_up in slot 4), down. Unused slots have ROWS 0.
 SLOT_Q, SLOT_OUT, SLOT_GATE, SLOT_UP, SLOT_DOWN = 0, 3, 4, 5, 6
 # Stage numbers within a layer.
-QKV, KV, ATTEND, OUT, OUT_POST, FFN, DOWN, FFN_POST = range(8)
-STAGES_PER_LAYER = 8
+PREP_QKV, QKV, KV, ATTEND, PREP_OUT, OUT, OUT_POST, PREP_FFN, FFN, PREP_DOWN, DOWN, FFN_POST = range(12)
+STAGES_PER_LAYER = 12
 # Family switches in dims[FLAGS].
 QK_NORM, POST_NORMS, GELU = 1, 2, 4
 # dims: the int64 vector of sizes the kernel reads.
 N_HEADS, N_KV, HEAD_DIM, N_FF, FLAGS, NEOX = range(6)
+# Columns of StepRows.caches: the addresses of a row's cache arrays and their context length.
+CACHE_K, CACHE_V, CACHE_CTX = range(3)
 PREFETCH_BYTES = 3072
-TILE_ROWS = 32  # rows per work item: ~18-150 KB of weights, far above the cost of a claim
+TILE_ROWS = 32  # weight rows per work item: ~18-150 KB, reused from cache by every token row
+SOLO_ROWS = 1  # up to this many rows, each thread rounds every row's input itself
+
+StepWeights = namedtuple("StepWeights", ["q", "scales", "mins", "bias", "floats", "gelu"])
+StepModel = namedtuple(
+    "StepModel",
+    ["weights", "linears", "head", "norms", "qk_norms", "output_norm", "layer_info", "dims", "eps", "scale"],
+)
+# positions (N,); caches (N, 3) int64; cos, sin (N, tables, n_rot/2); head_rows (M,): which
+# rows' logits the head computes, in order.
+StepRows = namedtuple("StepRows", ["positions", "caches", "cos", "sin", "head_rows"])
+# A thread's view of the rounded inputs: each (slots, rows, ...).
+Rounded = namedtuple("Rounded", ["values", "ints", "int_scales", "sums"])
 
 
-@numba.njit(fastmath=True, cache=True)
-def _dot_rows_grouped(weights, lin, inputs, k, r0, r1, out, accumulate):
-    q, scales, mins, bias = weights[0], weights[1], weights[2], weights[3]
-    _, ints, int_scales, sums = inputs
+@numba.njit(cache=True)
+def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_block):
+    """One activation row: weight rows two at a time (two independent sums in flight)."""
+    q, scales, mins = weights.q, weights.scales, weights.mins
     cols, shift = lin[COLS], lin[SHIFT]
     groups = cols >> shift
-    codes, code_scales, group_sums = ints[k], int_scales[k], sums[k]
-    # Prefetch ~3 KB ahead: the hardware prefetcher alone left single-thread reads of short
-    # rows at ~12 GB/s, against ~15 with this (measured on 576-4864 column rows).
+    codes, code_scales, group_sums = rounded.ints[k, 0], rounded.int_scales[k, 0], rounded.sums[k, 0]
     ahead = max(1, PREFETCH_BYTES // cols) * cols
     end = lin[Q_OFF] + lin[ROWS] * cols
-    for r in range(r0, r1):
-        row_start = lin[Q_OFF] + r * cols
-        for i in range(row_start + ahead, min(row_start + ahead + cols, end), 64):
+    has_mins, has_bias, b_first = lin[M_OFF] >= 0, lin[B_OFF] >= 0, lin[B_OFF]
+    for r in range(r0, r1, 2):
+        pair = r + 1 < r1
+        row_start, s_start, m_start = lin[Q_OFF] + r * cols, lin[S_OFF] + r * groups, lin[M_OFF] + r * groups
+        # Prefetch ~3 KB ahead: the hardware prefetcher alone left single-thread reads of short
+        # rows at ~12 GB/s, against ~15 with this (measured on 576-4864 column rows).
+        for i in range(row_start + ahead, min(row_start + ahead + 2 * cols, end), 64):
             prefetch(q, i)
-        acc = dot_row_int(q, row_start, codes, scales, lin[S_OFF] + r * groups, code_scales, groups, shift)
-        if lin[M_OFF] >= 0:
-            acc = add_min_terms(acc, mins, lin[M_OFF] + r * groups, group_sums, groups)
-        if lin[B_OFF] >= 0:
-            acc += bias[lin[B_OFF] + r]
-        if accumulate:
-            out[r - r0] += acc
+        if pair:
+            dot_pair_int(q, row_start, row_start + cols, codes, scales, s_start, s_start + groups, code_scales, groups, shift, block)
+            if has_mins:
+                min_sums_pair(mins, m_start, m_start + groups, group_sums, groups, min_block)
         else:
-            out[r - r0] = acc
+            block[0] = dot_row_int(q, row_start, codes, scales, s_start, code_scales, groups, shift)
+            if has_mins:
+                min_block[0] = min_sum(mins, m_start, group_sums, groups)
+        for i in range(2 if pair else 1):
+            acc = block[i]
+            if has_mins:
+                acc += min_block[i]
+            if has_bias:
+                acc += weights.bias[b_first + r + i]
+            if accumulate:
+                out[0, r + i - r0] += acc
+            else:
+                out[0, r + i - r0] = acc
+
+
+@numba.njit(cache=True)
+def _dot_tile_rows(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch):
+    """Several activation rows: blocks of ROW_BLOCK per pass over each weight row."""
+    block, min_tile = scratch[0], scratch[1:]
+    q, scales, mins, bias = weights.q, weights.scales, weights.mins, weights.bias
+    cols, shift = lin[COLS], lin[SHIFT]
+    groups = cols >> shift
+    codes, code_scales, group_sums = rounded.ints[k], rounded.int_scales[k], rounded.sums[k]
+    ahead = max(1, PREFETCH_BYTES // cols) * cols
+    end = lin[Q_OFF] + lin[ROWS] * cols
+    has_mins, has_bias, b_first = lin[M_OFF] >= 0, lin[B_OFF] >= 0, lin[B_OFF]
+    for n0 in range(0, n_rows, ROW_BLOCK):
+        if has_mins:
+            min_sums_tile(mins, lin[M_OFF] + r0 * groups, r1 - r0, group_sums, n0, groups, min_tile)
+        for r in range(r0, r1):
+            row_start, s_start = lin[Q_OFF] + r * cols, lin[S_OFF] + r * groups
+            if n0 == 0:
+                for i in range(row_start + ahead, min(row_start + ahead + cols, end), 64):
+                    prefetch(q, i)
+            # Rows past n_rows are padding (zero codes): computed, never stored.
+            dot_rows_int(q, row_start, codes, n0, scales, s_start, code_scales, groups, shift, block)
+            for i in range(min(ROW_BLOCK, n_rows - n0)):
+                acc = block[i]
+                if has_mins:
+                    acc += min_tile[r - r0, i]
+                if has_bias:
+                    acc += bias[b_first + r]
+                if accumulate:
+                    out[n0 + i, r - r0] += acc
+                else:
+                    out[n0 + i, r - r0] = acc
 
 
 @numba.njit(fastmath=True, cache=True)
 def _dot_rows_float(weights, lin, values, r0, r1, out, accumulate):
-    floats, bias = weights[4], weights[3]
+    floats, bias = weights.floats, weights.bias
     cols = lin[COLS]
     for r in range(r0, r1):
         # A row view indexed from 0: an index computed from an offset gets numba's
@@ -101,44 +163,77 @@ def _dot_rows_float(weights, lin, values, r0, r1, out, accumulate):
 
 
 @numba.njit(cache=True)
-def dot_rows(weights, lin, inputs, k, r0, r1, out, accumulate):
-    """out[0 : r1-r0] (+)= rows r0..r1 of linear ``lin`` times slot k's rounded input: integer
-    group dot products for block formats (intdot.py), float32 for float matrices."""
+def dot_tile(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch):
+    """out[n, 0 : r1-r0] (+)= rows r0..r1 of linear ``lin`` times row n of slot k's rounded
+    input, for n < n_rows: integer group dot products for block formats (intdot.py, up to
+    ROW_BLOCK input rows per pass over a weight row), float32 for float matrices. ``scratch``
+    (1 + TILE_ROWS, ROW_BLOCK): the dot products of a block, then the min terms of a tile."""
     if lin[SHIFT] == FLOAT_SHIFT:
-        _dot_rows_float(weights, lin, inputs[0][k], r0, r1, out, accumulate)
+        for n in range(n_rows):
+            _dot_rows_float(weights, lin, rounded.values[k, n], r0, r1, out[n], accumulate)
+    elif n_rows == 1:
+        _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, scratch[0], scratch[1])
     else:
-        _dot_rows_grouped(weights, lin, inputs, k, r0, r1, out, accumulate)
+        _dot_tile_rows(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch)
 
 
 @numba.njit(cache=True)
-def round_inputs(linears, x, inputs):
-    """Round x once per slot in ``linears`` (k, LINEAR_FIELDS) as its weight format wants:
-    inputs = (values, integer codes, their per-group scales, group sums), each (slots, ...)."""
-    values, ints, int_scales, sums = inputs
+def round_inputs(linears, x, rounded, n):
+    """Round x into row n of every slot in ``linears`` (k, LINEAR_FIELDS) as its weight format
+    wants (values, integer codes, their per-group scales, group sums)."""
     for k in range(linears.shape[0]):
         lin = linears[k]
         if lin[ROWS] == 0:
             continue
         cols, shift = lin[COLS], lin[SHIFT]
+        values = rounded.values[k, n, :cols]
         if shift == FLOAT_SHIFT:
-            round_row(lin[KIND], x, values[k, :cols], sums[k, :0], 1, False)
+            round_row(lin[KIND], x, values, rounded.sums[k, n, :0], 1, False)
         else:
             n_groups = cols >> shift
             round_row_int(
-                lin[KIND], x, values[k, :cols], ints[k, :cols], int_scales[k, :n_groups], sums[k, :n_groups],
-                1 << shift, lin[M_OFF] >= 0,
+                lin[KIND], x, values, rounded.ints[k, n, :cols], rounded.int_scales[k, n, :n_groups],
+                rounded.sums[k, n, :n_groups], 1 << shift, lin[M_OFF] >= 0,
             )  # fmt: skip
 
 
 @numba.njit(cache=True)
-def rows_stage(weights, linears, inputs, out, accumulate, counters, stage):
-    """Claim tiles of the rows of ``linears`` (stacked one after another in ``out``) until
-    none are left, then wait for the stage to complete."""
+def _prepare_row(src, norm, eps, linears, rounded, i, normed):
+    if norm.shape[0]:
+        rms_norm_into(src, norm, eps, normed)
+        round_inputs(linears, normed, rounded, i)
+    else:
+        round_inputs(linears, src, rounded, i)
+
+
+@numba.njit(cache=True)
+def prepare_stage(src, src_rows, norm, eps, linears, rounded, normed, solo, counters, stage):
+    """Rounded row i := src[src_rows[i]], rms-normed by ``norm`` first if it has entries. With
+    ``solo`` this thread does every row into its own buffers; else rows are shared out."""
+    n = src_rows.shape[0]
+    if solo:
+        for i in range(n):
+            _prepare_row(src[src_rows[i]], norm, eps, linears, rounded, i, normed)
+        return
+    claimed, done = counters
+    i = claim(claimed, stage)
+    while i < n:
+        _prepare_row(src[src_rows[i]], norm, eps, linears, rounded, i, normed)
+        mark_done(done, stage)
+        i = claim(claimed, stage)
+    wait_done(done, stage, n)
+
+
+@numba.njit(cache=True)
+def rows_stage(weights, linears, rounded, n_rows, out, accumulate, counters, stage):
+    """Claim tiles of the rows of ``linears`` (stacked one after another in ``out`` (rows,
+    total)) and take each tile's products with every one of ``n_rows`` rounded rows."""
     claimed, done = counters
     total = 0
     for k in range(linears.shape[0]):
         total += linears[k, ROWS]
     n_items = (total + TILE_ROWS - 1) // TILE_ROWS
+    scratch = np.empty((1 + TILE_ROWS, ROW_BLOCK), np.float32)  # (dots | min terms per row, ROW_BLOCK)
     item = claim(claimed, stage)
     while item < n_items:
         a, b = item * TILE_ROWS, min(total, (item + 1) * TILE_ROWS)
@@ -146,7 +241,7 @@ def rows_stage(weights, linears, inputs, out, accumulate, counters, stage):
         for k in range(linears.shape[0]):
             lo, hi = max(a, offset), min(b, offset + linears[k, ROWS])
             if lo < hi:
-                dot_rows(weights, linears[k], inputs, k, lo - offset, hi - offset, out[lo:hi], accumulate)
+                dot_tile(weights, linears[k], rounded, k, n_rows, lo - offset, hi - offset, out[:, lo:hi], accumulate, scratch)
             offset += linears[k, ROWS]
         mark_done(done, stage)
         item = claim(claimed, stage)
@@ -154,74 +249,89 @@ def rows_stage(weights, linears, inputs, out, accumulate, counters, stage):
 
 
 @numba.njit(cache=True)
-def kv_stage(qkv, qk_norm, eps, cos, sin, dims, cache_k, cache_v, pos, counters, stage):
-    """Per kv head: norm and rotate k in place, write k and v at row ``pos`` of the cache."""
+def cache_arrays(caches, n, n_layers, dims):
+    """Row n's cache k and v (layers, kv heads, ctx, head_dim) of f16 bits."""
+    shape = (n_layers, dims[N_KV], caches[n, CACHE_CTX], dims[HEAD_DIM])
+    k = numba.carray(uint16_pointer(caches[n, CACHE_K]), shape)
+    v = numba.carray(uint16_pointer(caches[n, CACHE_V]), shape)
+    return k, v
+
+
+@numba.njit(cache=True)
+def kv_stage(qkv, qk_norm, eps, rows, rope, dims, layer, n_layers, counters, stage):
+    """Per (row, kv head): norm and rotate k in place, write k and v as f16 at the row's
+    position of its cache."""
     claimed, done = counters
     n_heads, n_kv, hd = dims[N_HEADS], dims[N_KV], dims[HEAD_DIM]
     k_first, v_first = n_heads * hd, (n_heads + n_kv) * hd
-    h = claim(claimed, stage)
-    while h < n_kv:
-        k = qkv[k_first + h * hd : k_first + (h + 1) * hd]
+    n_items = qkv.shape[0] * n_kv
+    item = claim(claimed, stage)
+    while item < n_items:
+        n, h = item // n_kv, item % n_kv
+        k = qkv[n, k_first + h * hd : k_first + (h + 1) * hd]
         if dims[FLAGS] & QK_NORM:
             rms_norm_into(k, qk_norm, eps, k)
-        rope_inplace(k, cos, sin, dims[NEOX] != 0)
-        cache_k[h, pos] = k
-        cache_v[h, pos] = qkv[v_first + h * hd : v_first + (h + 1) * hd]
-        round_f16_inplace(cache_k[h, pos])
-        round_f16_inplace(cache_v[h, pos])
+        rope_inplace(k, rows.cos[n, rope], rows.sin[n, rope], dims[NEOX] != 0)
+        cache_k, cache_v = cache_arrays(rows.caches, n, n_layers, dims)
+        pos = rows.positions[n]
+        store_half(k, cache_k[layer, h, pos])
+        store_half(qkv[n, v_first + h * hd : v_first + (h + 1) * hd], cache_v[layer, h, pos])
         mark_done(done, stage)
-        h = claim(claimed, stage)
-    wait_done(done, stage, n_kv)
+        item = claim(claimed, stage)
+    wait_done(done, stage, n_items)
 
 
 @numba.njit(cache=True)
-def attend_stage(qkv, q_norm, eps, cos, sin, dims, cache_k, cache_v, pos, window, scale, q_buf, scores, out, counters, stage):
-    """Per q head: norm, rotate and f16-round q, attend over cache rows up to ``pos`` (the last
-    ``window`` only, if > 0) and write the head's output."""
+def attend_stage(qkv, q_norm, eps, rows, rope, dims, layer, n_layers, window, scale, q_buf, scores, out, counters, stage):
+    """Per (row, q head): norm, rotate and f16-round q, attend over the row's cache up to its
+    position (the last ``window`` only, if > 0) and write the head's output."""
     claimed, done = counters
     n_heads, hd = dims[N_HEADS], dims[HEAD_DIM]
     group = n_heads // dims[N_KV]
-    first = max(0, pos + 1 - window) if window > 0 else 0
-    n_keys = pos + 1 - first
-    h = claim(claimed, stage)
-    while h < n_heads:
-        q_buf[:] = qkv[h * hd : (h + 1) * hd]
+    n_items = qkv.shape[0] * n_heads
+    item = claim(claimed, stage)
+    while item < n_items:
+        n, h = item // n_heads, item % n_heads
+        q_buf[:] = qkv[n, h * hd : (h + 1) * hd]
         if dims[FLAGS] & QK_NORM:
             rms_norm_into(q_buf, q_norm, eps, q_buf)
-        rope_inplace(q_buf, cos, sin, dims[NEOX] != 0)
+        rope_inplace(q_buf, rows.cos[n, rope], rows.sin[n, rope], dims[NEOX] != 0)
         round_f16_inplace(q_buf)
-        probs = scores[:n_keys]
-        scores_into(q_buf, cache_k[h // group], first, pos + 1, scale, probs)
-        softmax_f16_inplace(probs)
-        weighted_values(probs, cache_v[h // group], first, out[h * hd : (h + 1) * hd])
+        cache_k, cache_v = cache_arrays(rows.caches, n, n_layers, dims)
+        keys, values = cache_k[layer, h // group], cache_v[layer, h // group]
+        attend_head(q_buf, keys, values, rows.positions[n], window, scale, scores, out[n, h * hd : (h + 1) * hd])
         mark_done(done, stage)
-        h = claim(claimed, stage)
-    wait_done(done, stage, n_heads)
+        item = claim(claimed, stage)
+    wait_done(done, stage, n_items)
 
 
 @numba.njit(cache=True)
-def ffn_stage(weights, linears, inputs, n_ff, gelu, tile, act, counters, stage):
+def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage):
     """Tiles of gate and up rows (slot 0 of ``linears`` is gate, or gate|up stacked when slot 1
-    is empty); writes act = SiLU(gate) * up or GELU(gate) * up."""
+    is empty) for every row; writes act = SiLU(gate) * up or GELU(gate) * up."""
     claimed, done = counters
+    n_rows = act.shape[0]
     n_items = (n_ff + TILE_ROWS - 1) // TILE_ROWS
     stacked = linears[1, ROWS] == 0
+    scratch = np.empty((1 + TILE_ROWS, ROW_BLOCK), np.float32)  # (dots | min terms per row, ROW_BLOCK)
+    tile = np.empty((2, n_rows, TILE_ROWS), np.float32)  # (gate|up, N, tile)
     item = claim(claimed, stage)
     while item < n_items:
         a, b = item * TILE_ROWS, min(n_ff, (item + 1) * TILE_ROWS)
-        gate, up = tile[0, : b - a], tile[1, : b - a]
-        dot_rows(weights, linears[0], inputs, 0, a, b, gate, False)
+        gate, up = tile[0, :, : b - a], tile[1, :, : b - a]
+        dot_tile(weights, linears[0], rounded, 0, n_rows, a, b, gate, False, scratch)
         if stacked:
-            dot_rows(weights, linears[0], inputs, 0, n_ff + a, n_ff + b, up, False)
+            dot_tile(weights, linears[0], rounded, 0, n_rows, n_ff + a, n_ff + b, up, False, scratch)
         else:
-            dot_rows(weights, linears[1], inputs, 1, a, b, up, False)
-        if gelu:
-            gate_bits, table = gate.view(np.uint32), weights[5]
-            for i in range(b - a):
-                act[a + i] = gelu_lookup(gate[i], gate_bits[i], table) * up[i]
-        else:
-            for i in range(b - a):
-                act[a + i] = silu_one(gate[i]) * up[i]
+            dot_tile(weights, linears[1], rounded, 1, n_rows, a, b, up, False, scratch)
+        for n in range(n_rows):
+            if gelu:
+                gate_bits, table = gate[n].view(np.uint32), weights.gelu
+                for i in range(b - a):
+                    act[n, a + i] = gelu_lookup(gate[n, i], gate_bits[i], table) * up[n, i]
+            else:
+                for i in range(b - a):
+                    act[n, a + i] = silu_one(gate[n, i], a + i < n_ff - n_ff % 8) * up[n, i]
         mark_done(done, stage)
         item = claim(claimed, stage)
     wait_done(done, stage, n_items)
@@ -229,103 +339,16 @@ def ffn_stage(weights, linears, inputs, n_ff, gelu, tile, act, counters, stage):
 
 @numba.njit(cache=True)
 def add_normed_stage(x, proj, weight, eps, counters, stage):
-    """One item: x += rms_norm(proj) * weight (the post-norm residual)."""
+    """Per row: x += rms_norm(proj) * weight (the post-norm residual)."""
     claimed, done = counters
-    if claim(claimed, stage) == 0:
+    n = claim(claimed, stage)
+    while n < x.shape[0]:
         total = 0.0
-        for j in range(proj.shape[0]):
-            total += np.float64(proj[j] * proj[j])
-        scale = np.float32(1.0) / np.sqrt(np.float32(total / proj.shape[0]) + eps)
-        for j in range(x.shape[0]):
-            x[j] += (proj[j] * scale) * weight[j]
+        for j in range(proj.shape[1]):
+            total += np.float64(proj[n, j] * proj[n, j])
+        scale = np.float32(1.0) / np.sqrt(np.float32(total / proj.shape[1]) + eps)
+        for j in range(x.shape[1]):
+            x[n, j] += (proj[n, j] * scale) * weight[j]
         mark_done(done, stage)
-    wait_done(done, stage, 1)
-
-
-@numba.njit(cache=True)
-def run_stages(tid, x, model, cos, sin, cache_k, cache_v, pos, buffers, logits, counters):
-    """Every stage of one decode step, as thread ``tid`` of the region sees it."""
-    weights, linears, head, norms, qk_norms, output_norm, layer_info, dims, eps, scale = model
-    qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, tile = buffers
-    h, rounded = normed[tid], (values[tid], ints[tid], int_scales[tid], sums[tid])
-    post, gelu = dims[FLAGS] & POST_NORMS, dims[FLAGS] & GELU
-    for layer in range(linears.shape[0]):
-        lin, stage = linears[layer], layer * STAGES_PER_LAYER
-        window, rope = layer_info[layer, 0], layer_info[layer, 1]
-        rms_norm_into(x, norms[layer, 0], eps, h)
-        round_inputs(lin[SLOT_Q:SLOT_OUT], h, rounded)
-        rows_stage(weights, lin[SLOT_Q:SLOT_OUT], rounded, qkv, False, counters, stage + QKV)
-        kv_stage(
-            qkv, qk_norms[layer, 1], eps, cos[rope], sin[rope], dims, cache_k[layer], cache_v[layer], pos,
-            counters, stage + KV,
-        )  # fmt: skip
-        attend_stage(
-            qkv, qk_norms[layer, 0], eps, cos[rope], sin[rope], dims, cache_k[layer], cache_v[layer], pos,
-            window, scale, q_buf[tid], scores[tid], attn, counters, stage + ATTEND,
-        )  # fmt: skip
-        round_inputs(lin[SLOT_OUT:SLOT_GATE], attn, rounded)
-        if post:
-            rows_stage(weights, lin[SLOT_OUT:SLOT_GATE], rounded, proj, False, counters, stage + OUT)
-            add_normed_stage(x, proj, norms[layer, 1], eps, counters, stage + OUT_POST)
-        else:
-            rows_stage(weights, lin[SLOT_OUT:SLOT_GATE], rounded, x, True, counters, stage + OUT)
-        rms_norm_into(x, norms[layer, 2], eps, h)
-        round_inputs(lin[SLOT_GATE:SLOT_DOWN], h, rounded)
-        ffn_stage(weights, lin[SLOT_GATE:SLOT_DOWN], rounded, dims[N_FF], gelu, tile[tid], act, counters, stage + FFN)
-        round_inputs(lin[SLOT_DOWN:], act, rounded)
-        if post:
-            rows_stage(weights, lin[SLOT_DOWN:], rounded, proj, False, counters, stage + DOWN)
-            add_normed_stage(x, proj, norms[layer, 3], eps, counters, stage + FFN_POST)
-        else:
-            rows_stage(weights, lin[SLOT_DOWN:], rounded, x, True, counters, stage + DOWN)
-    if head[0, ROWS] > 0:
-        rms_norm_into(x, output_norm, eps, h)
-        round_inputs(head, h, rounded)
-        rows_stage(weights, head, rounded, logits, False, counters, linears.shape[0] * STAGES_PER_LAYER)
-
-
-@numba.njit(parallel=True, cache=True)
-def _all_threads(n_threads, x, model, cos, sin, cache_k, cache_v, pos, buffers, logits, counters):
-    # A parallel loop's body may only capture arrays and scalars, not tuples of arrays: unpack
-    # here, repack per thread.
-    (q, scales, mins, bias, floats, gelu), linears, head, norms, qk_norms, output_norm, layer_info, dims, eps, scale = (
-        model
-    )
-    qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, tile = buffers
-    claimed, done = counters
-    for tid in numba.prange(n_threads):
-        run_stages(
-            tid, x,
-            ((q, scales, mins, bias, floats, gelu), linears, head, norms, qk_norms, output_norm, layer_info, dims, eps, scale),
-            cos, sin, cache_k, cache_v, pos,
-            (qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, tile),
-            logits, (claimed, done),
-        )  # fmt: skip
-
-
-@numba.njit(cache=True)
-def decode_step(n_threads, x, model, cos, sin, cache_k, cache_v, pos, logits):
-    """One token through every layer: x (n_embd,) is updated in place, the cache gets row
-    ``pos`` of every layer, and when the model's head is in the table, logits (vocab,) are
-    written. cos, sin: (n_rope_tables, n_rot/2) of this position; ``model`` is the tuple
-    fused.DecodeStep builds. Runs as one parallel region of ``n_threads`` threads."""
-    linears, head, dims = model[1], model[2], model[7]
-    n_heads, hd, n_embd = dims[N_HEADS], dims[HEAD_DIM], x.shape[0]
-    max_cols = max(linears[:, :, COLS].max(), head[0, COLS])
-    n_stages = (linears.shape[0] + 1) * STAGES_PER_LAYER
-    buffers = (
-        np.empty((n_heads + 2 * dims[N_KV]) * hd, np.float32),  # (q|k|v,)
-        np.empty(n_heads * hd, np.float32),  # (heads * hd,) attention output
-        np.empty(dims[N_FF], np.float32),  # (n_ff,) activated gate * up
-        np.empty(n_embd, np.float32),  # (n_embd,) a product before its post norm
-        np.empty((n_threads, n_embd), np.float32),  # (threads, n_embd) normed x
-        np.empty((n_threads, 3, max_cols), np.float32),  # (threads, slots, cols) rounded inputs
-        np.zeros((n_threads, 3, max_cols), np.int16),  # (threads, slots, cols) their integer codes
-        np.zeros((n_threads, 3, max_cols // 16), np.float32),  # (threads, slots, groups) code scales
-        np.zeros((n_threads, 3, max_cols // 16), np.float32),  # (threads, slots, groups) group sums
-        np.empty((n_threads, hd), np.float32),  # (threads, hd) one q head
-        np.empty((n_threads, pos + 1), np.float32),  # (threads, keys) scores, then probabilities
-        np.empty((n_threads, 2, TILE_ROWS), np.float32),  # (threads, gate|up, tile)
-    )
-    counters = (np.zeros(n_stages, np.int64), np.zeros(n_stages, np.int64))  # claimed, done per stage
-    _all_threads(n_threads, x, model, cos, sin, cache_k, cache_v, pos, buffers, logits, counters)
+        n = claim(claimed, stage)
+    wait_done(done, stage, x.shape[0])

@@ -5,36 +5,38 @@ per group, an exact integer sum of code products, then one float multiply by the
 the activation block's scales. numba's vectorizer does not produce that shape from plain loops
 (a reduction per 16-32 values ran at 2-3 GB/s), and the float form (q * scale * value per
 weight) costs four vector instructions per eight weights. So the group loop is written as LLVM
-vector IR in a numba intrinsic: per group, sign-extend the codes, multiply, add lane pairs
-(the pattern x86 lowers to ``vpmaddwd``), fold to eight int32 lanes, convert, and accumulate
-``scale * sum`` in eight float lanes; one horizontal sum per row. Measured on one thread: 27-29
-against 16-17 GB/s from cache, and with two threads from memory 23-30 against 15-24 GB/s.
+vector IR in numba intrinsics (intdot_ir.py): per group, the exact integer products folded to
+eight int32 lanes as ggml folds them, converted, and accumulated ``scale * lanes`` with FMA;
+one horizontal sum per row in ggml's order. ``dot_rows_int`` does ROW_BLOCK activation rows per
+pass over a weight row with the same instructions per row, so it gives each row the bits
+``dot_row_int`` gives it: a token's product does not depend on the tokens beside it.
 
-The arithmetic is ggml's: integer sums are exact, so results differ from the float form only
-in float summation order (dot_row_reference is the numpy reference).
+Activation codes are int8 (ggml's Q8_0/Q8_1/Q8_K range, -127..127). dot_row_reference is the
+numpy reference.
 """
 
 from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..intrinsics import element_pointer
+from ..intrinsics import element_pointer, fma32
+from .intdot_ir import row_dots
+
+ROW_BLOCK = 4  # activation rows per weight pass in dot_rows_int
+# The instruction selection of the host (intdot_ir.py); both give the same bits.
+HOST_SIMD = "avx2" if "+avx2" in llvm_binding.get_host_cpu_features().flatten() else "generic"
 
 
-def _constant_vector(values: list[int]) -> ir.Constant:
-    return ir.Constant(ir.VectorType(ir.IntType(32), len(values)), values)
-
-
-def _group_dot_intrinsic(group: int):
+def _group_dot_intrinsic(group: int, simd: str):
     """An intrinsic ``f(q, q_start, ints, scales, s_start, int_scales, n_groups) -> float32``:
     sum over groups g of scales[s_start + g] * int_scales[g] * sum_j q[q_start + g*G + j] *
-    ints[g*G + j] for groups of ``group`` (16 or 32) int8 weights and int16 activations."""
-    lanes = 8
+    ints[g*G + j] for groups of ``group`` (16 or 32) int8 weights and int8 activations."""
 
     @intrinsic
     def group_dot(typingctx, q, q_start, ints, scales, s_start, int_scales, n_groups):
@@ -43,73 +45,233 @@ def _group_dot_intrinsic(group: int):
         def codegen(context, builder, signature, args):
             q_type, _, ints_type, scales_type, _, int_scales_type, _ = signature.args
             q_arr, q_start, ints_arr, scales_arr, s_start, int_scales_arr, n_groups = args
-            i32, f32 = ir.IntType(32), ir.FloatType()
-            wide = ir.VectorType(i32, group)
-            floats = ir.VectorType(f32, lanes)
-            acc = cgutils.alloca_once_value(builder, ir.Constant(floats, None))
             zero = ir.Constant(ir.IntType(64), 0)
             q0 = element_pointer(context, builder, q_type, q_arr, q_start)
             a0 = element_pointer(context, builder, ints_type, ints_arr, zero)
             s0 = element_pointer(context, builder, scales_type, scales_arr, s_start)
             d0 = element_pointer(context, builder, int_scales_type, int_scales_arr, zero)
-            with cgutils.for_range(builder, n_groups) as loop:
-                g = loop.index
-                offset = builder.mul(g, ir.Constant(g.type, group))
-                q_ptr = builder.bitcast(
-                    builder.gep(q0, [offset]), ir.VectorType(ir.IntType(8), group).as_pointer()
-                )
-                a_ptr = builder.bitcast(
-                    builder.gep(a0, [offset]), ir.VectorType(ir.IntType(16), group).as_pointer()
-                )
-                products = builder.mul(
-                    builder.sext(builder.load(q_ptr, align=1), wide),
-                    builder.sext(builder.load(a_ptr, align=2), wide),
-                )
-                evens = builder.shuffle_vector(products, products, _constant_vector(list(range(0, group, 2))))
-                odds = builder.shuffle_vector(products, products, _constant_vector(list(range(1, group, 2))))
-                pairs = builder.add(evens, odds)  # (group / 2,) int32
-                if group == 32:
-                    low = builder.shuffle_vector(pairs, pairs, _constant_vector(list(range(lanes))))
-                    high = builder.shuffle_vector(
-                        pairs, pairs, _constant_vector(list(range(lanes, 2 * lanes)))
-                    )
-                    pairs = builder.add(low, high)  # (8,) int32
-                factor = builder.fmul(builder.load(builder.gep(s0, [g])), builder.load(builder.gep(d0, [g])))
-                splat = builder.insert_element(ir.Constant(floats, ir.Undefined), factor, ir.Constant(i32, 0))
-                splat = builder.shuffle_vector(splat, splat, _constant_vector([0] * lanes))
-                term = builder.fmul(builder.sitofp(pairs, floats), splat)
-                builder.store(builder.fadd(builder.load(acc), term), acc)
-            total = builder.load(acc)
-            result = builder.extract_element(total, ir.Constant(i32, 0))
-            for lane in range(1, lanes):
-                result = builder.fadd(result, builder.extract_element(total, ir.Constant(i32, lane)))
-            return result
+            return row_dots(builder, simd, group, [(q0, s0)], [(a0, d0)], n_groups)[0][0]
 
         return sig, codegen
 
     return group_dot
 
 
-_group_dot_16 = _group_dot_intrinsic(16)
-_group_dot_32 = _group_dot_intrinsic(32)
+def _group_dot_pair_intrinsic(group: int, simd: str):
+    """An intrinsic ``f(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups,
+    out)``: out[0], out[1] = the group_dot of weight rows at q_start and q_next (scales at
+    s_start, s_next) with one activation row: two independent sums in flight for one token."""
+
+    @intrinsic
+    def group_dot_pair(
+        typingctx, q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out
+    ):
+        sig = types.void(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+
+        def codegen(context, builder, signature, args):
+            q_type, _, _, ints_type, scales_type, _, _, int_scales_type, _, out_type = signature.args
+            (
+                q_arr,
+                q_start,
+                q_next,
+                ints_arr,
+                scales_arr,
+                s_start,
+                s_next,
+                int_scales_arr,
+                n_groups,
+                out_arr,
+            ) = args
+            zero = ir.Constant(ir.IntType(64), 0)
+            weight_rows = [
+                (
+                    element_pointer(context, builder, q_type, q_arr, qs),
+                    element_pointer(context, builder, scales_type, scales_arr, ss),
+                )
+                for qs, ss in ((q_start, s_start), (q_next, s_next))
+            ]
+            a0 = element_pointer(context, builder, ints_type, ints_arr, zero)
+            d0 = element_pointer(context, builder, int_scales_type, int_scales_arr, zero)
+            sums = row_dots(builder, simd, group, weight_rows, [(a0, d0)], n_groups)
+            for i, row in enumerate(sums):
+                index = ir.Constant(ir.IntType(64), i)
+                builder.store(row[0], element_pointer(context, builder, out_type, out_arr, index))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return group_dot_pair
+
+
+def _row_pointer(context, builder, array_type, array, row):
+    """A pointer to array[row, 0] of a 2-D array."""
+    view = context.make_array(array_type)(context, builder, array)
+    zero = ir.Constant(ir.IntType(64), 0)
+    return cgutils.get_item_pointer(context, builder, array_type, view, [row, zero])
+
+
+def _group_dot_rows_intrinsic(group: int, n_rows: int, simd: str):
+    """An intrinsic ``f(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)``:
+    out[i] = the group_dot of weight row q[q_start:] with activation row n0 + i of the 2-D
+    ``ints`` / ``int_scales``, for i < n_rows, the weights read once for all of them."""
+
+    @intrinsic
+    def group_dot_rows(typingctx, q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out):
+        sig = types.void(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+
+        def codegen(context, builder, signature, args):
+            q_type, _, ints_type, n0_type, scales_type, _, int_scales_type, _, out_type = signature.args
+            q_arr, q_start, ints_arr, n0, scales_arr, s_start, int_scales_arr, n_groups, out_arr = args
+            first = context.cast(builder, n0, n0_type, types.int64)
+            rows = [builder.add(first, ir.Constant(ir.IntType(64), i)) for i in range(n_rows)]
+            q0 = element_pointer(context, builder, q_type, q_arr, q_start)
+            s0 = element_pointer(context, builder, scales_type, scales_arr, s_start)
+            a_rows = [_row_pointer(context, builder, ints_type, ints_arr, r) for r in rows]
+            d_rows = [_row_pointer(context, builder, int_scales_type, int_scales_arr, r) for r in rows]
+            sums = row_dots(builder, simd, group, [(q0, s0)], list(zip(a_rows, d_rows)), n_groups)[0]
+            for i, value in enumerate(sums):
+                index = ir.Constant(ir.IntType(64), i)
+                builder.store(value, element_pointer(context, builder, out_type, out_arr, index))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return group_dot_rows
+
+
+_generic_16, _generic_32 = _group_dot_intrinsic(16, "generic"), _group_dot_intrinsic(32, "generic")
+_avx2_16, _avx2_32 = _group_dot_intrinsic(16, "avx2"), _group_dot_intrinsic(32, "avx2")
+_generic_rows_16 = _group_dot_rows_intrinsic(16, ROW_BLOCK, "generic")
+_generic_rows_32 = _group_dot_rows_intrinsic(32, ROW_BLOCK, "generic")
+_avx2_rows_16 = _group_dot_rows_intrinsic(16, ROW_BLOCK, "avx2")
+_avx2_rows_32 = _group_dot_rows_intrinsic(32, ROW_BLOCK, "avx2")
+_generic_pair_16, _generic_pair_32 = (
+    _group_dot_pair_intrinsic(16, "generic"),
+    _group_dot_pair_intrinsic(32, "generic"),
+)
+_avx2_pair_16, _avx2_pair_32 = _group_dot_pair_intrinsic(16, "avx2"), _group_dot_pair_intrinsic(32, "avx2")
 
 
 @numba.njit(cache=True)
-def dot_row_int(q, q_start, ints, scales, s_start, int_scales, n_groups, group_shift):
-    """Sum over groups of scales * int_scales * (int8 codes . int16 codes), for groups of 16
-    (group_shift 4) or 32 weights; q, ints, scales, int_scales are contiguous 1-D arrays."""
+def generic_dot_row_int(q, q_start, ints, scales, s_start, int_scales, n_groups, group_shift):
+    """dot_row_int through the generic instruction selection."""
     if group_shift == 4:
-        return _group_dot_16(q, q_start, ints, scales, s_start, int_scales, n_groups)
-    return _group_dot_32(q, q_start, ints, scales, s_start, int_scales, n_groups)
+        return _generic_16(q, q_start, ints, scales, s_start, int_scales, n_groups)
+    return _generic_32(q, q_start, ints, scales, s_start, int_scales, n_groups)
 
 
 @numba.njit(cache=True)
-def add_min_terms(acc, mins, m_start, group_sums, n_groups):
-    """acc + sum_g mins[m_start + g] * group_sums[g], summed in order: compiled without
-    fastmath so every kernel that inlines it (the fused step, matvec) gets the same bits."""
+def avx2_dot_row_int(q, q_start, ints, scales, s_start, int_scales, n_groups, group_shift):
+    """dot_row_int through AVX2's ``pmaddubsw``/``pmaddwd`` (only where the CPU has AVX2)."""
+    if group_shift == 4:
+        return _avx2_16(q, q_start, ints, scales, s_start, int_scales, n_groups)
+    return _avx2_32(q, q_start, ints, scales, s_start, int_scales, n_groups)
+
+
+@numba.njit(cache=True)
+def generic_dot_rows_int(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, group_shift, out):
+    """dot_rows_int through the generic instruction selection."""
+    if group_shift == 4:
+        _generic_rows_16(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+    else:
+        _generic_rows_32(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+
+
+@numba.njit(cache=True)
+def avx2_dot_rows_int(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, group_shift, out):
+    """dot_rows_int through AVX2 (only where the CPU has AVX2)."""
+    if group_shift == 4:
+        _avx2_rows_16(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+    else:
+        _avx2_rows_32(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+
+
+@numba.njit(cache=True)
+def generic_dot_pair_int(
+    q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, group_shift, out
+):
+    """dot_pair_int through the generic instruction selection."""
+    if group_shift == 4:
+        _generic_pair_16(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+    else:
+        _generic_pair_32(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+
+
+@numba.njit(cache=True)
+def avx2_dot_pair_int(
+    q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, group_shift, out
+):
+    """dot_pair_int through AVX2 (only where the CPU has AVX2)."""
+    if group_shift == 4:
+        _avx2_pair_16(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+    else:
+        _avx2_pair_32(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+
+
+# dot_row_int(q, q_start, ints, scales, s_start, int_scales, n_groups, group_shift): the sum over
+# groups of scales * int_scales * (int8 codes . int8 codes), for groups of 16 (group_shift 4) or
+# 32 weights; q, ints, scales, int_scales contiguous 1-D arrays.
+# dot_rows_int(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, group_shift, out):
+# out[i] = dot_row_int with activation rows n0 + i of the 2-D ``ints`` (rows, cols) and
+# ``int_scales`` (rows, groups), i < ROW_BLOCK: bitwise the same values, weights read once.
+dot_row_int = avx2_dot_row_int if HOST_SIMD == "avx2" else generic_dot_row_int
+dot_rows_int = avx2_dot_rows_int if HOST_SIMD == "avx2" else generic_dot_rows_int
+# dot_pair_int(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups,
+# group_shift, out): out[0], out[1] = dot_row_int of the weight rows at q_start and q_next with
+# one activation row (bitwise the same values; two sums in flight).
+dot_pair_int = avx2_dot_pair_int if HOST_SIMD == "avx2" else generic_dot_pair_int
+
+
+@numba.njit(cache=True)
+def min_sum(mins, m_start, group_sums, n_groups):
+    """sum_g mins[m_start + g] * group_sums[g], fused multiply-adds in order from g = 0 (a
+    row's min term, which ggml too keeps apart and adds to the scaled integer sum at the end)."""
+    total = np.float32(0.0)
     for g in range(n_groups):
-        acc += mins[m_start + g] * group_sums[g]
-    return acc
+        total = fma32(mins[m_start + g], group_sums[g], total)
+    return total
+
+
+@numba.njit(cache=True)
+def min_sums_pair(mins, m_start, m_next, group_sums, n_groups, out):
+    """out[0], out[1] = min_sum of the weight rows whose mins start at m_start and m_next, with
+    one activation row's group sums: the same sums, as two independent chains."""
+    s0 = s1 = np.float32(0.0)
+    for g in range(n_groups):
+        s0, s1 = fma32(mins[m_start + g], group_sums[g], s0), fma32(mins[m_next + g], group_sums[g], s1)
+    out[0], out[1] = s0, s1
+
+
+@numba.njit(cache=True)
+def min_sums_tile(mins, m_first, n_weight_rows, group_sums, n0, n_groups, out):
+    """out[r, i] = min_sum of weight row r (mins from m_first + r * n_groups) with activation
+    row n0 + i of the 2-D ``group_sums``, for r < n_weight_rows, i < ROW_BLOCK: each the same
+    in-order chain of fused multiply-adds as min_sum, all chains of a tile advanced together."""
+    out[:n_weight_rows] = 0.0
+    for g in range(n_groups):
+        s0, s1, s2, s3 = (
+            group_sums[n0, g],
+            group_sums[n0 + 1, g],
+            group_sums[n0 + 2, g],
+            group_sums[n0 + 3, g],
+        )
+        for r in range(n_weight_rows):
+            m, row = mins[m_first + r * n_groups + g], out[r]
+            row[0], row[1] = fma32(m, s0, row[0]), fma32(m, s1, row[1])
+            row[2], row[3] = fma32(m, s2, row[2]), fma32(m, s3, row[3])
+
+
+@numba.njit(cache=True)
+def min_sums_block(mins, m_start, group_sums, n0, n_groups, out):
+    """out[i] = min_sum for rows n0 + i (i < ROW_BLOCK) of the 2-D ``group_sums``: the same
+    sums, as four independent chains in one pass over the mins."""
+    s0 = s1 = s2 = s3 = np.float32(0.0)
+    a, b, c, d = group_sums[n0], group_sums[n0 + 1], group_sums[n0 + 2], group_sums[n0 + 3]
+    for g in range(n_groups):
+        m = mins[m_start + g]
+        s0, s1 = fma32(m, a[g], s0), fma32(m, b[g], s1)
+        s2, s3 = fma32(m, c[g], s2), fma32(m, d[g], s3)
+    out[0], out[1], out[2], out[3] = s0, s1, s2, s3
 
 
 def dot_row_reference(q: np.ndarray, ints: np.ndarray, scales: np.ndarray, int_scales: np.ndarray) -> float:

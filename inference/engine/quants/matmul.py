@@ -1,16 +1,10 @@
-"""Matrix product x @ W.T over a GroupLayout (the prefill path: many tokens at once).
+"""Products of a weight matrix with N activation rows, each row's result independent of N.
 
-Prefill is compute-bound, and BLAS's float32 GEMM runs 2-3x faster than the loop nests numba
-vectorizes (measured on Qwen2.5's FFN at 256 tokens). So the token rows are rounded as ggml
-would for the weight's format (quantize.py), then the weights are dequantized a slab of rows
-at a time (q * scale, ~1 MB of float32 that stays in cache) and multiplied by BLAS. Mins are
-factored out as in matvec.py: their term is the small product of the per-group sums of the
-rounded input (Q8_1's f16 block sums, as ggml uses them) with the mins, so it keeps ggml's
-arithmetic instead of folding the mins into the weights.
-
-Threads: OpenBLAS's own pool splits every call statically and spin-waits, which collapsed to
-a third of its speed when another process held a core. Instead the engine runs BLAS single-
-threaded and gives slabs to its own threads (slabs.py): whoever is running takes the next one.
+Every output element is the integer group dot product of matvec.py (exact int32 sums of int8
+weight codes times the row's int8 codes, scaled per group and accumulated in one fixed order,
+intdot.py), whether one row or a thousand are multiplied: a token's logits must not depend on
+how many tokens were computed with it. This is the product of the per-layer numpy path (the
+fused forward, models/step_kernels.py, calls the same dot product itself).
 """
 
 from __future__ import annotations
@@ -20,69 +14,81 @@ import functools
 import numba
 import numpy as np
 
-from .layout import GroupLayout, dequantize_reference
-from .quantize import ACT_NONE, round_activations
-from .slabs import for_each_slab
+from .intdot import dot_row_int, min_sum
+from .layout import GroupLayout
+from .quantize import ACT_Q8_0, round_row_int
 
-SLAB_WEIGHTS = 1 << 18  # weights dequantized per BLAS call: 1 MB of float32
+NO_BIAS = np.zeros(0, np.float32)
 
 
 @functools.cache
-def slab_kernel(group_shift: int):
-    """Rows first..first+len(out) of q * scale (no mins) as float32, for groups of
-    ``1 << group_shift`` (numba caches each variant on disk; runs without the GIL)."""
+def matrows_kernel(group_shift: int, has_mins: bool, kind: int = ACT_Q8_0):
+    """The round + product kernel for groups of ``1 << group_shift`` weights and activation
+    rounding ``kind`` (an integer kind: every block format's; numba caches each variant)."""
 
-    @numba.njit(nogil=True, cache=True)
-    def dequantize_slab(q, scales, first, out):
-        for i in range(out.shape[0]):
-            r = first + i
-            for j in range(q.shape[1]):
-                out[i, j] = np.float32(q[r, j]) * scales[r, j >> group_shift]
+    @numba.njit(parallel=True, cache=True)
+    def matrows(q, scales, mins, x, bias, out):
+        n, cols = x.shape
+        n_groups = scales.shape[1]
+        values = np.empty((n, cols), np.float32)  # (n, cols) x as ggml rounds it
+        codes = np.empty((n, cols), np.int8)  # (n, cols) the same as integer codes
+        code_scales = np.empty((n, n_groups), np.float32)  # (n, n_groups) their scale per group
+        group_sums = np.zeros((n, n_groups), np.float32)  # (n, n_groups)
+        for t in numba.prange(n):
+            round_row_int(
+                kind, x[t], values[t], codes[t], code_scales[t], group_sums[t], 1 << group_shift, has_mins
+            )
+        q_flat, scales_flat, mins_flat = q.reshape(-1), scales.reshape(-1), mins.reshape(-1)
+        for r in numba.prange(q.shape[0]):
+            for t in range(n):
+                acc = dot_row_int(
+                    q_flat,
+                    r * cols,
+                    codes[t],
+                    scales_flat,
+                    r * n_groups,
+                    code_scales[t],
+                    n_groups,
+                    group_shift,
+                )
+                if has_mins:
+                    acc += min_sum(mins_flat, r * n_groups, group_sums[t], n_groups)
+                if bias.shape[0]:
+                    acc += bias[r]
+                out[t, r] = acc
 
-    return dequantize_slab
+    return matrows
 
 
 def matmul(
-    layout: GroupLayout, x: np.ndarray, kind: int = ACT_NONE, bias: np.ndarray | None = None
+    layout: GroupLayout, x: np.ndarray, kind: int = ACT_Q8_0, bias: np.ndarray | None = None
 ) -> np.ndarray:
-    """round(x) @ W.T (+ bias): x (n, cols) float32 -> (n, rows) float32."""
+    """round(x) @ W.T (+ bias): x (n, cols) float32 -> (n, rows) float32, x rounded as ``kind``."""
     rows, cols = layout.q.shape
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != cols:
         raise ValueError(f"matmul expects x of shape (n, {cols}), got {x.shape}")
-    if x.shape[0] == 0:
-        return np.empty((0, rows), np.float32)  # (0, rows)
-    values, group_sums = round_activations(x, kind, layout.group_size)  # (n, cols), (n, groups)
     out = np.empty((x.shape[0], rows), np.float32)  # (n, rows)
-    dequantize_slab = slab_kernel(layout.group_shift)
-    slab_rows = max(16, SLAB_WEIGHTS // cols)
-
-    def multiply(first: int, stop: int, scratch: np.ndarray) -> None:
-        slab = scratch[: stop - first]  # (slab rows, cols)
-        dequantize_slab(layout.q, layout.scales, first, slab)
-        # A column block of out is still a BLAS matrix (leading dimension ``rows``).
-        np.matmul(values, slab.T, out=out[:, first:stop])
-
-    for_each_slab(rows, slab_rows, multiply, (slab_rows, cols))
-    if layout.mins is not None:
-        out += group_sums @ layout.mins.T  # (n, groups) @ (groups, rows)
-    if bias is not None and bias.shape[0]:
-        out += bias
+    if x.shape[0]:
+        bias = NO_BIAS if bias is None else np.asarray(bias, np.float32)
+        matrows_kernel(layout.group_shift, layout.has_mins, kind)(*layout.kernel_arrays, x, bias, out)
     return out
+
+
+@numba.njit(parallel=True, fastmath=True, cache=True)
+def _float_rows(weights, values, out):
+    for r in numba.prange(weights.shape[0]):
+        w_row = weights[r]
+        for t in range(values.shape[0]):
+            acc = np.float32(0.0)
+            for j in range(w_row.shape[0]):
+                acc += w_row[j] * values[t, j]
+            out[t, r] = acc
 
 
 def float_matmul(weights: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """values (n, cols) @ weights.T for float32 weights (rows, cols), by the same slab threads."""
-    rows = weights.shape[0]
-    out = np.empty((values.shape[0], rows), np.float32)  # (n, rows)
-
-    def multiply(first: int, stop: int, scratch: np.ndarray) -> None:
-        np.matmul(values, weights[first:stop].T, out=out[:, first:stop])
-
-    for_each_slab(rows, max(16, SLAB_WEIGHTS // max(weights.shape[1], 1)), multiply, None)
+    """values (n, cols) @ weights.T for float32 weights (rows, cols), each row summed in one
+    fixed order (BLAS would change its order with n)."""
+    out = np.empty((values.shape[0], weights.shape[0]), np.float32)  # (n, rows)
+    _float_rows(weights, np.ascontiguousarray(values, np.float32), out)
     return out
-
-
-def matmul_reference(layout: GroupLayout, x: np.ndarray) -> np.ndarray:
-    """Plain numpy x @ W.T in float64 from the reference dequantization -> (n, rows) float64."""
-    return np.asarray(x, np.float64) @ dequantize_reference(layout).astype(np.float64).T

@@ -19,9 +19,6 @@ from .quantize import ACTIVATION_KIND
 
 FLOAT_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 SUPPORTED_TYPES = frozenset(FLOAT_TYPES | FORMATS.keys())
-# Up to this many tokens, one matvec per token beat the matmul kernel (measured on SmolLM2 and
-# Qwen2.5 shapes: equal at 2 tokens for short rows, 1.8x faster for 4864-column rows).
-MATVEC_MAX_TOKENS = 2
 
 
 class QuantMatrix(ABC):
@@ -68,9 +65,6 @@ class GroupedMatrix(QuantMatrix):
         return matvec(self.layout, x, self.activation_kind, bias)
 
     def matmul(self, x, bias=None):
-        x = np.asarray(x)
-        if x.ndim == 2 and 0 < x.shape[0] <= MATVEC_MAX_TOKENS:
-            return np.stack([self.matvec(row, bias) for row in x])  # (n, rows)
         return matmul(self.layout, x, self.activation_kind, bias)
 
     @staticmethod
@@ -96,7 +90,7 @@ class GroupedMatrix(QuantMatrix):
 
 
 class FloatMatrix(QuantMatrix):
-    """An F32/F16/BF16 matrix held as float32; products go to numpy (BLAS)."""
+    """An F32/F16/BF16 matrix held as float32; each product row is summed in one fixed order."""
 
     def __init__(self, qtype: GGMLType, weights: np.ndarray):
         self.qtype, self.weights = qtype, weights  # (rows, cols) float32
@@ -109,7 +103,7 @@ class FloatMatrix(QuantMatrix):
         x = np.asarray(x, np.float32)
         if x.shape != (self.cols,):
             raise ValueError(f"matvec expects x of shape ({self.cols},), got {x.shape}")
-        out = self.weights @ self.round_activations(x).values
+        out = float_matmul(self.weights, self.round_activations(x).values[None])[0]  # (rows,)
         return out if bias is None else out + bias
 
     def matmul(self, x, bias=None):

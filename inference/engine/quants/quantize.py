@@ -74,7 +74,7 @@ def _round_q8_32(x, values, group_sums, group_size, with_sums_f16, ints, int_sca
             q_sum += q
             values[j] = q * d16
             if ints.shape[0]:
-                ints[j] = np.int16(q)
+                ints[j] = np.int8(q)
         if ints.shape[0]:
             for g in range(b * 32 // group_size, (b + 1) * 32 // group_size):
                 int_scales[g] = d16
@@ -101,7 +101,7 @@ def _round_q8_k(x, values, group_sums, group_size, with_sums, ints, int_scales):
                 q_sum += q
                 values[j] = q * d
                 if ints.shape[0]:
-                    ints[j] = np.int16(q)
+                    ints[j] = np.int8(q)
             if ints.shape[0]:
                 int_scales[g] = d
             if with_sums:
@@ -113,7 +113,7 @@ def round_row(kind, x, values, group_sums, group_size, with_sums):
     """Round one row ``x`` (cols,) into ``values`` (cols,); with ``with_sums`` also fill
     ``group_sums`` (cols // group_size,), what a weight's per-group min multiplies."""
     # Empty views (no allocation): the integer codes are not wanted here.
-    no_ints, no_scales = values[:0].view(np.int16), values[:0]
+    no_ints, no_scales = values[:0].view(np.int8), values[:0]
     if kind == ACT_Q8_0 or kind == ACT_Q8_1:
         _round_q8_32(x, values, group_sums, group_size, with_sums and kind == ACT_Q8_1, no_ints, no_scales)
     elif kind == ACT_Q8_K:
@@ -137,7 +137,7 @@ def round_row(kind, x, values, group_sums, group_size, with_sums):
 @numba.njit(cache=True)
 def round_row_int(kind, x, values, ints, int_scales, group_sums, group_size, with_sums):
     """round_row for the integer kinds (Q8_0, Q8_1, Q8_K), also giving the integer codes
-    ``ints`` (cols,) int16 and, per weight group of ``group_size``, the activation block's
+    ``ints`` (cols,) int8 and, per weight group of ``group_size``, the activation block's
     scale ``int_scales`` (cols // group_size,): values[j] == ints[j] * int_scales[j // G]."""
     if kind == ACT_Q8_K:
         _round_q8_k(x, values, group_sums, group_size, with_sums, ints, int_scales)

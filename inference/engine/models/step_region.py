@@ -1,0 +1,122 @@
+"""The parallel region of the fused forward (step_kernels.py): every thread walks every stage.
+
+``forward_rows`` allocates the scratch for N rows and starts one region of n_threads threads;
+each runs ``run_stages`` over the same stage list, sharing the work through counters.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numba
+import numpy as np
+
+from ..quants.intdot import ROW_BLOCK
+from .step_kernels import (
+    ATTEND, COLS, DOWN, FFN, FFN_POST, FLAGS, GELU, HEAD_DIM, KV, N_FF, N_HEADS, N_KV, OUT, OUT_POST,
+    POST_NORMS, PREP_DOWN, PREP_FFN, PREP_OUT, PREP_QKV, QKV, SLOT_DOWN, SLOT_GATE, SLOT_OUT, SLOT_Q,
+    SOLO_ROWS, STAGES_PER_LAYER, Rounded, StepModel, StepRows, StepWeights, add_normed_stage,
+    attend_stage, ffn_stage, kv_stage, prepare_stage, rows_stage,
+)  # fmt: skip
+
+Scratch = namedtuple(
+    "Scratch",
+    ["qkv", "attn", "act", "proj", "normed", "values", "ints", "int_scales", "sums", "q_buf", "scores", "all_rows"],
+)
+
+
+@numba.njit(cache=True)
+def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo):
+    w, dims, eps, lin = model.weights, model.dims, model.eps, model.linears[layer]
+    stage, n_rows, n_layers = layer * STAGES_PER_LAYER, x.shape[0], model.linears.shape[0]
+    window, rope = model.layer_info[layer, 0], model.layer_info[layer, 1]
+    normed, no_norm, post = scratch.normed[tid], model.output_norm[:0], dims[FLAGS] & POST_NORMS
+    qkv_lin, out_lin, ffn_lin, down_lin = lin[SLOT_Q:SLOT_OUT], lin[SLOT_OUT:SLOT_GATE], lin[SLOT_GATE:SLOT_DOWN], lin[SLOT_DOWN:]
+    prepare_stage(x, scratch.all_rows, model.norms[layer, 0], eps, qkv_lin, rounded, normed, solo, counters, stage + PREP_QKV)
+    rows_stage(w, qkv_lin, rounded, n_rows, scratch.qkv, False, counters, stage + QKV)
+    kv_stage(scratch.qkv, model.qk_norms[layer, 1], eps, rows, rope, dims, layer, n_layers, counters, stage + KV)
+    attend_stage(
+        scratch.qkv, model.qk_norms[layer, 0], eps, rows, rope, dims, layer, n_layers, window, model.scale,
+        scratch.q_buf[tid], scratch.scores[tid], scratch.attn, counters, stage + ATTEND,
+    )  # fmt: skip
+    prepare_stage(scratch.attn, scratch.all_rows, no_norm, eps, out_lin, rounded, normed, solo, counters, stage + PREP_OUT)
+    if post:
+        rows_stage(w, out_lin, rounded, n_rows, scratch.proj, False, counters, stage + OUT)
+        add_normed_stage(x, scratch.proj, model.norms[layer, 1], eps, counters, stage + OUT_POST)
+    else:
+        rows_stage(w, out_lin, rounded, n_rows, x, True, counters, stage + OUT)
+    prepare_stage(x, scratch.all_rows, model.norms[layer, 2], eps, ffn_lin, rounded, normed, solo, counters, stage + PREP_FFN)
+    ffn_stage(w, ffn_lin, rounded, dims[N_FF], dims[FLAGS] & GELU, scratch.act, counters, stage + FFN)
+    prepare_stage(scratch.act, scratch.all_rows, no_norm, eps, down_lin, rounded, normed, solo, counters, stage + PREP_DOWN)
+    if post:
+        rows_stage(w, down_lin, rounded, n_rows, scratch.proj, False, counters, stage + DOWN)
+        add_normed_stage(x, scratch.proj, model.norms[layer, 3], eps, counters, stage + FFN_POST)
+    else:
+        rows_stage(w, down_lin, rounded, n_rows, x, True, counters, stage + DOWN)
+
+
+@numba.njit(cache=True)
+def run_stages(tid, x, model, rows, scratch, logits, counters, solo):
+    """Every stage of one forward, as thread ``tid`` of the region sees it."""
+    copy = np.int64(tid) if solo else np.int64(0)
+    rounded = Rounded(scratch.values[copy], scratch.ints[copy], scratch.int_scales[copy], scratch.sums[copy])
+    n_layers = model.linears.shape[0]
+    for layer in range(n_layers):
+        _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo)
+    head_rows = rows.head_rows
+    if head_rows.shape[0] > 0:
+        stage = n_layers * STAGES_PER_LAYER
+        prepare_stage(
+            x, head_rows, model.output_norm, model.eps, model.head, rounded, scratch.normed[tid], solo, counters, stage
+        )
+        rows_stage(model.weights, model.head, rounded, head_rows.shape[0], logits, False, counters, stage + 1)
+
+
+@numba.njit(parallel=True, cache=True)
+def _all_threads(n_threads, x, model, rows, scratch, logits, counters, solo):
+    # A parallel loop's body may only capture arrays and scalars, not tuples of arrays: unpack
+    # here, repack per thread.
+    q, scales, mins, bias, floats, gelu = model.weights
+    linears, head, norms, qk_norms, output_norm, layer_info, dims, eps, scale = model[1:]
+    positions, caches, cos, sin, head_rows = rows
+    qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, all_rows = scratch
+    claimed, done = counters
+    for tid in numba.prange(n_threads):
+        run_stages(
+            tid, x,
+            StepModel(StepWeights(q, scales, mins, bias, floats, gelu), linears, head, norms, qk_norms,
+                      output_norm, layer_info, dims, eps, scale),
+            StepRows(positions, caches, cos, sin, head_rows),
+            Scratch(qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, all_rows),
+            logits, (claimed, done), solo,
+        )  # fmt: skip
+
+
+@numba.njit(cache=True)
+def forward_rows(n_threads, x, model, rows, logits):
+    """Rows x (N, n_embd) through every layer, updated in place; each row's k and v go to its
+    cache at its position; logits (M, vocab) get the head's output for rows.head_rows.
+    ``model`` is the StepModel fused.FusedForward builds. One region of ``n_threads`` threads."""
+    dims, n_rows, n_embd = model.dims, x.shape[0], x.shape[1]
+    n_heads, hd = dims[N_HEADS], dims[HEAD_DIM]
+    max_cols = max(model.linears[:, :, COLS].max(), model.head[0, COLS])
+    n_stages = (model.linears.shape[0] + 1) * STAGES_PER_LAYER
+    solo = n_rows <= SOLO_ROWS
+    copies = n_threads if solo else 1
+    padded = -(-n_rows // ROW_BLOCK) * ROW_BLOCK  # rounded inputs: whole blocks of rows, zero padding
+    scratch = Scratch(
+        np.empty((n_rows, (n_heads + 2 * dims[N_KV]) * hd), np.float32),  # (N, q|k|v)
+        np.empty((n_rows, n_heads * hd), np.float32),  # (N, heads * hd) attention output
+        np.empty((n_rows, dims[N_FF]), np.float32),  # (N, n_ff) activated gate * up
+        np.empty((n_rows, n_embd), np.float32),  # (N, n_embd) a product before its post norm
+        np.empty((n_threads, n_embd), np.float32),  # (threads, n_embd) a normed row
+        np.empty((copies, 3, padded, max_cols), np.float32),  # (copies, slots, rows, cols) rounded inputs
+        np.zeros((copies, 3, padded, max_cols), np.int8),  # their integer codes
+        np.zeros((copies, 3, padded, max_cols // 16), np.float32),  # (copies, slots, rows, groups) code scales
+        np.zeros((copies, 3, padded, max_cols // 16), np.float32),  # group sums
+        np.empty((n_threads, hd), np.float32),  # (threads, hd) one q head
+        np.empty((n_threads, rows.positions.max() + 1), np.float32),  # (threads, keys) scores
+        np.arange(n_rows),  # (N,) every row, in order
+    )
+    counters = (np.zeros(n_stages, np.int64), np.zeros(n_stages, np.int64))  # claimed, done per stage
+    _all_threads(n_threads, x, model, rows, scratch, logits, counters, solo)

@@ -1,0 +1,115 @@
+"""LLVM IR of the integer group dot products (intdot.py), for numba intrinsics.
+
+Per group of 16 or 32 weights: the exact int32 sum of int8 weight codes times int8 activation
+codes, folded to 8 int32 lanes the way ggml's AVX2 kernels fold them, converted to float,
+multiplied by the group's combined scale and accumulated with a fused multiply-add; at the end
+the 8 lanes are summed in ggml's hsum_float_8 order. Two instruction selections give the same
+integer lanes, so the same bits:
+
+- ``avx2``: ggml's own sequence, |w| (``psign``) times sign-moved a (``pmaddubsw``, two
+  products per int16; |w| <= 128 and |a| <= 127 never saturate), then pairs to int32
+  (``pmaddwd``): 32 multiply-adds in three instructions;
+- ``generic``: sign-extend both to int32, multiply, add lane pairs, which LLVM lowers to the
+  best the CPU has (``pmaddwd`` on SSE2 and up). Chosen when the CPU lacks AVX2.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils
+
+LANES = 8
+# Float operations carry this flag, which changes no result: numba's fastmath pass adds its
+# reassociating flags only to instructions that have none, and this code can end up inside a
+# fastmath kernel, where the one-row and the multi-row sums would then be reordered differently.
+EXACT = ("ninf",)
+I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+
+
+def _constant_vector(values: list[int]) -> ir.Constant:
+    return ir.Constant(ir.VectorType(I32, len(values)), values)
+
+
+def _call(builder, name: str, result_type, args):
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(result_type, [a.type for a in args]), name
+    )
+    return builder.call(fn, args)
+
+
+def _load_codes(builder, pointer, group: int):
+    return builder.load(builder.bitcast(pointer, ir.VectorType(I8, group).as_pointer()), align=1)
+
+
+def prepare_weights(builder, simd: str, group: int, q_ptr):
+    """What every row's product with this weight group reuses."""
+    w = _load_codes(builder, q_ptr, group)
+    if simd == "generic":
+        return builder.sext(w, ir.VectorType(I32, group))
+    sign = "llvm.x86.avx2.psign.b" if group == 32 else "llvm.x86.ssse3.psign.b.128"
+    return w, _call(builder, sign, w.type, [w, w])  # (w, |w|)
+
+
+def _pair_fold(builder, values, n: int):
+    """lane k = values[2k] + values[2k + 1] of an int32 vector of n lanes."""
+    evens = builder.shuffle_vector(values, values, _constant_vector(list(range(0, n, 2))))
+    odds = builder.shuffle_vector(values, values, _constant_vector(list(range(1, n, 2))))
+    return builder.add(evens, odds)
+
+
+def group_lanes(builder, simd: str, group: int, weights, a_ptr):
+    """8 int32 lanes of one group's products: for groups of 32, lane j sums products
+    4j..4j+3; for groups of 16, products 2j and 2j+1 (ggml's maddubs/madd layout)."""
+    a = _load_codes(builder, a_ptr, group)
+    if simd == "generic":
+        pairs = _pair_fold(builder, builder.mul(weights, builder.sext(a, ir.VectorType(I32, group))), group)
+        return _pair_fold(builder, pairs, 16) if group == 32 else pairs
+    w, w_abs = weights
+    if group == 32:
+        signed = _call(builder, "llvm.x86.avx2.psign.b", a.type, [a, w])
+        pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(I16, 16), [w_abs, signed])
+        ones = ir.Constant(ir.VectorType(I16, 16), [1] * 16)
+        return _call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(I32, 8), [pairs, ones])
+    signed = _call(builder, "llvm.x86.ssse3.psign.b.128", a.type, [a, w])
+    pairs = _call(builder, "llvm.x86.ssse3.pmadd.ub.sw.128", ir.VectorType(I16, 8), [w_abs, signed])
+    return builder.sext(pairs, ir.VectorType(I32, 8))
+
+
+def _fma(builder, a, b, c):
+    """a * b + c rounded once, as ggml's ``_mm256_fmadd_ps`` (llvm.fma: the FMA instruction
+    where the CPU has one, else libm's exact fmaf)."""
+    return _call(builder, f"llvm.fma.v{LANES}f32", a.type, [a, b, c])
+
+
+def lane_sum(builder, total):
+    """The 8 lanes summed as ggml's hsum_float_8: ((x4 + x0) + (x6 + x2)) + ((x5 + x1) + (x7 + x3))."""
+    lane = [builder.extract_element(total, ir.Constant(I32, i)) for i in range(LANES)]
+    r = [builder.fadd(lane[4 + i], lane[i], flags=EXACT) for i in range(4)]
+    return builder.fadd(
+        builder.fadd(r[0], r[2], flags=EXACT), builder.fadd(r[1], r[3], flags=EXACT), flags=EXACT
+    )
+
+
+def row_dots(builder, simd: str, group: int, weight_rows, act_rows, n_groups):
+    """For every weight row (q pointer, scales pointer) and activation row (codes pointer,
+    code scales pointer): sum over groups g of fl(scale[g] * code_scale[g]) * lanes(g),
+    accumulated lane-wise with FMA -> [weight row][activation row] float32 values. Each weight
+    group is loaded and prepared once for all activation rows; every pair gets the same
+    instructions, so the same bits, whichever other rows it is computed with."""
+    floats = ir.VectorType(ir.FloatType(), LANES)
+    accs = [
+        [cgutils.alloca_once_value(builder, ir.Constant(floats, None)) for _ in act_rows] for _ in weight_rows
+    ]
+    with cgutils.for_range(builder, n_groups) as loop:
+        g = loop.index
+        offset = builder.mul(g, ir.Constant(g.type, group))
+        for (q0, s0), row_accs in zip(weight_rows, accs, strict=True):
+            weights = prepare_weights(builder, simd, group, builder.gep(q0, [offset]))
+            scale = builder.load(builder.gep(s0, [g]))
+            for acc, (a0, d0) in zip(row_accs, act_rows, strict=True):
+                factor = builder.fmul(scale, builder.load(builder.gep(d0, [g])), flags=EXACT)
+                splat = builder.insert_element(ir.Constant(floats, ir.Undefined), factor, ir.Constant(I32, 0))
+                splat = builder.shuffle_vector(splat, splat, _constant_vector([0] * LANES))
+                lanes = group_lanes(builder, simd, group, weights, builder.gep(a0, [offset]))
+                builder.store(_fma(builder, builder.sitofp(lanes, floats), splat, builder.load(acc)), acc)
+    return [[lane_sum(builder, builder.load(acc)) for acc in row_accs] for row_accs in accs]
