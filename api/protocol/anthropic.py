@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from api.errors import ApiError, bad_request, unsupported
-from inference.constraints import ConstraintSpec
-from inference.toolcall import ToolSpec
+from inference.generation.constraints import ConstraintSpec
+from inference.generation.toolcall import ToolSpec
 from inference.types import GenerationRequest, Message
 
 from . import fields as f

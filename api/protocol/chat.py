@@ -14,8 +14,8 @@ import uuid
 from dataclasses import dataclass
 
 from api.errors import ApiError, bad_request, unsupported
-from inference.constraints import ConstraintSpec
-from inference.toolcall import ToolSpec
+from inference.generation.constraints import ConstraintSpec
+from inference.generation.toolcall import ToolSpec
 from inference.types import FinishReason, GenerationRequest, Message, ToolCallDelta, Usage
 
 from . import fields as f

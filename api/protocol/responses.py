@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from api.errors import ApiError, bad_request, not_implemented, unsupported
-from inference.constraints import ConstraintSpec
-from inference.toolcall import ToolSpec
+from inference.generation.constraints import ConstraintSpec
+from inference.generation.toolcall import ToolSpec
 from inference.types import GenerationRequest, Message
 
 from . import fields as f

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from api.errors import bad_request, not_implemented, unsupported
-from inference.toolcall import ToolCall, ToolSpec
+from inference.generation.toolcall import ToolCall, ToolSpec
 from inference.types import Message
 
 from . import fields as f

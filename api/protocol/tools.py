@@ -12,8 +12,8 @@ import json
 from collections.abc import Callable
 
 from api.errors import bad_request
-from inference.constraints import ConstraintSpec
-from inference.toolcall import ToolCall, ToolSpec, forced_call_grammar
+from inference.generation.constraints import ConstraintSpec
+from inference.generation.toolcall import ToolCall, ToolSpec, forced_call_grammar
 
 from . import fields as f
 from .fields import Invalid

@@ -13,7 +13,7 @@ import shutil
 
 import httpx
 
-from inference.kv_sidecar import COUNT_OFFSET, open_sidecar
+from inference.kv.sidecar import COUNT_OFFSET, open_sidecar
 
 from .test_kv_slots import chat, chat_usage, long_system_prompt
 

@@ -11,7 +11,7 @@ from api.protocol.anthropic import MessagesRequest
 from api.protocol.anthropic_encoder import MessagesEncoder
 from api.protocol.responses import ResponsesRequest
 from api.protocol.responses_encoder import ResponsesEncoder
-from inference.toolcall import ToolCall, ToolSpec
+from inference.generation.toolcall import ToolCall, ToolSpec
 from inference.types import Finish, Message, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from tests.api.conftest import (
     accumulate_anthropic,

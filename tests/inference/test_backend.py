@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from inference.backend import ConversationBackend
 from inference.engine.engine import Engine
+from inference.generation.backend import ConversationBackend
 from inference.types import Error, Finish, GenerationRequest, Message, SamplingOverrides, TextDelta
 from tests.fixtures.model_files import default_model_path
 

@@ -10,16 +10,16 @@ import jsonschema
 import numpy as np
 import pytest
 
-from inference.backend import ConversationBackend
-from inference.constraints import (
+from inference.engine.engine import Engine
+from inference.engine.sampler import Sampler, SamplingParams
+from inference.generation.backend import ConversationBackend
+from inference.generation.constraints import (
     FRACTION_DIGITS,
     SAFE_INTEGER,
     ConstraintCompiler,
     ConstraintSpec,
     bound_number_digits,
 )
-from inference.engine.engine import Engine
-from inference.engine.sampler import Sampler, SamplingParams
 from inference.types import Error, Finish, GenerationRequest, Message, SamplingOverrides
 from tests.fixtures.model_files import default_model_path
 from tests.inference.test_backend import RecordingSink

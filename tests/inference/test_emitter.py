@@ -1,8 +1,8 @@
 """TextEmitter: UTF-8-safe deltas and the stop-string scan; ReplyEmitter: stop strings act on
 the reply text, after function calls were captured."""
 
-from inference.emitter import ReplyEmitter, TextEmitter
-from inference.toolcall import ToolCall
+from inference.generation.emitter import ReplyEmitter, TextEmitter
+from inference.generation.toolcall import ToolCall
 from inference.types import TextDelta, ToolCallDelta
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference.backend import ConversationBackend
-from inference.constraints import ConstraintSpec
 from inference.engine.engine import Engine
 from inference.engine.sampler import NonFiniteLogits, Sampler, SamplingParams
+from inference.generation.backend import ConversationBackend
+from inference.generation.constraints import ConstraintSpec
 from inference.types import Error, Finish, GenerationRequest, Message, SamplingOverrides, TextDelta
 from tests.fixtures.think_gguf import ANSWER_TEXT, think_model_path
 from tests.inference.test_backend import RecordingSink

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from inference.engine.kv_cache import KVCache, KVGeometry
-from inference.kv_disk import SidecarStore, scan_sidecars
-from inference.kv_sidecar import (
+from inference.kv.disk import SidecarStore, scan_sidecars
+from inference.kv.sidecar import (
     COUNT_OFFSET,
     F16,
     HEADER_PREFIX,
@@ -22,7 +22,7 @@ from inference.kv_sidecar import (
     open_sidecar,
     write_sidecar,
 )
-from inference.slots import SlotPool
+from inference.kv.slots import SlotPool
 
 GEOMETRY = KVGeometry(n_layers=2, n_kv_heads=2, head_dim_k=16, head_dim_v=16)
 MODEL = bytes(range(16))  # the fingerprint of the model these caches belong to

@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from inference.pipe import StreamPipe
-from inference.queue import Job, JobQueue, QueueClosed, QueueFull
+from inference.runtime.pipe import StreamPipe
+from inference.runtime.queue import Job, JobQueue, QueueClosed, QueueFull
 from inference.types import Error, Finish, GenerationRequest, Message, PreparedPrompt, TextDelta, Usage
 
 FINISH = Finish("stop", Usage(3, 2))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inference.ram_guard import MIB, available_memory, judge_kv_slots
+from inference.kv.ram_guard import MIB, available_memory, judge_kv_slots
 
 MEMINFO = """MemTotal:       24000000 kB
 MemFree:         1000000 kB

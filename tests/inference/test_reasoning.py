@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from inference.backend import ConversationBackend
-from inference.constraints import ConstraintSpec
-from inference.emitter import ReplyEmitter, ThinkRouter
 from inference.engine.engine import Engine
+from inference.generation.backend import ConversationBackend
+from inference.generation.constraints import ConstraintSpec
+from inference.generation.emitter import ReplyEmitter, ThinkRouter
 from inference.types import Finish, GenerationRequest, Message, ReasoningDelta, SamplingOverrides, TextDelta
 from tests.fixtures.think_gguf import ANSWER_TEXT, THINK_TEXT, think_model_path
 from tests.inference.test_backend import RecordingSink

@@ -1,7 +1,7 @@
 """SlotPool: which resident KV cache a prompt warm-starts from."""
 
 from inference.engine.kv_cache import KVCache, KVGeometry
-from inference.slots import SlotPool
+from inference.kv.slots import SlotPool
 
 GEOMETRY = KVGeometry(n_layers=1, n_kv_heads=1, head_dim_k=2, head_dim_v=2)
 

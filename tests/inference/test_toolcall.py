@@ -9,12 +9,12 @@ import jsonschema
 import llguidance
 import pytest
 
-from inference.constraints import SAFE_INTEGER, ConstraintCompiler, ConstraintSpec
 from inference.engine.engine import Engine
 from inference.engine.gguf_file import GGUFFile
 from inference.engine.sampler import SamplingParams
 from inference.engine.tokenizer import load_tokenizer
-from inference.toolcall import ToolCall, ToolCallScanner, ToolSpec, forced_call_grammar, parse_call
+from inference.generation.constraints import SAFE_INTEGER, ConstraintCompiler, ConstraintSpec
+from inference.generation.toolcall import ToolCall, ToolCallScanner, ToolSpec, forced_call_grammar, parse_call
 from tests.fixtures.model_files import default_model_path, optional_model_path
 
 pytestmark = pytest.mark.timeout(900)

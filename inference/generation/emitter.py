@@ -7,7 +7,7 @@ bytes and releases them as soon as they are known to be plain text.
 
 :class:`ReplyEmitter` runs a whole reply through the stages in the order its text is
 understood: decoding, the think head (:class:`ThinkRouter`), function calls
-(:class:`~inference.toolcall.ToolCallScanner`), and last the stop strings, which act on the
+(:class:`~inference.generation.toolcall.ToolCallScanner`), and last the stop strings, which act on the
 reply text alone.
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 import codecs
 from collections.abc import Sequence
 
-from .toolcall import ToolCall, ToolCallScanner
-from .types import ReasoningDelta, TextDelta, ToolCallDelta
+from inference.generation.toolcall import ToolCall, ToolCallScanner
+from inference.types import ReasoningDelta, TextDelta, ToolCallDelta
 
 
 class StopScanner:

@@ -15,12 +15,11 @@ from typing import Protocol
 from inference.engine.engine import PREFILL_CHUNK, Engine, GenerationStats
 from inference.engine.kv_cache import KVCache
 from inference.engine.sampler import NonFiniteLogits
-
-from .constraints import ConstraintCompiler, ConstraintDeadEnd, TokenConstraint
-from .emitter import ReplyEmitter
-from .kv_disk import SidecarStore
-from .slots import SlotPool
-from .types import ContextOverflow, Error, Finish, GenerationRequest, Message, PreparedPrompt, Usage
+from inference.generation.constraints import ConstraintCompiler, ConstraintDeadEnd, TokenConstraint
+from inference.generation.emitter import ReplyEmitter
+from inference.kv.disk import SidecarStore
+from inference.kv.slots import SlotPool
+from inference.types import ContextOverflow, Error, Finish, GenerationRequest, Message, PreparedPrompt, Usage
 
 DEFAULT_MAX_TOKENS = 1024
 THINK_FAMILIES = frozenset({"qwen3", "qwen3moe"})  # replies may open with a <think> block

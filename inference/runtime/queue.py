@@ -13,8 +13,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .pipe import StreamPipe
-from .types import GenerationRequest, PreparedPrompt
+from inference.runtime.pipe import StreamPipe
+from inference.types import GenerationRequest, PreparedPrompt
 
 _job_ids = itertools.count(1)
 

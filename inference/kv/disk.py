@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference.engine.kv_cache import KVCache, KVGeometry
-
-from .kv_sidecar import (
+from inference.kv.sidecar import (
     DTYPE_NAMES,
     F16,
     SidecarError,

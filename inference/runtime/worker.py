@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .backend import ConversationBackend
-from .queue import Job, JobQueue
-from .types import Error
+from inference.generation.backend import ConversationBackend
+from inference.runtime.queue import Job, JobQueue
+from inference.types import Error
 
 logger = logging.getLogger("lmserve.worker")
 
@@ -121,7 +121,7 @@ class InferenceWorker:
 
     def _guard_kv_slots(self, engine, n_ctx: int) -> int:
         """The slot count the RAM guard allows, its arithmetic logged."""
-        from .ram_guard import available_memory, judge_kv_slots
+        from inference.kv.ram_guard import available_memory, judge_kv_slots
 
         slot_bytes = engine.new_cache(n_ctx).nbytes  # zeroed pages are not committed: free to probe
         verdict = judge_kv_slots(self.kv_slots, slot_bytes, available_memory(), self.kv_slots_force)
@@ -132,7 +132,7 @@ class InferenceWorker:
         """The sidecar store under --kv-cache-dir (files of an earlier run found again), if any."""
         if self.kv_cache_dir is None:
             return None
-        from .kv_disk import SidecarStore
+        from inference.kv.disk import SidecarStore
 
         return SidecarStore(
             self.kv_cache_dir, self.kv_disk_slots, engine.config.kv_geometry, engine.fingerprint

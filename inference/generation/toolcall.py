@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from inference.constraints import bound_number_digits
+from inference.generation.constraints import bound_number_digits
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 FENCE = "```"

@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .model_files import resolve_model
-from .pipe import StreamPipe
-from .queue import Job, JobQueue, QueueClosed, QueueFull
-from .types import Error, GenerationRequest, PreparedPrompt
-from .worker import FAILED, READY, SHUTTING_DOWN, InferenceWorker
+from inference.model_files import resolve_model
+from inference.runtime.pipe import StreamPipe
+from inference.runtime.queue import Job, JobQueue, QueueClosed, QueueFull
+from inference.runtime.worker import FAILED, READY, SHUTTING_DOWN, InferenceWorker
+from inference.types import Error, GenerationRequest, PreparedPrompt
 
 logger = logging.getLogger("lmserve.service")
 
@@ -191,7 +191,7 @@ class InferenceService:
 
     def kv_sidecars(self) -> list[dict]:
         """The sidecar files under --kv-cache-dir, read from the directory."""
-        from .kv_disk import scan_sidecars
+        from inference.kv.disk import scan_sidecars
 
         directory = self.kv_cache_dir
         return scan_sidecars(directory) if directory is not None and directory.is_dir() else []

@@ -11,7 +11,7 @@ import asyncio
 import threading
 from collections import deque
 
-from .types import Error, Event, Finish, TextDelta
+from inference.types import Error, Event, Finish, TextDelta
 
 
 class StreamPipe:

@@ -20,8 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inference.engine.kv_cache import KVCache
-
-from .kv_disk import SidecarStore
+from inference.kv.disk import SidecarStore
 
 logger = logging.getLogger("lmserve.slots")
 
