@@ -3,7 +3,8 @@ Chat Completions shapes (``tools``, ``tool_choice`` and assistant ``tool_calls``
 
 The shared parsers take a dialect's shape as small adapters (how one declaration reads, where
 a named choice keeps its name). Declarations become ToolSpecs; a forcing ``tool_choice``
-becomes a constraint over the Hermes call shape, so the reply is exactly one valid call.
+becomes a forced-call constraint (spelled in the loaded family's call convention by the
+backend), so the reply is exactly one valid call.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 
 from api.errors import bad_request
 from inference.generation.constraints import ConstraintSpec
-from inference.generation.toolcall import ToolCall, ToolSpec, forced_call_grammar
+from inference.generation.toolcall import ToolCall, ToolSpec, forced_call_spec
 
 from . import fields as f
 from .fields import Invalid
@@ -71,7 +72,7 @@ def forced_call(candidates: tuple[ToolSpec, ...], choice: str, enforce_schemas: 
         raise Invalid(
             bad_request(f"tool_choice {choice!r} needs at least one tool in 'tools'", "tool_choice")
         )
-    return ConstraintSpec("lark", forced_call_grammar(list(candidates), enforce_schemas), "tool_choice")
+    return forced_call_spec(list(candidates), enforce_schemas, "tool_choice")
 
 
 # -- Chat Completions ------------------------------------------------------------------------

@@ -15,15 +15,19 @@ from typing import Protocol
 from inference.engine.engine import PREFILL_CHUNK, Engine, GenerationStats
 from inference.engine.kv_cache import KVCache
 from inference.engine.sampler import NonFiniteLogits
-from inference.generation.constraints import ConstraintCompiler, ConstraintDeadEnd, TokenConstraint
+from inference.generation.constraints import (
+    ConstraintCompiler,
+    ConstraintDeadEnd,
+    ConstraintSpec,
+    TokenConstraint,
+)
 from inference.generation.emitter import ReplyEmitter
+from inference.generation.toolcall import resolve_forced_call
 from inference.kv.disk import SidecarStore
 from inference.kv.slots import SlotPool
 from inference.types import ContextOverflow, Error, Finish, GenerationRequest, Message, PreparedPrompt, Usage
 
 DEFAULT_MAX_TOKENS = 1024
-THINK_FAMILIES = frozenset({"qwen3", "qwen3moe"})  # replies may open with a <think> block
-HERMES_FAMILIES = frozenset({"qwen2", "qwen3", "qwen3moe"})  # <tool_call> JSON function calls
 logger = logging.getLogger("lmserve.backend")
 
 
@@ -71,10 +75,13 @@ def non_finite_error(generated: int, exc: NonFiniteLogits) -> Error:
 
 
 class ConversationBackend:
-    """Chat-template prompting, slot reuse and plain per-token decoding over an Engine."""
+    """Chat-template prompting, slot reuse and plain per-token decoding over an Engine: the
+    generic backend (``backends.BACKENDS["conversation"]``), for every family whose cache can
+    be cut back to a token prefix."""
 
     def __init__(self, engine: Engine, n_ctx: int, kv_slots: int = 1, disk: SidecarStore | None = None):
         self.engine = engine
+        self.family = engine.family
         self.n_ctx = n_ctx
         self.defaults = engine.recommended_sampling()
         self.slots = SlotPool(lambda: engine.new_cache(n_ctx), kv_slots, disk)
@@ -85,13 +92,27 @@ class ConversationBackend:
     def supports_reasoning(self) -> bool:
         """Whether a reasoning channel exists: the family writes think blocks, which the
         emitter routes apart from the reply."""
-        return self.engine.config.architecture in THINK_FAMILIES
+        return self.family.think is not None
 
     @property
     def supports_tools(self) -> bool:
         """Whether the family has a tool-call convention the emitter captures (and the
         template renders declarations)."""
-        return self.engine.config.architecture in HERMES_FAMILIES and self.engine.chat_template.supports_tools
+        return self.family.tools is not None and self.engine.chat_template.supports_tools
+
+    @property
+    def kv_reuse(self) -> bool:
+        """Whether a request may start from the cached rows of an earlier one."""
+        return self.family.kv_reuse
+
+    def release(self) -> None:
+        """After a job: the slot it used goes back to the pool (its rows stay warm)."""
+        self.slots.release()
+
+    def constraint_spec(self, request: GenerationRequest) -> ConstraintSpec | None:
+        """The request's constraint, a forced call spelled in this family's call convention."""
+        spec = request.constraint
+        return None if spec is None else resolve_forced_call(spec, self.family.tools)
 
     def tokenize(self, request: GenerationRequest) -> list[int] | Error:
         """The conversation rendered with the chat template and tokenized, whatever its length."""
@@ -113,8 +134,9 @@ class ConversationBackend:
     def validate(self, request: GenerationRequest) -> PreparedPrompt | Error:
         """Check the constraint, render and tokenize the conversation; reject it if it leaves
         no room to reply."""
-        if request.constraint is not None:
-            problem = self.constraints.validate(request.constraint)
+        spec = self.constraint_spec(request)
+        if spec is not None:
+            problem = self.constraints.validate(spec)
             if problem is not None:
                 param = request.constraint.param
                 return Error(400, f"invalid '{param}': {problem}", code="invalid_value", param=param)
@@ -138,10 +160,10 @@ class ConversationBackend:
         emitter = ReplyEmitter(
             request.stop,
             reasoning=request.reasoning,
-            tools=bool(request.tools),
+            tools=self.family.tools if request.tools else None,
             # A constrained reply is the grammar's from token 0, and a prefilled one starts with
             # the client's text: neither has a think head.
-            think=self.supports_reasoning and request.constraint is None and not request.prefill,
+            think=self.family.think if request.constraint is None and not request.prefill else None,
         )
         cache = self.slots.acquire(prompt.tokens)
         try:
@@ -182,8 +204,9 @@ class ConversationBackend:
         """Run the decode loop; the finish reason, or None when the request was cancelled."""
         token_bytes = self.engine.tokenizer.token_bytes
         constraint: TokenConstraint | None = None
-        if request.constraint is not None:
-            constraint = self.constraints.constraint(request.constraint)
+        spec = self.constraint_spec(request)
+        if spec is not None:
+            constraint = self.constraints.constraint(spec)
         t0 = time.perf_counter()
         cached = self._prefill(cache, prompt.tokens, sink)
         if cached is None:

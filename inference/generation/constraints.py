@@ -22,7 +22,7 @@ import numpy as np
 
 from inference.engine.tokenizer import Tokenizer
 
-ConstraintKind = Literal["json_schema", "regex", "lark"]
+ConstraintKind = Literal["json_schema", "regex", "lark", "tool_call"]
 CACHED_GRAMMARS = 32
 # Fixed separators: with free whitespace a model may pad a JSON reply until its budget runs out.
 JSON_OPTIONS = {"whitespace_flexible": False}
@@ -49,8 +49,10 @@ SCHEMA_KEYWORDS = (
 
 @dataclass(frozen=True)
 class ConstraintSpec:
-    """What a reply must match. ``source`` is the schema as JSON text, the regex, or the Lark
-    grammar; ``param`` is the request field it came from (named in errors)."""
+    """What a reply must match. ``source`` is the schema as JSON text, the regex, the Lark
+    grammar, or (``tool_call``) the forced call's tools as JSON text, which becomes a grammar
+    once the family's call convention is known (``toolcall.resolve_forced_call``); ``param``
+    is the request field it came from (named in errors)."""
 
     kind: ConstraintKind
     source: str
@@ -68,6 +70,8 @@ class ConstraintSpec:
             return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         if self.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(self.source)
+        if self.kind == "tool_call":
+            raise ValueError("a forced call becomes a grammar only with the family's call convention")
         return llguidance.LLMatcher.grammar_from_lark(self.source)
 
 

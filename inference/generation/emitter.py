@@ -16,6 +16,7 @@ from __future__ import annotations
 import codecs
 from collections.abc import Sequence
 
+from inference.engine.families import ThinkTags, ToolConvention
 from inference.generation.toolcall import ToolCall, ToolCallScanner
 from inference.types import ReasoningDelta, TextDelta, ToolCallDelta
 
@@ -92,18 +93,17 @@ class TextEmitter(StopScanner):
         return self.feed_text(self._decoder.decode(b"", final=True)) + super().flush()
 
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-
-
 class ThinkRouter:
-    """Splits a reply's decoded text into a leading think block (reasoning) and the reply.
+    """Splits a reply's decoded text into a leading think block (reasoning, between the
+    family's ``tags``) and the reply.
 
     Works on text, not token ids, so markers split over several tokens route the same. Only
-    a block at the very start counts (leading whitespace aside); a stray leading ``</think>``
+    a block at the very start counts (leading whitespace aside); a stray leading closing tag
     (the template opened the block itself) is dropped, with what came before it treated as
     reasoning only if an opening marker was seen."""
 
-    def __init__(self):
+    def __init__(self, tags: ThinkTags):
+        self.open, self.close = tags.open, tags.close
         self._state = "start"  # start -> thinking -> gap (whitespace after the block) -> reply
         self._held = ""
 
@@ -138,16 +138,16 @@ class ThinkRouter:
 
     def _feed_start(self, text: str) -> tuple[str, str]:
         body = text.lstrip()
-        for marker in (THINK_OPEN, THINK_CLOSE):
+        for marker in (self.open, self.close):
             if marker.startswith(body) and len(body) < len(marker):
                 self._held = text  # could still become a marker
                 return "", ""
-        if body.startswith(THINK_OPEN):
+        if body.startswith(self.open):
             self._state = "thinking"
-            return self._feed_thinking(body[len(THINK_OPEN) :])
-        if body.startswith(THINK_CLOSE):
+            return self._feed_thinking(body[len(self.open) :])
+        if body.startswith(self.close):
             self._state = "gap"
-            return "", self._feed_gap(body[len(THINK_CLOSE) :])
+            return "", self._feed_gap(body[len(self.close) :])
         self._state = "reply"
         return "", text
 
@@ -158,11 +158,12 @@ class ThinkRouter:
         return reply
 
     def _feed_thinking(self, text: str) -> tuple[str, str]:
-        at = text.find(THINK_CLOSE)
+        close = self.close
+        at = text.find(close)
         if at >= 0:
             self._state = "gap"
-            return text[:at], self._feed_gap(text[at + len(THINK_CLOSE) :])
-        keep = next((n for n in range(len(THINK_CLOSE) - 1, 0, -1) if text.endswith(THINK_CLOSE[:n])), 0)
+            return text[:at], self._feed_gap(text[at + len(close) :])
+        keep = next((n for n in range(len(close) - 1, 0, -1) if text.endswith(close[:n])), 0)
         self._held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep], ""
 
@@ -175,16 +176,20 @@ class ReplyEmitter:
     A stop string inside the think block or inside a call's JSON therefore never ends the reply."""
 
     def __init__(
-        self, stop: Sequence[str] = (), reasoning: bool = False, tools: bool = False, think: bool = False
+        self,
+        stop: Sequence[str] = (),
+        reasoning: bool = False,
+        tools: ToolConvention | None = None,
+        think: ThinkTags | None = None,
     ):
-        """``think``: split off a leading think block (the family writes them); ``reasoning``:
-        send that block as ReasoningDelta events, else it is dropped; ``tools``: capture
-        function calls."""
+        """``think``: split off a leading think block between these tags (the family writes
+        them); ``reasoning``: send that block as ReasoningDelta events, else it is dropped;
+        ``tools``: capture function calls written in this convention."""
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.text = StopScanner(stop)
-        self.router = ThinkRouter() if think else None
+        self.router = ThinkRouter(think) if think is not None else None
         self.reasoning = reasoning  # route the think block to reasoning (else it is dropped)
-        self.scanner = ToolCallScanner() if tools else None
+        self.scanner = ToolCallScanner(tools) if tools is not None else None
         self.reasoning_tokens = 0  # tokens fed while inside the think block
         self.calls = 0  # function calls emitted
 

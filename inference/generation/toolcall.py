@@ -1,5 +1,6 @@
-"""Hermes-style function calls (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``),
-the convention of the qwen2 and qwen3 families' chat templates.
+"""Function calls written as a JSON object between a family's markers (its
+:class:`~inference.engine.families.ToolConvention`; Hermes' ``<tool_call>{"name": ...,
+"arguments": {...}}</tool_call>`` for the qwen2 and qwen3 families).
 
 :class:`ToolCallScanner` captures call regions in a reply's text as it streams: plain text
 passes through at once (except what may be the start of a marker), each call is reported as
@@ -15,9 +16,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from inference.generation.constraints import bound_number_digits
+from inference.engine.families import ToolConvention
+from inference.generation.constraints import ConstraintSpec, bound_number_digits
 
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 FENCE = "```"
 FENCE_OPENERS = ("```", "```json")
 PERMISSIVE_ARGUMENTS = {"type": "object"}
@@ -123,7 +124,8 @@ class ToolCallScanner:
     that opens like a bare call (``{`` or a json fence) is held whole and becomes a call if it
     is exactly one (:func:`bare_call`), else plain text."""
 
-    def __init__(self):
+    def __init__(self, convention: ToolConvention):
+        self.open, self.close = convention.open, convention.close
         self._held = ""  # text that may start a call marker
         self._region: list[str] | None = None  # the text inside an open call region
         self._lead: str | None = ""  # the reply's opening while it may be a bare call
@@ -160,35 +162,35 @@ class ToolCallScanner:
             return self._scan(lead) + self.flush()
         out: list[str | ToolCall] = []
         if self._region is not None:
-            out.append(CALL_OPEN + "".join(self._region) + self._held)
+            out.append(self.open + "".join(self._region) + self._held)
         elif self._held:
             out.append(self._held)
         self._region, self._held = None, ""
         return out
 
     def _scan_plain(self, text: str, out: list) -> str:
-        at = text.find(CALL_OPEN)
+        at = text.find(self.open)
         if at < 0:
-            keep = _marker_prefix(text, CALL_OPEN)
+            keep = _marker_prefix(text, self.open)
             self._held = text[len(text) - keep :] if keep else ""
             _emit(out, text[: len(text) - keep])
             return ""
         _emit(out, text[:at])
         self._region = []
-        return text[at + len(CALL_OPEN) :]
+        return text[at + len(self.open) :]
 
     def _scan_region(self, text: str, out: list) -> str:
-        at = text.find(CALL_CLOSE)
+        at = text.find(self.close)
         if at < 0:
-            keep = _marker_prefix(text, CALL_CLOSE)
+            keep = _marker_prefix(text, self.close)
             self._region.append(text[: len(text) - keep])
             self._held = text[len(text) - keep :] if keep else ""
             return ""
         body = "".join(self._region) + text[:at]
         self._region = None
         call = parse_call(body)
-        out.append(call if call is not None else CALL_OPEN + body + CALL_CLOSE)
-        return text[at + len(CALL_CLOSE) :]
+        out.append(call if call is not None else self.open + body + self.close)
+        return text[at + len(self.close) :]
 
 
 def _emit(out: list, text: str) -> None:
@@ -201,14 +203,15 @@ def _marker_prefix(text: str, marker: str) -> int:
     return next((n for n in range(min(len(marker) - 1, len(text)), 0, -1) if text.endswith(marker[:n])), 0)
 
 
-def forced_call_grammar(tools: list[ToolSpec], enforce_schemas: bool) -> str:
-    """A Lark grammar whose only sentences are one Hermes call to one of ``tools``. Argument
-    schemas are enforced for tools that are ``strict`` or when ``enforce_schemas``; others get
-    any JSON object. Open numbers have bounded digits (:func:`bound_number_digits`), so greedy
-    decoding cannot loop inside one."""
+def forced_call_grammar(tools: list[ToolSpec], enforce_schemas: bool, convention: ToolConvention) -> str:
+    """A Lark grammar whose only sentences are one call to one of ``tools``, written in the
+    family's ``convention``. Argument schemas are enforced for tools that are ``strict`` or when
+    ``enforce_schemas``; others get any JSON object. Open numbers have bounded digits
+    (:func:`bound_number_digits`), so greedy decoding cannot loop inside one."""
     if not tools:
         raise ValueError("a forced call needs at least one tool")
-    rules = [f"start: {json.dumps(CALL_OPEN + chr(10))} call {json.dumps(chr(10) + CALL_CLOSE)}"]
+    opener, closer = json.dumps(convention.open + chr(10)), json.dumps(chr(10) + convention.close)
+    rules = [f"start: {opener} call {closer}"]
     rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(tools))))
     for i, tool in enumerate(tools):
         head = json.dumps('{"name": ' + json.dumps(tool.name) + ', "arguments": ')
@@ -217,3 +220,31 @@ def forced_call_grammar(tools: list[ToolSpec], enforce_schemas: bool) -> str:
         schema = bound_number_digits(tool.parameters if enforce else ANY_OBJECT_ARGUMENTS)
         rules.append(f"args_{i}: %json {json.dumps(schema)}")
     return "\n".join(rules) + "\n"
+
+
+def forced_call_spec(
+    tools: list[ToolSpec], enforce_schemas: bool, param: str = "tool_choice"
+) -> ConstraintSpec:
+    """The constraint "the reply is exactly one call to one of ``tools``", before the loaded
+    family's convention is known (the dialects parse it; the backend resolves it with
+    :func:`resolve_forced_call`)."""
+    if not tools:
+        raise ValueError("a forced call needs at least one tool")
+    payload = {
+        "tools": [[tool.name, tool.description, tool.parameters, tool.strict] for tool in tools],
+        "enforce_schemas": enforce_schemas,
+    }
+    return ConstraintSpec("tool_call", json.dumps(payload), param)
+
+
+def resolve_forced_call(spec: ConstraintSpec, convention: ToolConvention | None) -> ConstraintSpec:
+    """``spec`` with a forced call turned into the Lark grammar of ``convention``; any other
+    constraint as it is."""
+    if spec.kind != "tool_call":
+        return spec
+    if convention is None:
+        raise ValueError("a forced call needs a model with a function-calling convention")
+    payload = json.loads(spec.source)
+    tools = [ToolSpec(*fields) for fields in payload["tools"]]
+    grammar = forced_call_grammar(tools, payload["enforce_schemas"], convention)
+    return ConstraintSpec("lark", grammar, spec.param)

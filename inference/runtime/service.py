@@ -127,6 +127,12 @@ class InferenceService:
         backend = self.worker.backend
         return backend is not None and backend.supports_tools
 
+    @property
+    def kv_reuse(self) -> bool | None:
+        """Whether requests may reuse KV rows of earlier ones (None until the model is loaded)."""
+        backend = self.worker.backend
+        return None if backend is None else backend.kv_reuse
+
     async def prepare(self, request: GenerationRequest) -> PreparedPrompt | Error:
         """Render and tokenize off the event loop; a 400 here costs no model time."""
         return self.unavailable() or await asyncio.to_thread(self.worker.backend.validate, request)
@@ -181,13 +187,14 @@ class InferenceService:
             "in_flight": self.worker.in_flight,
             "connections": self.connections.open,
             "tokens_generated": self.worker.tokens_generated,
+            "kv_reuse": self.kv_reuse,
         }
 
     # -- the admin's view of the KV tiers ---------------------------------------------------
     def kv_slots_status(self) -> list[dict]:
         """The live resident slots (empty until the model is loaded)."""
-        backend = self.worker.backend
-        return backend.slots.status() if backend is not None else []
+        slots = self._slots
+        return slots.status() if slots is not None else []
 
     def kv_sidecars(self) -> list[dict]:
         """The sidecar files under --kv-cache-dir, read from the directory."""
@@ -197,23 +204,29 @@ class InferenceService:
         return scan_sidecars(directory) if directory is not None and directory.is_dir() else []
 
     @property
+    def _slots(self):
+        """The loaded backend's slot pool, if it keeps one."""
+        backend = self.worker.backend
+        return None if backend is None else backend.slots
+
+    @property
     def kv_cache_dir(self) -> Path | None:
         return Path(self.config.kv_cache_dir) if self.config.kv_cache_dir else None
 
     def evict_kv_slot(self, index: int) -> str:
         """Free a resident slot now, or after the generation using it ("evicted" / "pending")."""
-        backend = self.worker.backend
-        if backend is None or not 0 <= index < len(backend.slots.slots):
+        slots = self._slots
+        if slots is None or not 0 <= index < len(slots.slots):
             raise IndexError(f"no KV slot {index}")
-        return backend.slots.evict(index)
+        return slots.evict(index)
 
     def delete_kv_sidecar(self, name: str) -> bool:
         """Delete one sidecar file by name; False when there is no such file."""
         directory = self.kv_cache_dir
         if directory is None or Path(name).name != name or not name.endswith(".kv"):
             return False
-        backend = self.worker.backend
-        if backend is not None and backend.slots.delete_sidecar(name):
+        slots = self._slots
+        if slots is not None and slots.delete_sidecar(name):
             return True
         path = directory / name  # not one the worker tracks (foreign or corrupt): just remove it
         if not path.is_file():

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from inference.generation.backend import ConversationBackend
+from inference.generation.backends import BackendSetup, GenerationBackend, backend_for
 from inference.runtime.queue import Job, JobQueue
 from inference.types import Error
 
@@ -50,7 +50,7 @@ class InferenceWorker:
         self.on_failure = on_failure
         self.state = LOADING
         self.error: str | None = None
-        self.backend: ConversationBackend | None = None
+        self.backend: GenerationBackend | None = None
         self.ready = threading.Event()
         self.tokens_generated = 0
         self.seconds_per_job = 1.0  # running average, for Retry-After estimates
@@ -101,9 +101,9 @@ class InferenceWorker:
                     "--ctx %d exceeds the model's training context; using %d", self.requested_ctx, n_ctx
                 )
             self.kv_slots = self._guard_kv_slots(engine, n_ctx)
-            backend = ConversationBackend(engine, n_ctx, self.kv_slots, self._disk_tier(engine))
+            backend = backend_for(BackendSetup(engine, n_ctx, self.kv_slots, self._disk_tier(engine)))
             backend.warm_up()
-            backend.slots.release()
+            backend.release()
         except Exception as exc:
             logger.exception("loading %s failed", self.model_path)
             self.error = f"loading {self.model_path.name} failed: {type(exc).__name__}: {exc}"
@@ -159,7 +159,7 @@ class InferenceWorker:
             logger.exception("job %d failed", job.id)
             job.pipe.close(Error(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
         finally:
-            self.backend.slots.release()
+            self.backend.release()
             with self._lock:
                 self.tokens_generated += generated
                 self._in_flight.remove(job)

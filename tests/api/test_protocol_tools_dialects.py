@@ -49,7 +49,7 @@ def test_responses_function_tools_and_forced_choice():
         tools=[{**FUNCTION, "strict": True}], tool_choice={"type": "function", "name": "get_weather"}
     )
     assert request.tools == (ToolSpec("get_weather", "Weather.", SCHEMA, True),)
-    assert request.constraint.kind == "lark" and request.constraint.param == "tool_choice"
+    assert request.constraint.kind == "tool_call" and request.constraint.param == "tool_choice"
     assert "get_weather" in request.constraint.source and json.dumps(SCHEMA) in request.constraint.source
     generation = request.to_generation(False, tools_available=True)
     assert generation.tools == request.tools and generation.constraint == request.constraint

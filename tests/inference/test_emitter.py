@@ -1,6 +1,7 @@
 """TextEmitter: UTF-8-safe deltas and the stop-string scan; ReplyEmitter: stop strings act on
 the reply text, after function calls were captured."""
 
+from inference.engine.families import HERMES_TOOLS
 from inference.generation.emitter import ReplyEmitter, TextEmitter
 from inference.generation.toolcall import ToolCall
 from inference.types import TextDelta, ToolCallDelta
@@ -74,7 +75,7 @@ def reply_events(emitter: ReplyEmitter, pieces: list[str]) -> list:
 
 
 def test_a_stop_string_inside_a_call_does_not_end_the_reply():
-    emitter = ReplyEmitter(stop=("Paris", "END"), tools=True)
+    emitter = ReplyEmitter(stop=("Paris", "END"), tools=HERMES_TOOLS)
     call = ['<tool_call>\n{"name": "f", "arguments": {"city": "Par', 'is"}}\n</tool_call>']
     pieces = [*call, " then END", "x"]
     events = reply_events(emitter, pieces)
@@ -83,13 +84,13 @@ def test_a_stop_string_inside_a_call_does_not_end_the_reply():
 
 
 def test_a_stop_string_before_a_call_ends_the_reply_without_it():
-    emitter = ReplyEmitter(stop=("STOP",), tools=True)
+    emitter = ReplyEmitter(stop=("STOP",), tools=HERMES_TOOLS)
     events = reply_events(emitter, ["ok STOP", '<tool_call>{"name": "f"}</tool_call>'])
     assert events == [TextDelta("ok ")] and emitter.calls == 0
 
 
 def test_text_held_as_a_possible_stop_is_sent_before_a_call():
-    emitter = ReplyEmitter(stop=("STOP",), tools=True)
+    emitter = ReplyEmitter(stop=("STOP",), tools=HERMES_TOOLS)
     events = reply_events(emitter, ["ok ST", '<tool_call>{"name": "f"}</tool_call>', "OP"])
     call = ToolCallDelta(ToolCall("f", "{}"), 0)
     assert events == [TextDelta("ok "), TextDelta("ST"), call, TextDelta("OP")]

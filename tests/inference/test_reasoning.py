@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from inference.engine.engine import Engine
+from inference.engine.families import QWEN_THINK, ThinkTags
 from inference.generation.backend import ConversationBackend
 from inference.generation.constraints import ConstraintSpec
 from inference.generation.emitter import ReplyEmitter, ThinkRouter
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.timeout(600)
 
 
 def route(parts: list[str]) -> tuple[str, str]:
-    router = ThinkRouter()
+    router = ThinkRouter(QWEN_THINK)
     routed = [router.feed(part) for part in parts] + [router.flush()]
     return "".join(r for r, _ in routed), "".join(t for _, t in routed)
 
@@ -41,7 +42,7 @@ def test_router_splits_a_leading_think_block(parts, expected):
 
 
 def test_reply_emitter_counts_reasoning_tokens_and_keeps_stop_strings():
-    emitter = ReplyEmitter(stop=("STOP",), reasoning=True, think=True)
+    emitter = ReplyEmitter(stop=("STOP",), reasoning=True, think=QWEN_THINK)
     events = []
     for piece in (b"<think>", b"a", b"b", b"</think>", b"\n\n", b"hi", b" STOP", b"never"):
         events += emitter.feed(piece)
@@ -79,12 +80,12 @@ def texts(events: list) -> tuple[str, str]:
     ],
 )
 def test_the_think_head_routes_whether_or_not_reasoning_was_asked_for(pieces, reasoning, expected):
-    assert texts(emit(ReplyEmitter(think=True, reasoning=reasoning), pieces)) == expected
+    assert texts(emit(ReplyEmitter(think=QWEN_THINK, reasoning=reasoning), pieces)) == expected
 
 
 @pytest.mark.parametrize("reasoning", [True, False])
 def test_stop_strings_act_on_the_reply_not_the_think_block(reasoning):
-    emitter = ReplyEmitter(stop=("plan", "S"), think=True, reasoning=reasoning)
+    emitter = ReplyEmitter(stop=("plan", "S"), think=QWEN_THINK, reasoning=reasoning)
     events = emit(emitter, ["<think>a plan", "</think>", "\nan", "swer S", "more"])
     assert texts(events) == ("a plan" if reasoning else "", "answer ")
     assert emitter.stopped_by == "S"
@@ -128,3 +129,11 @@ def test_a_stop_string_inside_the_think_block_does_not_end_the_reply(backend, re
 def test_constrained_reply_is_plain_text(backend):
     sink = run(backend, constraint=ConstraintSpec("regex", "(yes|no)", "regex"))
     assert sink.text in ("yes", "no")
+
+
+def test_think_router_follows_the_family_tags():
+    router = ThinkRouter(ThinkTags("<|content_thinking|>", "<|content_text|>"))
+    out = [router.feed(piece) for piece in ("<|content_thi", "nking|>weigh it<|content_", "text|> Done.")]
+    out.append(router.flush())
+    assert "".join(r for r, _ in out) == "weigh it"
+    assert "".join(t for _, t in out) == "Done."

@@ -10,11 +10,20 @@ import llguidance
 import pytest
 
 from inference.engine.engine import Engine
+from inference.engine.families import HERMES_TOOLS, ToolConvention
 from inference.engine.gguf_file import GGUFFile
 from inference.engine.sampler import SamplingParams
 from inference.engine.tokenizer import load_tokenizer
 from inference.generation.constraints import SAFE_INTEGER, ConstraintCompiler, ConstraintSpec
-from inference.generation.toolcall import ToolCall, ToolCallScanner, ToolSpec, forced_call_grammar, parse_call
+from inference.generation.toolcall import (
+    ToolCall,
+    ToolCallScanner,
+    ToolSpec,
+    forced_call_grammar,
+    forced_call_spec,
+    parse_call,
+    resolve_forced_call,
+)
 from tests.fixtures.model_files import default_model_path, optional_model_path
 
 pytestmark = pytest.mark.timeout(900)
@@ -47,7 +56,7 @@ COUNTER = ToolSpec(
 
 
 def scan(parts: list[str]) -> list:
-    scanner = ToolCallScanner()
+    scanner = ToolCallScanner(HERMES_TOOLS)
     out = [item for part in parts for item in scanner.feed(part)] + scanner.flush()
     merged: list = []
     for item in out:  # adjacent text pieces compare as one
@@ -74,7 +83,7 @@ def test_scanner_passes_malformed_calls_through_with_markers():
 
 
 def test_scanner_reports_each_call_as_it_closes():
-    scanner = ToolCallScanner()
+    scanner = ToolCallScanner(HERMES_TOOLS)
     first = scanner.feed('<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>{"name"')
     assert first == [ToolCall("a", "{}"), "\n"]
     assert scanner.feed(': "b", "arguments": "{\\"x\\": 1}"}</tool_call>') == [ToolCall("b", '{"x": 1}')]
@@ -116,9 +125,9 @@ def test_anything_else_that_looks_like_json_stays_text(reply):
 
 
 def test_text_that_cannot_be_a_bare_call_streams_at_once():
-    scanner = ToolCallScanner()
+    scanner = ToolCallScanner(HERMES_TOOLS)
     assert scanner.feed("Hello") == ["Hello"]
-    fenced = ToolCallScanner()
+    fenced = ToolCallScanner(HERMES_TOOLS)
     assert fenced.feed("```py") == []  # undecided until the fence's language is known
     assert fenced.feed("thon\n") == ["```python\n"]
 
@@ -130,11 +139,13 @@ def test_parse_call_rejects_non_calls():
 
 
 def test_forced_grammar_is_valid_lark():
-    grammar = llguidance.LLMatcher.grammar_from_lark(forced_call_grammar([WEATHER, CLOCK], True))
+    grammar = llguidance.LLMatcher.grammar_from_lark(
+        forced_call_grammar([WEATHER, CLOCK], True, HERMES_TOOLS)
+    )
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     assert not is_error, messages
     with pytest.raises(ValueError):
-        forced_call_grammar([], True)
+        forced_call_grammar([], True, HERMES_TOOLS)
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +156,7 @@ def accepts():
     compiler = ConstraintCompiler(tokenizer)
 
     def check(tools: list[ToolSpec], name: str, arguments: str, enforce: bool = True) -> bool:
-        grammar = forced_call_grammar(tools, enforce_schemas=enforce)
+        grammar = forced_call_grammar(tools, enforce_schemas=enforce, convention=HERMES_TOOLS)
         matcher = compiler.constraint(ConstraintSpec("lark", grammar, "tool_choice")).matcher
         reply = f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
         return matcher.consume_tokens(tokenizer.encode(reply, parse_special=False)) and matcher.is_accepting()
@@ -193,7 +204,7 @@ def test_forced_call_on_qwen_is_one_valid_call(qwen, temperature):
     tools = [WEATHER, CLOCK]
     messages = [{"role": "user", "content": "What's the weather in Paris?"}]
     prompt = qwen.encode_prompt(qwen.render_chat(messages, tools=[t.template_dict() for t in tools]))
-    constraint = compiler.constraint(ConstraintSpec("lark", forced_call_grammar(tools, True), "tool_choice"))
+    constraint = compiler.constraint(resolve_forced_call(forced_call_spec(tools, True), HERMES_TOOLS))
     params = SamplingParams(temperature=temperature, top_k=40, seed=5)
     ids = list(qwen.generate(qwen.new_cache(1024), prompt, params, 80, constraint=constraint))
     assert constraint.completed
@@ -202,3 +213,28 @@ def test_forced_call_on_qwen_is_one_valid_call(qwen, temperature):
     call = items[0]
     schema = {t.name: t.parameters for t in tools}[call.name]
     jsonschema.validate(json.loads(call.arguments), schema)
+
+
+def test_forced_call_is_spelled_in_the_family_convention():
+    """A forced call parsed by a dialect carries no markers; the family's convention adds them."""
+    spec = forced_call_spec([WEATHER], True)
+    assert spec.kind == "tool_call" and "<tool_call>" not in spec.source
+    with pytest.raises(ValueError, match="convention"):
+        spec.grammar()
+    with pytest.raises(ValueError, match="function-calling convention"):
+        resolve_forced_call(spec, None)
+    other = ToolConvention("angle", "<call>", "</call>")
+    grammar = resolve_forced_call(spec, other)
+    assert grammar.kind == "lark" and json.dumps("<call>\n") in grammar.source
+    assert "<tool_call>" not in grammar.source
+    assert resolve_forced_call(ConstraintSpec("regex", "a+", "x"), other) == ConstraintSpec(
+        "regex", "a+", "x"
+    )
+
+
+def test_scanner_captures_calls_in_another_convention():
+    scanner = ToolCallScanner(ToolConvention("angle", "<call>", "</call>"))
+    text = 'Sure. <call>{"name": "f", "arguments": {"a": 1}}</call> <tool_call>plain</tool_call>'
+    items = scanner.feed(text[:20]) + scanner.feed(text[20:]) + scanner.flush()
+    assert ToolCall("f", '{"a": 1}') in items
+    assert "".join(item for item in items if isinstance(item, str)) == "Sure.  <tool_call>plain</tool_call>"
