@@ -22,7 +22,7 @@ from referencing.jsonschema import DRAFT202012
 from api.errors import ApiError, bad_request
 from api.protocol.chat import ChatEncoder
 from api.protocol.responses import ResponsesRequest
-from api.protocol.responses_encoder import ResponsesEncoder
+from api.protocol.responses.encoder import ResponsesEncoder
 from inference.generation.toolcall import ToolCall
 from inference.types import ContextOverflow, Error, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from tests.api.conftest import encode

@@ -7,7 +7,7 @@ import pytest
 
 from api.errors import ApiError, wants_anthropic_errors
 from api.protocol.anthropic import MessagesRequest
-from api.protocol.anthropic_encoder import MessagesEncoder
+from api.protocol.anthropic.encoder import MessagesEncoder
 from inference.engine.sampler import SamplingParams
 from inference.types import Error, Finish, Message, ReasoningDelta, TextDelta, Usage
 from tests.api.conftest import accumulate_anthropic, anthropic_shape, encode

@@ -9,7 +9,7 @@ import pytest
 
 from api.errors import ApiError
 from api.protocol.responses import ResponsesRequest
-from api.protocol.responses_encoder import ResponsesEncoder
+from api.protocol.responses.encoder import ResponsesEncoder
 from inference.engine.sampler import SamplingParams
 from inference.types import Error, Finish, Message, ReasoningDelta, TextDelta, Usage
 from tests.api.conftest import encode, replay_responses, responses_types

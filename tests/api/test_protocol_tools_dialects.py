@@ -8,9 +8,9 @@ import pytest
 
 from api.errors import ApiError
 from api.protocol.anthropic import MessagesRequest
-from api.protocol.anthropic_encoder import MessagesEncoder
+from api.protocol.anthropic.encoder import MessagesEncoder
 from api.protocol.responses import ResponsesRequest
-from api.protocol.responses_encoder import ResponsesEncoder
+from api.protocol.responses.encoder import ResponsesEncoder
 from inference.generation.toolcall import ToolCall, ToolSpec
 from inference.types import Finish, Message, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from tests.api.conftest import (

@@ -6,13 +6,13 @@ blocks are dropped, like replayed reasoning items), temperature, top_p, top_k, t
 max_tokens, stop_sequences, stream and thinking (enabled / adaptive switch the reasoning
 channel on where the model has one; a no-op elsewhere), output_config.format, an assistant
 prefill (a final assistant message, which the reply continues), and client tools
-(:mod:`api.protocol.anthropic_tools`; dropped on a model without a tool convention). Client
+(:mod:`api.protocol.anthropic.tools`; dropped on a model without a tool convention). Client
 metadata (Claude Code's ``x-anthropic-billing-header:`` system block) is dropped before
 rendering. Bookkeeping and hosted-service fields (metadata, service_tier, cache_control,
 inference_geo, speed, diagnostics, context_management, compaction, fallbacks, user_profile_id,
 workspace_id, output_config.effort) are ignored. Images, documents, server tools, mcp_servers
 and container are refused (400); ``thread`` is answered as the real API answers a request
-threads cannot serve. The encoders live in :mod:`api.protocol.anthropic_encoder`.
+threads cannot serve. The encoders live in :mod:`api.protocol.anthropic.encoder`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,11 @@ from inference.generation.constraints import ConstraintSpec
 from inference.generation.toolcall import ToolSpec
 from inference.types import GenerationRequest, Message
 
-from . import fields as f
-from .anthropic_tools import (
+from .. import fields as f
+from ..common import parse_sampling, parse_stop_strings, sampling_overrides
+from ..fields import Invalid
+from ..formats import one_constraint, parse_format
+from .tools import (
     SERVER_TOOL_PREFIXES,
     check_tool_results,
     parse_anthropic_tool_choice,
@@ -34,8 +37,6 @@ from .anthropic_tools import (
     tool_use_call,
     without_tools,
 )
-from .fields import Invalid
-from .formats import one_constraint, parse_format
 
 ROLES = ("user", "assistant")
 DROPPED_BLOCKS = ("thinking", "redacted_thinking")  # earlier reasoning never reaches the prompt
@@ -94,13 +95,11 @@ class MessagesRequest:
                 messages=messages,
                 prefill=prefill,
                 model=f.string(body, "model"),
-                stop_sequences=_parse_stop_sequences(body.get("stop_sequences")),
+                stop_sequences=parse_stop_strings(body.get("stop_sequences"), "stop_sequences", single=False),
                 stream=bool(f.boolean(body, "stream")),
                 system=parse_system(body.get("system")),
-                temperature=f.number(body, "temperature", 0.0, 1.0),
+                **parse_sampling(body, ("temperature", "top_k", "top_p"), temperature_max=1.0),
                 thinking=_parse_thinking(body),
-                top_k=f.integer(body, "top_k", lo=0),
-                top_p=f.number(body, "top_p", 0.0, 1.0),
                 ignore_eos=bool(f.boolean(body, "ignore_eos")),
                 constraint=one_constraint(output_format, forced),
             )
@@ -118,7 +117,7 @@ class MessagesRequest:
             constraint = None if self.forced_call else constraint
         return GenerationRequest(
             (*system, *messages),
-            f.sampling_overrides(self),
+            sampling_overrides(self),
             self.max_tokens,
             self.stop_sequences,
             self.ignore_eos,
@@ -177,16 +176,6 @@ def _parse_thinking(body: dict) -> bool:
             )
         )
     return kind != "disabled"
-
-
-def _parse_stop_sequences(value: object) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise f.wrong_type("stop_sequences", "an array of strings", value)
-    if any(s == "" for s in value):
-        raise Invalid(bad_request("'stop_sequences' must not contain empty strings", "stop_sequences"))
-    return tuple(value)
 
 
 # -- system and messages ---------------------------------------------------------------------

@@ -2,21 +2,20 @@
 ``function_call_output`` history items.
 
 Declarations are flat (``{"type": "function", "name", "parameters", ...}``); a forced choice
-becomes the same Hermes call grammar as on Chat Completions. History items fold into the
+becomes the same forced call as on Chat Completions. History items fold into the
 assistant ``tool_calls`` and ``tool`` messages chat templates render.
 """
 
 from __future__ import annotations
 
-import json
-
 from api.errors import bad_request, not_implemented, unsupported
-from inference.generation.toolcall import ToolCall, ToolSpec
+from inference.generation.toolcall import ToolSpec
 from inference.types import Message
 
-from . import fields as f
-from .fields import Invalid
-from .tools import ToolsAndConstraint, function_spec, parse_function_tool_choice, parse_tools
+from .. import fields as f
+from ..common import call_from
+from ..fields import Invalid
+from ..tools import ToolsAndConstraint, function_spec, parse_function_tool_choice, parse_tools
 
 CHOICE_WORDS = ("auto", "none", "required")
 
@@ -58,14 +57,10 @@ def function_call_message(item: dict, where: str) -> Message:
     """A ``function_call`` item as an assistant turn holding that one call."""
     name = f.string(item, "name", f"{where}.name")
     f.string(item, "call_id", f"{where}.call_id")
-    arguments = item.get("arguments", "{}")
-    try:
-        parsed = json.loads(arguments) if isinstance(arguments, str) else None
-    except ValueError:
-        parsed = None
-    if not name or not isinstance(parsed, dict):
+    call = call_from(name, item.get("arguments", "{}"), as_string=True, as_object=False)
+    if call is None:
         raise Invalid(bad_request(f"'{where}' needs a name and JSON object arguments (a string)", where))
-    return Message("assistant", "", tool_calls=(ToolCall(name, json.dumps(parsed, ensure_ascii=False)),))
+    return Message("assistant", "", tool_calls=(call,))
 
 
 def function_output_message(item: dict, where: str) -> Message:

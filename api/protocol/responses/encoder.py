@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from api.errors import ApiError
 from inference.types import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 
-from .responses import ResponsesRequest
-from .responses_tools import tools_echo
+from .request import ResponsesRequest
+from .tools import tools_echo
 
 
 def usage_payload(usage: Usage) -> dict:

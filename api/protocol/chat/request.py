@@ -1,4 +1,4 @@
-"""OpenAI Chat Completions: request validation, and the response and chunk encoders.
+"""OpenAI Chat Completions: request validation (the encoders are in ``encoder.py``).
 
 ``ChatCompletionRequest.parse`` turns a JSON object into a validated request or an ApiError
 (a value, never an exception). Honored fields map onto the dialect-free GenerationRequest;
@@ -9,33 +9,41 @@ service_tier, parallel_tool_calls, ...) and unknown fields are accepted and igno
 
 from __future__ import annotations
 
-import time
-import uuid
 from dataclasses import dataclass
 
 from api.errors import ApiError, bad_request, unsupported
 from inference.generation.constraints import ConstraintSpec
 from inference.generation.toolcall import ToolSpec
-from inference.types import FinishReason, GenerationRequest, Message, ToolCallDelta, Usage
+from inference.types import GenerationRequest, Message
 
-from . import fields as f
-from .fields import Invalid
-from .formats import one_constraint, parse_extensions, parse_format
+from .. import fields as f
+from ..common import (
+    REFUSED_MEDIA_PARTS,
+    parse_effort,
+    parse_openai_stop,
+    parse_sampling,
+    reasoning_unavailable,
+    sampling_overrides,
+    tools_unavailable,
+    wants_reasoning,
+)
+from ..fields import Invalid
+from ..formats import one_constraint, parse_extensions, parse_format
 from .tools import parse_chat_tool_choice, parse_chat_tools, parse_tool_calls
 
-MAX_STOP_STRINGS = 4
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 CHAT_TEXT_KEYS = {"text": "text", "refusal": "refusal"}
-REFUSED_PART_TYPES = {
-    "image_url": "image input",
-    "input_image": "image input",
-    "input_audio": "audio input",
-    "audio": "audio input",
-    "file": "file input",
-    "input_file": "file input",
-}
-REASONING_OFF = (None, "none", "minimal")  # reasoning is off by default: these are honored as-is
-EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+# The sampling fields this dialect takes: OpenAI's, then llama.cpp's extensions.
+OPENAI_SAMPLING = (
+    "frequency_penalty",
+    "presence_penalty",
+    "seed",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repeat_penalty",
+)
 
 
 @dataclass(frozen=True)
@@ -79,21 +87,14 @@ class ChatCompletionRequest:
                 tools_param="tools" if f.array(body, "tools") else _tool_history_param(messages),
                 messages=messages,
                 model=f.string(body, "model"),
-                frequency_penalty=f.number(body, "frequency_penalty", -2.0, 2.0),
                 max_completion_tokens=f.integer(body, "max_completion_tokens", lo=1),
                 max_tokens=f.integer(body, "max_tokens", lo=1),
-                presence_penalty=f.number(body, "presence_penalty", -2.0, 2.0),
-                seed=f.integer(body, "seed"),
-                stop=parse_stop(body.get("stop")),
+                **parse_sampling(body, OPENAI_SAMPLING),
+                stop=parse_openai_stop(body.get("stop")),
                 stream=bool(f.boolean(body, "stream")),
                 include_usage=_parse_stream_options(body),
-                temperature=f.number(body, "temperature", 0.0, 2.0),
-                top_p=f.number(body, "top_p", 0.0, 1.0),
-                top_k=f.integer(body, "top_k", lo=0),
-                min_p=f.number(body, "min_p", 0.0, 1.0),
-                repeat_penalty=f.number(body, "repeat_penalty", 0.0, 10.0, lo_open=True),
                 ignore_eos=bool(f.boolean(body, "ignore_eos")),
-                reasoning_effort=_parse_effort(body),
+                reasoning_effort=parse_effort(body, "reasoning_effort", "reasoning_effort"),
                 constraint=one_constraint(
                     parse_format(body.get("response_format"), "response_format"),
                     parse_extensions(body),
@@ -110,24 +111,18 @@ class ChatCompletionRequest:
         reasoning channel (and a constrained reply never reasons), tools a model with a
         function-calling convention."""
         if self.tools_param is not None and not tools_available:
-            return unsupported(
-                self.tools_param, "needs a model with a function-calling convention; this one has none"
-            )
-        wants_reasoning = self.reasoning_effort not in REASONING_OFF
-        if wants_reasoning and not reasoning_available:
-            return unsupported(
-                "reasoning_effort",
-                f"{self.reasoning_effort!r} needs a model with a reasoning channel, and this one has "
-                "none; use 'none' or 'minimal'",
-            )
+            return tools_unavailable(self.tools_param)
+        reasoning = wants_reasoning(self.reasoning_effort)
+        if reasoning and not reasoning_available:
+            return reasoning_unavailable("reasoning_effort", self.reasoning_effort)
         budget = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         return GenerationRequest(
             self.messages,
-            f.sampling_overrides(self),
+            sampling_overrides(self),
             budget,
             self.stop,
             self.ignore_eos,
-            reasoning=wants_reasoning and self.constraint is None,
+            reasoning=reasoning and self.constraint is None,
             constraint=self.constraint,
             tools=self.tools,
         )
@@ -198,30 +193,7 @@ def _content_text(content: object, where: str) -> str:
     """A chat message's content (absent, a string, or ``text`` / ``refusal`` parts) as one string."""
     if content is None:
         return ""
-    return f.text_content(content, where, CHAT_TEXT_KEYS, "text", REFUSED_PART_TYPES)
-
-
-def parse_stop(value: object) -> tuple[str, ...]:
-    """``stop``: a string or up to four non-empty strings (the OpenAI dialects' limit)."""
-    if value is None:
-        return ()
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise f.wrong_type("stop", "a string or an array of strings", value)
-    if len(stops) > MAX_STOP_STRINGS:
-        raise Invalid(
-            bad_request(f"'stop' allows at most {MAX_STOP_STRINGS} strings, got {len(stops)}", "stop")
-        )
-    if any(s == "" for s in stops):
-        raise Invalid(bad_request("'stop' strings must not be empty", "stop"))
-    return tuple(stops)
-
-
-def _parse_effort(body: dict) -> str | None:
-    effort = f.string(body, "reasoning_effort")
-    if effort is not None and effort not in EFFORTS:
-        raise f.invalid_value("reasoning_effort", effort, f"one of {', '.join(EFFORTS)}")
-    return effort
+    return f.text_content(content, where, CHAT_TEXT_KEYS, "text", REFUSED_MEDIA_PARTS)
 
 
 def _parse_stream_options(body: dict) -> bool:
@@ -229,82 +201,3 @@ def _parse_stream_options(body: dict) -> bool:
     if options is None:
         return False
     return bool(f.boolean(options, "include_usage", "stream_options.include_usage"))
-
-
-# -- encoders --------------------------------------------------------------------------------
-def usage_payload(usage: Usage) -> dict:
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
-    }
-
-
-class ChatEncoder:
-    """Builds the chat.completion object or chat.completion.chunk payloads of one reply."""
-
-    def __init__(self, model_id: str):
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-        self.model = model_id
-        self._role_sent = False
-
-    def completion(
-        self, text: str, reason: FinishReason, usage: Usage, reasoning: str = "", calls: tuple = ()
-    ) -> dict:
-        message = {"role": "assistant", "content": text or (None if calls else ""), "refusal": None}
-        if calls:
-            message["tool_calls"] = [self._tool_call(call) for call in calls]
-        if reasoning:
-            message["reasoning_content"] = reasoning
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
-        return self._envelope("chat.completion", [choice], usage=usage_payload(usage))
-
-    def role_chunk(self) -> dict:
-        """The chunk that opens a stream before any text: the role and empty content."""
-        self._role_sent = True
-        return self._chunk({"role": "assistant", "content": ""}, None)
-
-    def delta_chunk(self, text: str, field: str = "content") -> dict:
-        """A content (or reasoning_content) delta; the first one of the stream also carries
-        the role."""
-        delta = {field: text}
-        if not self._role_sent:
-            delta = {"role": "assistant", **delta}
-            self._role_sent = True
-        return self._chunk(delta, None)
-
-    def tool_call_chunk(self, delta: ToolCallDelta) -> dict:
-        """A whole function call, sent as soon as it closed."""
-        chunk = {"tool_calls": [{"index": delta.index, **self._tool_call(delta)}]}
-        if not self._role_sent:
-            chunk = {"role": "assistant", **chunk}
-            self._role_sent = True
-        return self._chunk(chunk, None)
-
-    def _tool_call(self, delta: ToolCallDelta) -> dict:
-        function = {"name": delta.call.name, "arguments": delta.call.arguments}
-        return {"id": f"call_{self.id[-12:]}_{delta.index}", "type": "function", "function": function}
-
-    def finish_chunk(self, reason: FinishReason) -> dict:
-        return self._chunk({} if self._role_sent else {"role": "assistant", "content": ""}, reason)
-
-    def usage_chunk(self, usage: Usage) -> dict:
-        return self._envelope("chat.completion.chunk", [], usage=usage_payload(usage))
-
-    def _chunk(self, delta: dict, reason: FinishReason | None) -> dict:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-        return self._envelope("chat.completion.chunk", [choice])
-
-    def _envelope(self, kind: str, choices: list, **extra) -> dict:
-        body = {
-            "id": self.id,
-            "object": kind,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-        body.update(extra)
-        return body

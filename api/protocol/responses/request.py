@@ -4,8 +4,8 @@ Stateless (``store: false`` semantics): every request carries its whole conversa
 anything that points at server-side state (previous_response_id, conversation, item_reference,
 stored prompts, background runs) is refused by name, as are hosted tools and
 ``truncation: "auto"``. Function tools and their history items live in
-:mod:`api.protocol.responses_tools`. Bookkeeping fields (store, metadata, include, user, ...) are accepted
-and ignored. The encoders live in :mod:`api.protocol.responses_encoder`.
+:mod:`api.protocol.responses.tools`. Bookkeeping fields (store, metadata, include, user, ...) are
+accepted and ignored. The encoders live in :mod:`api.protocol.responses.encoder`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,21 @@ from inference.generation.constraints import ConstraintSpec
 from inference.generation.toolcall import ToolSpec
 from inference.types import GenerationRequest, Message
 
-from . import fields as f
-from .chat import REFUSED_PART_TYPES, parse_stop
-from .fields import Invalid
-from .formats import one_constraint, parse_extensions, parse_format
-from .responses_tools import (
+from .. import fields as f
+from ..chat.request import OPENAI_SAMPLING
+from ..common import (
+    REFUSED_MEDIA_PARTS,
+    parse_effort,
+    parse_openai_stop,
+    parse_sampling,
+    reasoning_unavailable,
+    sampling_overrides,
+    tools_unavailable,
+    wants_reasoning,
+)
+from ..fields import Invalid
+from ..formats import one_constraint, parse_extensions, parse_format
+from .tools import (
     function_call_message,
     function_output_message,
     merge_call_turns,
@@ -29,8 +39,6 @@ from .responses_tools import (
     parse_responses_tools,
 )
 
-EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
-REASONING_OFF = (None, "none", "minimal")
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PART_KEYS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 CUSTOM_TOOL_ITEM_TYPES = ("custom_tool_call", "custom_tool_call_output")  # free-form tools: not yet
@@ -82,17 +90,10 @@ class ResponsesRequest:
                 instructions=f.string(body, "instructions"),
                 max_output_tokens=f.integer(body, "max_output_tokens", lo=1),
                 model=f.string(body, "model"),
-                reasoning_effort=_parse_effort(body),
+                reasoning_effort=parse_effort(f.obj(body, "reasoning"), "effort", "reasoning.effort"),
                 stream=bool(f.boolean(body, "stream")),
-                temperature=f.number(body, "temperature", 0.0, 2.0),
-                top_p=f.number(body, "top_p", 0.0, 1.0),
-                frequency_penalty=f.number(body, "frequency_penalty", -2.0, 2.0),
-                presence_penalty=f.number(body, "presence_penalty", -2.0, 2.0),
-                seed=f.integer(body, "seed"),
-                stop=parse_stop(body.get("stop")),
-                top_k=f.integer(body, "top_k", lo=0),
-                min_p=f.number(body, "min_p", 0.0, 1.0),
-                repeat_penalty=f.number(body, "repeat_penalty", 0.0, 10.0, lo_open=True),
+                **parse_sampling(body, OPENAI_SAMPLING),
+                stop=parse_openai_stop(body.get("stop")),
                 ignore_eos=bool(f.boolean(body, "ignore_eos")),
                 constraint=one_constraint(_parse_text_format(body), parse_extensions(body), forced),
                 text_format=_requested_text_format(body),
@@ -102,7 +103,7 @@ class ResponsesRequest:
 
     @property
     def wants_reasoning(self) -> bool:
-        return self.reasoning_effort not in REASONING_OFF
+        return wants_reasoning(self.reasoning_effort)
 
     def to_generation(
         self, reasoning_available: bool, tools_available: bool = False
@@ -110,17 +111,13 @@ class ResponsesRequest:
         """The dialect-free request; reasoning needs a model with a reasoning channel, tools a
         model with a function-calling convention."""
         if self.declares_tools and not tools_available:
-            return unsupported("tools", "needs a model with a function-calling convention; this one has none")
+            return tools_unavailable("tools")
         if self.wants_reasoning and not reasoning_available:
-            return unsupported(
-                "reasoning.effort",
-                f"{self.reasoning_effort!r} needs a model with a reasoning channel, and this one has "
-                "none; use 'none' or 'minimal'",
-            )
+            return reasoning_unavailable("reasoning.effort", self.reasoning_effort)
         system = (Message("system", self.instructions),) if self.instructions is not None else ()
         return GenerationRequest(
             (*system, *self.input),
-            f.sampling_overrides(self),
+            sampling_overrides(self),
             self.max_output_tokens,
             self.stop,
             self.ignore_eos,
@@ -161,16 +158,6 @@ def _requested_text_format(body: dict) -> dict | None:
     """``text.format`` as sent (already validated by ``_parse_text_format``)."""
     text = body.get("text")
     return text.get("format") if isinstance(text, dict) else None
-
-
-def _parse_effort(body: dict) -> str | None:
-    reasoning = f.obj(body, "reasoning")
-    if reasoning is None:
-        return None
-    effort = f.string(reasoning, "effort", "reasoning.effort")
-    if effort is not None and effort not in EFFORTS:
-        raise f.invalid_value("reasoning.effort", effort, f"one of {', '.join(EFFORTS)}")
-    return effort
 
 
 # -- input -----------------------------------------------------------------------------------
@@ -225,4 +212,4 @@ def _parse_message(item: dict, where: str) -> Message:
 
 def _content_text(content: object, where: str) -> str:
     """An input message's content (a string or input/output text parts) as one string."""
-    return f.text_content(content, where, TEXT_PART_KEYS, "input_text", REFUSED_PART_TYPES)
+    return f.text_content(content, where, TEXT_PART_KEYS, "input_text", REFUSED_MEDIA_PARTS)

@@ -2,7 +2,7 @@
 history blocks.
 
 Client tools (``{"name", "description", "input_schema"}``) become ToolSpecs; a forced choice
-(``any`` or a named ``tool``) becomes the Hermes call grammar with every input schema enforced.
+(``any`` or a named ``tool``) becomes a forced call with every input schema enforced.
 History blocks fold into assistant ``tool_calls`` and ``tool`` messages. On a model without a
 tool convention, :func:`without_tools` turns a request into plain chat, as Anthropic clients
 expect tools to be optional.
@@ -10,15 +10,14 @@ expect tools to be optional.
 
 from __future__ import annotations
 
-import json
-
 from api.errors import bad_request, unsupported
 from inference.generation.toolcall import ToolCall, ToolSpec
 from inference.types import Message
 
-from . import fields as f
-from .fields import Invalid
-from .tools import ToolsAndConstraint, forced_call, named_tools, parse_tools
+from .. import fields as f
+from ..common import call_from
+from ..fields import Invalid
+from ..tools import ToolsAndConstraint, forced_call, named_tools, parse_tools
 
 SERVER_TOOL_PREFIXES = ("web_search", "web_fetch", "code_execution", "mcp_", "tool_search")
 CHOICE_TYPES = ("auto", "any", "tool", "none")
@@ -64,9 +63,10 @@ def tool_use_call(block: dict, at: str) -> ToolCall:
     name = f.string(block, "name", f"{at}.name")
     f.string(block, "id", f"{at}.id")
     arguments = f.obj(block, "input", f"{at}.input")
-    if not name or arguments is None:
+    call = call_from(name, arguments, as_string=False, as_object=True)
+    if call is None:
         raise Invalid(bad_request(f"'{at}' needs a 'name' and an 'input' object", at))
-    return ToolCall(name, json.dumps(arguments, ensure_ascii=False))
+    return call
 
 
 def tool_result_message(block: dict, at: str) -> Message:
