@@ -13,7 +13,7 @@ import pytest
 from .conftest import API_KEY
 from .rawhttp import RawRequest, count_frames
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 HI = [{"role": "user", "content": "Hi"}]

@@ -22,7 +22,7 @@ from inference.generation.constraints import (
 )
 from inference.types import Error, Finish, GenerationRequest, Message, SamplingOverrides
 from tests.fixtures.model_files import default_model_path
-from tests.inference.test_backend import RecordingSink
+from tests.inference.generation.test_backend import RecordingSink
 
 pytestmark = pytest.mark.timeout(600)
 

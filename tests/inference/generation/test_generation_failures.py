@@ -14,7 +14,7 @@ from inference.generation.backend import ConversationBackend
 from inference.generation.constraints import ConstraintSpec
 from inference.types import Error, Finish, GenerationRequest, Message, SamplingOverrides, TextDelta
 from tests.fixtures.think_gguf import ANSWER_TEXT, think_model_path
-from tests.inference.test_backend import RecordingSink
+from tests.inference.generation.test_backend import RecordingSink
 
 pytestmark = pytest.mark.timeout(600)
 DEAD_END = 'start: "Hello" NOPE\nNOPE: /[^\\x00-\\U0010FFFF]/\n'  # "Hello", then nothing fits

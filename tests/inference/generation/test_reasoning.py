@@ -12,7 +12,7 @@ from inference.generation.constraints import ConstraintSpec
 from inference.generation.emitter import ReplyEmitter, ThinkRouter
 from inference.types import Finish, GenerationRequest, Message, ReasoningDelta, SamplingOverrides, TextDelta
 from tests.fixtures.think_gguf import ANSWER_TEXT, THINK_TEXT, think_model_path
-from tests.inference.test_backend import RecordingSink
+from tests.inference.generation.test_backend import RecordingSink
 
 pytestmark = pytest.mark.timeout(600)
 

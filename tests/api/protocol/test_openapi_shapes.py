@@ -27,7 +27,7 @@ from inference.generation.toolcall import ToolCall
 from inference.types import ContextOverflow, Error, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from tests.api.conftest import encode
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "openai_openapi_schemas.json"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "openai_openapi_schemas.json"
 DOCUMENT = json.loads(FIXTURE.read_text())
 REGISTRY = Registry().with_resource("urn:openai", Resource.from_contents(DOCUMENT, DRAFT202012))
 USAGE = Usage(prompt_tokens=30, completion_tokens=7, cached_tokens=12, reasoning_tokens=3)
