@@ -85,7 +85,7 @@ class ConversationBackend:
         self.n_ctx = n_ctx
         self.defaults = engine.recommended_sampling()
         self.slots = SlotPool(lambda: engine.new_cache(n_ctx), kv_slots, disk)
-        self.constraints = ConstraintCompiler(engine.tokenizer)
+        self.constraints = ConstraintCompiler(engine.tokenizer, stop_ids=engine.stop_ids)
 
     # -- connection side -------------------------------------------------------------------
     @property

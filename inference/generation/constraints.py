@@ -146,9 +146,11 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def build_lltokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
+def build_lltokenizer(tokenizer: Tokenizer, stop_ids: frozenset[int] | None = None) -> llguidance.LLTokenizer:
     """The tokenizer bridge: our GGUF vocabulary as llguidance sees it (each token's bytes,
-    control tokens marked special so no grammar text can produce them)."""
+    control tokens marked special so no grammar text can produce them); ``stop_ids`` end a
+    turn (the engine's: the vocabulary's end-of-generation ids and the family's stop tokens)."""
+    stop_ids = tokenizer.eog_ids if stop_ids is None else stop_ids
     tokens, special = [], []
     for token_id in range(tokenizer.vocab_size):
         if tokenizer.is_control(token_id):
@@ -156,9 +158,9 @@ def build_lltokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
             tokens.append(tokenizer.token_bytes(token_id, special=True))
         else:
             tokens.append(tokenizer.token_bytes(token_id))
-    eos = tokenizer.eos_id if tokenizer.eos_id is not None else min(tokenizer.eog_ids, default=0)
+    eos = tokenizer.eos_id if tokenizer.eos_id is not None else min(stop_ids, default=0)
     wrapper = _VocabularyWrapper(tokenizer, tokens, special, eos)
-    eog = sorted(tokenizer.eog_ids) or [eos]
+    eog = sorted(stop_ids) or [eos]
     return llguidance.LLTokenizer(wrapper, n_vocab=tokenizer.vocab_size, eos_token=eog)
 
 
@@ -182,8 +184,10 @@ class _VocabularyWrapper(llguidance.TokenizerWrapper):
 class ConstraintCompiler:
     """Validates constraint specs and hands out per-request matchers for one vocabulary."""
 
-    def __init__(self, tokenizer: Tokenizer, cache_size: int = CACHED_GRAMMARS):
-        self.lltokenizer = build_lltokenizer(tokenizer)
+    def __init__(
+        self, tokenizer: Tokenizer, cache_size: int = CACHED_GRAMMARS, stop_ids: frozenset[int] | None = None
+    ):
+        self.lltokenizer = build_lltokenizer(tokenizer, stop_ids)
         self.vocab_size = tokenizer.vocab_size
         self.cache_size = cache_size
         self._base: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()

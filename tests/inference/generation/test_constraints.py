@@ -55,6 +55,13 @@ def test_bridge_round_trips_our_tokenization(engine, compiler):
     assert sorted(compiler.lltokenizer.eos_tokens) == sorted(engine.tokenizer.eog_ids)
 
 
+def test_the_family_stop_tokens_end_a_grammar_too(engine):
+    extra = engine.tokenizer.token_id("<|im_start|>")
+    stops = engine.tokenizer.eog_ids | {extra}
+    bridged = ConstraintCompiler(engine.tokenizer, stop_ids=stops)
+    assert sorted(bridged.lltokenizer.eos_tokens) == sorted(stops)
+
+
 @pytest.mark.parametrize(
     ("spec", "needle"),
     [
