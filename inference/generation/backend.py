@@ -166,6 +166,8 @@ class ConversationBackend:
             think=self.family.think if request.constraint is None and not request.prefill else None,
         )
         cache = self.slots.acquire(prompt.tokens)
+        if not self.kv_reuse:  # the family's state cannot be cut back to a prefix: start clean
+            self.slots.reset(cache)
         try:
             reason = self._decode(request, prompt, cache, stats, emitter, sink)
         except ConstraintDeadEnd as exc:  # the cache is sound: the slot stays warm

@@ -12,7 +12,9 @@ from inference.generation.backend import ConversationBackend
 from inference.generation.backends import BackendSetup, backend_for
 from inference.runtime.queue import JobQueue
 from inference.runtime.worker import READY, InferenceWorker
+from inference.types import GenerationRequest
 from tests.fixtures.model_files import default_model_path
+from tests.inference.generation.test_backend import FRANCE, GREEDY, run
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +60,12 @@ def test_the_worker_loads_the_backend_the_family_names(engine, monkeypatch, tmp_
     queue.close()
     assert worker.join(30)
     assert isinstance(worker.backend, RecurrentBackend) and not worker.backend.kv_reuse
+
+
+def test_a_family_without_kv_reuse_never_starts_from_cached_rows(engine):
+    backend = ConversationBackend(with_family(engine, kv_reuse=False), n_ctx=128)
+    request = GenerationRequest(FRANCE, GREEDY, max_tokens=4)
+    first, _ = run(backend, request)
+    again, _ = run(backend, request)
+    assert not backend.kv_reuse and again.events[-1].usage.cached_tokens == 0
+    assert again.text == first.text
