@@ -25,7 +25,7 @@ from twisted.internet import reactor
 
 from api.auth import check_api_key
 from api.errors import ApiError, wants_anthropic_errors
-from inference.service import ServeConfig
+from inference.runtime.service import ServeConfig
 
 logger = logging.getLogger("lmserve.server")
 

@@ -15,8 +15,8 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 from django.urls import Resolver404, re_path, resolve
 
-from inference import service as services
 from inference.model_files import ModelFileError
+from inference.runtime import service as services
 
 from .consumers.anthropic import CountTokensConsumer, MessagesConsumer
 from .consumers.chat import ChatCompletionsConsumer

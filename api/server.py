@@ -19,7 +19,7 @@ from daphne.server import Server
 from twisted.internet import reactor
 
 from api.http_guard import GuardedHTTPFactory
-from inference.service import InferenceService
+from inference.runtime.service import InferenceService
 
 logger = logging.getLogger("lmserve.server")
 

@@ -15,7 +15,7 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.views.decorators.http import require_POST
 
-from inference import service as services
+from inference.runtime import service as services
 
 
 def _when(timestamp: float | None) -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from inference.constraints import ConstraintSpec
 from inference.engine.sampler import SamplingParams
-from inference.toolcall import ToolCall, ToolSpec
+from inference.generation.constraints import ConstraintSpec
+from inference.generation.toolcall import ToolCall, ToolSpec
 
 Role = Literal["system", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "tool_calls"]

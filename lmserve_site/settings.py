@@ -100,7 +100,8 @@ WHITENOISE_AUTOREFRESH = DEBUG
 
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
-# The model served; resolved lazily (inference.models_registry) so settings stay cheap.
+# The model served; resolved lazily (inference.model_files.resolve_model, when the service
+# starts) so settings stay cheap.
 LMSERVE_MODEL = os.environ.get("LMSERVE_MODEL", "")
 LMSERVE_MODELS_DIR = Path(os.environ.get("LMSERVE_MODELS_DIR", BASE_DIR / "models"))
 

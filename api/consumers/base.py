@@ -19,7 +19,7 @@ from channels.generic.http import AsyncHttpConsumer
 
 from api.auth import check_api_key
 from api.errors import ApiError, wants_anthropic_errors
-from inference import service as services
+from inference.runtime import service as services
 
 logger = logging.getLogger("lmserve.api")
 

@@ -7,7 +7,7 @@ from functools import cached_property
 from api.errors import ApiError
 from api.protocol.chat import ChatCompletionRequest, ChatEncoder
 from api.sse import data_frame
-from inference.pipe import StreamPipe
+from inference.runtime.pipe import StreamPipe
 from inference.types import Event, Finish, GenerationRequest, ReasoningDelta, TextDelta, ToolCallDelta
 
 from .generation import GenerationConsumer, collect_reply, failure

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 from api.errors import ApiError
 from api.protocol.fields import parse_json_object
 from api.sse import SSE_HEADERS, event_frame
-from inference.pipe import StreamPipe
-from inference.queue import Job
+from inference.runtime.pipe import StreamPipe
+from inference.runtime.queue import Job
 from inference.types import Error, Event, Finish, GenerationRequest, ReasoningDelta, TextDelta, ToolCallDelta
 
 from .base import ApiConsumer

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from api.errors import ApiError
 from api.protocol.responses import ResponsesRequest
-from api.protocol.responses_encoder import ResponsesEncoder
+from api.protocol.responses.encoder import ResponsesEncoder
 
 from .generation import EventStreamConsumer
 

@@ -6,15 +6,11 @@ a value. ``bool`` is never accepted where a number is wanted (JSON true is not 1
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from typing import Any
 
 from api.errors import ApiError, bad_request, unsupported
-from inference.types import SamplingOverrides
-
-SAMPLING_FIELDS = tuple(field.name for field in dataclasses.fields(SamplingOverrides))
 
 
 class Invalid(Exception):
@@ -188,12 +184,6 @@ def message_array(value: object) -> list:
     if not value:
         raise Invalid(bad_request("'messages' must contain at least one message", "messages"))
     return value
-
-
-def sampling_overrides(request: object) -> SamplingOverrides:
-    """The sampling fields of an already-validated dialect request, read by name; a field the
-    dialect does not have (Anthropic has no seed, for one) stays unset."""
-    return SamplingOverrides(**{name: getattr(request, name, None) for name in SAMPLING_FIELDS})
 
 
 def text_content(

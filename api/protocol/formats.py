@@ -9,7 +9,7 @@ a grammar compiles is checked later against the model's vocabulary (a 400 either
 from __future__ import annotations
 
 from api.errors import bad_request
-from inference.constraints import ConstraintSpec
+from inference.generation.constraints import ConstraintSpec
 
 from . import fields as f
 from .fields import Invalid

@@ -1,19 +1,19 @@
-"""Function calling: the declaration and ``tool_choice`` parsers every dialect shares, and the
-Chat Completions shapes (``tools``, ``tool_choice`` and assistant ``tool_calls``).
+"""Function calling: the declaration and ``tool_choice`` parsers every dialect shares (each
+dialect's own shapes live in its folder's ``tools.py``).
 
 The shared parsers take a dialect's shape as small adapters (how one declaration reads, where
 a named choice keeps its name). Declarations become ToolSpecs; a forcing ``tool_choice``
-becomes a constraint over the Hermes call shape, so the reply is exactly one valid call.
+becomes a forced-call constraint (spelled in the loaded family's call convention by the
+backend), so the reply is exactly one valid call.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 from api.errors import bad_request
-from inference.constraints import ConstraintSpec
-from inference.toolcall import ToolCall, ToolSpec, forced_call_grammar
+from inference.generation.constraints import ConstraintSpec
+from inference.generation.toolcall import ToolSpec, forced_call_spec
 
 from . import fields as f
 from .fields import Invalid
@@ -71,23 +71,7 @@ def forced_call(candidates: tuple[ToolSpec, ...], choice: str, enforce_schemas: 
         raise Invalid(
             bad_request(f"tool_choice {choice!r} needs at least one tool in 'tools'", "tool_choice")
         )
-    return ConstraintSpec("lark", forced_call_grammar(list(candidates), enforce_schemas), "tool_choice")
-
-
-# -- Chat Completions ------------------------------------------------------------------------
-def parse_chat_tools(body: dict) -> tuple[ToolSpec, ...]:
-    """``tools``: function declarations ``{"type": "function", "function": {...}}``."""
-    return parse_tools(body, _chat_declaration)
-
-
-def _chat_declaration(tool: dict, where: str) -> ToolSpec:
-    kind = f.string(tool, "type", f"{where}.type")
-    if kind != "function":
-        raise f.invalid_value(f"{where}.type", kind)
-    function = f.obj(tool, "function", f"{where}.function")
-    if function is None:
-        raise Invalid(bad_request(f"'{where}.function' is required", f"{where}.function"))
-    return function_spec(function, f"{where}.function")
+    return forced_call_spec(list(candidates), enforce_schemas, "tool_choice")
 
 
 def function_spec(function: dict, where: str) -> ToolSpec:
@@ -104,40 +88,3 @@ def function_spec(function: dict, where: str) -> ToolSpec:
         parameters=parameters,
         strict=bool(f.boolean(function, "strict", f"{where}.strict")),
     )
-
-
-def parse_chat_tool_choice(body: dict, tools: tuple[ToolSpec, ...]) -> ToolsAndConstraint:
-    """The tools the model sees and the forced-call constraint; a named choice is
-    ``{"type": "function", "function": {"name": ...}}``."""
-    return parse_function_tool_choice(body, tools, _chat_choice_name, _bad_chat_choice)
-
-
-def _chat_choice_name(choice: dict) -> object:
-    return (f.obj(choice, "function", "tool_choice.function") or {}).get("name")
-
-
-def _bad_chat_choice(choice: object) -> Invalid:
-    return f.invalid_value("tool_choice", choice)
-
-
-def parse_tool_calls(item: dict, where: str) -> tuple[ToolCall, ...]:
-    """An assistant message's ``tool_calls``, arguments re-serialized compactly."""
-    calls = f.array(item, "tool_calls", f"{where}.tool_calls") or []
-    out = []
-    for j, call in enumerate(calls):
-        at = f"{where}.tool_calls[{j}]"
-        function = f.obj(call, "function", f"{at}.function") if isinstance(call, dict) else None
-        if function is None:
-            raise Invalid(bad_request(f"'{at}.function' is required", f"{at}.function"))
-        name = f.string(function, "name", f"{at}.function.name")
-        arguments = function.get("arguments", "{}")
-        try:
-            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except ValueError:
-            parsed = None
-        if not name or not isinstance(parsed, dict):
-            raise Invalid(
-                bad_request(f"'{at}.function' needs a name and JSON object arguments", f"{at}.function")
-            )
-        out.append(ToolCall(name, json.dumps(parsed, ensure_ascii=False)))
-    return tuple(out)

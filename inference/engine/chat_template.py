@@ -9,15 +9,16 @@ and accepts ``indent``, ``separators`` and ``sort_keys``. The context holds ``me
 arguments, which override the defaults (``bos_token=""`` drops a template's leading BOS text
 when the caller adds the BOS id itself).
 
-Fallback when the file has no template (``ChatTemplate.is_fallback``):
+Fallback when the file has no template (``ChatTemplate.is_fallback``), as the family names it
+(``families.Family.template_fallback``):
 
-- ``gemma``, ``gemma2``, ``gemma3``, ``gemma3n``: Gemma's turn format. The text starts with
+- ``gemma`` (the gemma3 family): Gemma's turn format. The text starts with
   ``bos_token``; each message becomes ``<start_of_turn>{role}\\n{content}<end_of_turn>\\n``
   with ``assistant`` spelled ``model`` and content stripped of surrounding whitespace; a
   leading system message is folded into the first turn as ``{system}\\n\\n`` before its
   content (or becomes a user turn of its own when nothing follows it); the generation prompt
   is ``<start_of_turn>model\\n``. Role alternation is not enforced.
-- every other architecture: ChatML, ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per
+- ``chatml`` (every other family): ChatML, ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per
   message and ``<|im_start|>assistant\\n`` as the generation prompt, without a default system
   prompt.
 
@@ -36,7 +37,6 @@ import jinja2.meta
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-GEMMA_ARCHITECTURES = frozenset(["gemma", "gemma2", "gemma3", "gemma3n"])
 _CONTENT_MACRO = """
 {%- macro text_of(content) -%}
   {%- if content is string -%}{{ content }}
@@ -75,6 +75,8 @@ CHATML_FALLBACK = (
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}
 """
 )
+# The documented fallbacks for a GGUF without a template, by the name a family gives.
+FALLBACKS = {"chatml": CHATML_FALLBACK, "gemma": GEMMA_FALLBACK}
 
 
 class ChatTemplateError(ValueError):
@@ -135,15 +137,15 @@ class ChatTemplate:
         self.supports_tools = "tools" in variables
 
     @classmethod
-    def from_metadata(cls, metadata: dict[str, Any], architecture: str) -> ChatTemplate:
-        """The GGUF's ``tokenizer.chat_template``, or the documented fallback for ``architecture``."""
+    def from_metadata(cls, metadata: dict[str, Any], fallback: str = "chatml") -> ChatTemplate:
+        """The GGUF's ``tokenizer.chat_template``, or the documented fallback its family names
+        (a key of :data:`FALLBACKS`)."""
         bos_token = _token_text(metadata, "tokenizer.ggml.bos_token_id")
         eos_token = _token_text(metadata, "tokenizer.ggml.eos_token_id")
         source = metadata.get("tokenizer.chat_template")
         if isinstance(source, str) and source.strip():
             return cls(source, bos_token, eos_token)
-        fallback = GEMMA_FALLBACK if architecture in GEMMA_ARCHITECTURES else CHATML_FALLBACK
-        return cls(fallback, bos_token, eos_token, is_fallback=True)
+        return cls(FALLBACKS[fallback], bos_token, eos_token, is_fallback=True)
 
     def render(
         self,

@@ -22,22 +22,17 @@ from typing import Protocol
 import numpy as np
 
 from .chat_template import ChatTemplate, map_strings, unused_mark
+from .families import Family, family_of
 from .fingerprint import model_fingerprint
 from .gguf_file import GGUFFile
 from .kv_cache import KVCache
-from .models import DecoderModel, load_model
+from .models import DecoderModel
 from .models.base import Run
 from .sampler import Sampler, SamplingParams
 from .tokenizer import Tokenizer, load_tokenizer
 
 PREFILL_CHUNK = 256  # tokens per forward during prefill: bounds activation memory
 
-# What the families recommend when the GGUF carries no general.sampling.* keys.
-FAMILY_SAMPLING = {
-    "qwen3": SamplingParams(temperature=0.7, top_k=20, top_p=0.8),
-    "qwen3moe": SamplingParams(temperature=0.7, top_k=20, top_p=0.8),
-}
-LLAMA_CPP_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
 GGUF_SAMPLING_KEYS = {
     "temp": "temperature",
     "top_k": "top_k",
@@ -84,20 +79,31 @@ class BatchRow:
 class Engine:
     """A model ready to generate. Not thread-safe: one worker thread owns it."""
 
-    def __init__(self, path: str | os.PathLike, file: GGUFFile, model: DecoderModel, tokenizer: Tokenizer):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        file: GGUFFile,
+        model: DecoderModel,
+        tokenizer: Tokenizer,
+        family: Family,
+    ):
         self.path = Path(path)
         self.file = file
         self.model = model
         self.config = model.config
         self.tokenizer = tokenizer
-        self.chat_template = ChatTemplate.from_metadata(file.metadata, file.architecture)
+        self.family = family
+        self.chat_template = ChatTemplate.from_metadata(file.metadata, family.template_fallback)
+        # The vocabulary's end-of-generation ids plus the family's own stop tokens.
+        extra = {tokenizer.token_id(text) for text in family.stop_tokens}
+        self.stop_ids: frozenset[int] = tokenizer.eog_ids | frozenset(i for i in extra if i is not None)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Engine:
         """Open, map and prepare the model; raises GGUFError with a clear message."""
         f = GGUFFile(path)
-        model = load_model(f)
-        return cls(path, f, model, load_tokenizer(f.metadata))
+        family = family_of(f)
+        return cls(path, f, family.model(f), load_tokenizer(f.metadata), family)
 
     @property
     def model_id(self) -> str:
@@ -110,7 +116,7 @@ class Engine:
 
     def recommended_sampling(self) -> SamplingParams:
         """The GGUF's general.sampling.* values, else the family's, else llama.cpp's defaults."""
-        base = FAMILY_SAMPLING.get(self.config.architecture, LLAMA_CPP_SAMPLING)
+        base = self.family.sampling
         found = {
             field: type(getattr(base, field))(self.file.metadata[f"general.sampling.{key}"])
             for key, field in GGUF_SAMPLING_KEYS.items()
@@ -230,7 +236,7 @@ class Engine:
         while stats.generated_tokens < max_tokens:
             allowed = constraint.allowed(logits.shape[0]) if constraint is not None else None
             token = sampler.sample(logits, history, allowed)
-            if token in self.tokenizer.eog_ids and not ignore_eos:
+            if token in self.stop_ids and not ignore_eos:
                 break
             stats.generated_tokens += 1
             history.append(token)

@@ -43,12 +43,27 @@ WEATHER_SCHEMA = {
 ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class ServerProcess:
     """One ``manage.py`` server subprocess with its logs in ``log_dir``."""
 
     def __init__(
-        self, args: list[str], log_dir: Path, announce: str = "lmserve: serving", env: dict | None = None
+        self,
+        args: list[str],
+        log_dir: Path,
+        announce: str = "lmserve: serving",
+        env: dict | None = None,
+        sigint_ignored: bool = False,
     ):
+        """``sigint_ignored``: start the server as a shell's background job is started, with
+        SIGINT ignored (inherited), whatever the test runner's own disposition is."""
         self.log_dir = log_dir
         self.stdout_path = log_dir / "stdout.txt"
         self.stderr_path = log_dir / "stderr.txt"
@@ -62,6 +77,7 @@ class ServerProcess:
             env=env,
             stdout=self.stdout_path.open("w"),
             stderr=self.stderr_path.open("w"),
+            preexec_fn=_ignore_sigint if sigint_ignored else _default_sigint,
         )
         self.announce = announce
         self.url = ""

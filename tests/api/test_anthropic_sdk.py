@@ -16,7 +16,7 @@ import pytest
 from .conftest import API_KEY, anthropic_client, anthropic_text
 from .rawhttp import RawRequest
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 HELLO = [{"role": "user", "content": "Say hello to Bob."}]
 GREEDY = {"temperature": 0}

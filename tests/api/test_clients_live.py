@@ -15,8 +15,8 @@ import pytest
 from anthropic.types import ThreadNotFoundError
 
 from .conftest import API_KEY, anthropic_client, openai_client
+from .protocol.test_openapi_shapes import STREAM_EVENTS, errors_of
 from .rawhttp import RawRequest
-from .test_openapi_shapes import STREAM_EVENTS, errors_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -17,7 +17,7 @@ from tests.api.conftest import API_KEY, start_lmserve
 from tests.api.schemas import SCHEMAS
 from tests.fixtures.model_files import default_model_path, optional_model_path
 
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 MODELS = {
     "smollm2": str(default_model_path()),

@@ -12,10 +12,13 @@ from __future__ import annotations
 import shutil
 
 import httpx
+import pytest
 
-from inference.kv_sidecar import COUNT_OFFSET, open_sidecar
+from inference.kv.sidecar import COUNT_OFFSET, open_sidecar
 
 from .test_kv_slots import chat, chat_usage, long_system_prompt
+
+pytestmark = pytest.mark.slow  # a live server or a real model's long run
 
 BASE_FLAGS = ["--kv-slots", "1", "--ctx", "2048"]
 QUESTION_A = "Here are my notes. " + long_system_prompt(160, seed=1) + " Which word is first?"

@@ -11,6 +11,8 @@ import random
 import httpx
 import pytest
 
+pytestmark = pytest.mark.slow  # a live server or a real model's long run
+
 SLOT_FLAGS = ["--kv-slots", "2", "--ctx", "4096"]
 WORDS = (
     "river stone lantern orchard copper meadow signal harbor violet thunder maple engine garden "

@@ -16,7 +16,7 @@ import pytest
 from .conftest import POLL, ROOT, ServerProcess, openai_client
 from .rawhttp import RawRequest, count_frames
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 HI = [{"role": "user", "content": "Hi"}]
 ENDLESS = {"messages": HI, "max_tokens": 1000, "stream": True, "ignore_eos": True}
@@ -102,8 +102,10 @@ def free_port() -> int:
 
 
 def test_runserver_serves_the_default_model(tmp_path):
+    """Started as a background job is (SIGINT ignored, inherited), it still stops on SIGINT."""
     port = free_port()
-    proc = ServerProcess(["runserver", f"127.0.0.1:{port}", "--noreload"], tmp_path, announce="Starting ASGI")
+    args = ["runserver", f"127.0.0.1:{port}", "--noreload"]
+    proc = ServerProcess(args, tmp_path, announce="Starting ASGI", sigint_ignored=True)
     try:
         proc.wait_listening(timeout=120)
         proc.url = f"http://127.0.0.1:{port}"

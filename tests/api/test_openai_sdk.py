@@ -7,7 +7,7 @@ import pytest
 
 from .conftest import API_KEY, chat_stream_text, openai_client
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 FRANCE = [{"role": "user", "content": "Name the capital city of France."}]
 

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a live server or a real model's long run
+
 CLAMPED = re.compile(
     r"KV RAM guard: 10000 slot\(s\) x 180\.0 MiB = .* clamped to (\d+) slot\(s\) to fit half"
 )

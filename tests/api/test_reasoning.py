@@ -22,7 +22,7 @@ from tests.api.conftest import (
 )
 from tests.fixtures.think_gguf import ANSWER_TEXT, STRAY_CLOSE_REPLY, THINK_TEXT, think_model_path
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ASK = [{"role": "user", "content": "Hi"}]
 
 

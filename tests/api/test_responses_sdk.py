@@ -13,7 +13,7 @@ import pytest
 
 from .conftest import API_KEY, openai_client, responses_stream_text
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 ASK = {"model": "m", "input": "Say hello to Bob.", "temperature": 0, "max_output_tokens": 64}
 

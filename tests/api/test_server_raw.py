@@ -13,7 +13,7 @@ import pytest
 from .conftest import API_KEY
 from .rawhttp import RawRequest, count_frames
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 HI = [{"role": "user", "content": "Hi"}]
@@ -42,7 +42,8 @@ def test_every_endpoint_answers_with_and_without_v1(http):
         assert http.get(f"{prefix}/models/{model_id}").json()["id"] == model_id
         r = http.post(f"{prefix}/chat/completions", json={"messages": HI, "max_tokens": 2})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2
-    assert http.get("/health").json()["status"] == "ok"
+    health = http.get("/health").json()
+    assert health["status"] == "ok" and health["kv_reuse"] is True  # llama reuses slot rows
 
 
 def test_api_key_guards_v1_but_not_health(idle_server):

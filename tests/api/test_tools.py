@@ -12,7 +12,7 @@ import pytest
 
 from tests.api.conftest import API_KEY, ASK_WEATHER, WEATHER_SCHEMA, start_lmserve
 
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 WEATHER = {
     "type": "function",

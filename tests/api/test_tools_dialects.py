@@ -32,7 +32,7 @@ from tests.api.conftest import (
     start_lmserve,
 )
 
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 DESCRIPTION = "Current weather in a city."
 FUNCTIONS = [

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from inference import service as services
-from inference.service import InferenceService, ServeConfig
+from inference.runtime import service as services
+from inference.runtime.service import InferenceService, ServeConfig
 from inference.types import GenerationRequest, Message
 
 pytestmark = pytest.mark.django_db

@@ -7,6 +7,7 @@ from functools import cache
 import pytest
 
 from inference.engine.chat_template import ChatTemplate, ChatTemplateError
+from inference.engine.families import FAMILIES
 from inference.engine.gguf_file import GGUFFile
 from tests.fixtures.model_files import default_model_path, optional_model_path
 
@@ -30,7 +31,7 @@ WEATHER_TOOL = {
 def template_of(name: str) -> ChatTemplate:
     path = default_model_path() if name == "smollm2" else optional_model_path(name)
     gguf = GGUFFile(path)
-    return ChatTemplate.from_metadata(gguf.metadata, gguf.architecture)
+    return ChatTemplate.from_metadata(gguf.metadata, FAMILIES[gguf.architecture].template_fallback)
 
 
 def test_smollm2_embedded_template():
@@ -118,7 +119,7 @@ def test_gemma_fallback_content_parts_and_bos_override():
 
 
 def test_chatml_fallback_for_other_architectures():
-    tpl = ChatTemplate.from_metadata({}, "llama")
+    tpl = ChatTemplate.from_metadata({}, FAMILIES["llama"].template_fallback)
     assert tpl.is_fallback
     assert tpl.render(CONVERSATION[:2]) == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"

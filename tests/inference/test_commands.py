@@ -23,6 +23,7 @@ def generate(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # a manage.py process loading the model
 def test_generate_streams_only_text_and_ends_stderr_with_the_stats_line():
     done = generate("--prompt", "The capital of France is", "--max-tokens", "8", "--ignore-eos")
     assert done.returncode == 0, done.stderr
@@ -32,6 +33,7 @@ def test_generate_streams_only_text_and_ends_stderr_with_the_stats_line():
     assert match.groups() == ("5", "8")  # "The capital of France is" is 5 tokens for SmolLM2
 
 
+@pytest.mark.slow  # a manage.py process loading the model
 def test_generate_chat_mode_wraps_the_prompt_and_stops_at_end_of_turn():
     done = generate("--chat", "--prompt", "Name the capital city of France.", "--max-tokens", "40")
     assert done.returncode == 0, done.stderr
@@ -40,12 +42,14 @@ def test_generate_chat_mode_wraps_the_prompt_and_stops_at_end_of_turn():
     assert int(prefill) > 20 and 0 < int(decoded) < 40
 
 
+@pytest.mark.slow  # a manage.py process loading the model
 def test_generate_sampling_is_reproducible_with_a_seed():
     args = ("--prompt", "Once upon a time", "--max-tokens", "12", "--temperature", "0.9", "--seed", "7")
     first, second = generate(*args), generate(*args)
     assert first.returncode == 0 and first.stdout == second.stdout
 
 
+@pytest.mark.slow  # a manage.py process loading the model
 def test_generate_rejects_bad_input_with_a_clear_message(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"nope")

@@ -36,6 +36,8 @@ from inference.engine.engine import Engine
 from tests.fixtures.model_files import default_model_path, optional_model_path
 from tests.fixtures.synthetic_gguf import synthetic_path
 
+pytestmark = pytest.mark.slow  # fidelity against llama.cpp's goldens
+
 GOLDENS = sorted((Path(__file__).resolve().parents[1] / "goldens").glob("generation_*.json"))
 NOISE_FACTOR = 3.0
 REAL_FACTOR = 1.0

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from inference.engine.engine import Engine
+from inference.engine.families import load_model
 from inference.engine.gguf_file import GGUFError, GGUFFile
-from inference.engine.models import load_model
 from inference.model_files import default_model_path
 
 

@@ -111,6 +111,10 @@ class Tokenizer:
         self._attr(token_id)
         return self._vocab.tokens[token_id]
 
+    def token_id(self, text: str) -> int | None:
+        """The id of the token whose text is exactly ``text``, or None."""
+        return self._vocab.token_to_id.get(text)
+
     def is_control(self, token_id: int) -> bool:
         """Whether llama.cpp treats the token as a control token."""
         return bool(self._attr(token_id) & ATTR_CONTROL)

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.model_files import ModelFileError
-from inference.service import DEFAULT_MAX_BODY_BYTES, InferenceService, ServeConfig, install
+from inference.runtime.service import DEFAULT_MAX_BODY_BYTES, InferenceService, ServeConfig, install
 
 
 def positive_int(text: str) -> int:

@@ -1,0 +1,203 @@
+"""OpenAI Chat Completions: request validation (the encoders are in ``encoder.py``).
+
+``ChatCompletionRequest.parse`` turns a JSON object into a validated request or an ApiError
+(a value, never an exception). Honored fields map onto the dialect-free GenerationRequest;
+fields this server cannot honor are refused by name (400, or 501 for ones a later version
+implements) instead of being silently dropped; bookkeeping fields (metadata, user, store,
+service_tier, parallel_tool_calls, ...) and unknown fields are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from api.errors import ApiError, bad_request, unsupported
+from inference.generation.constraints import ConstraintSpec
+from inference.generation.toolcall import ToolSpec
+from inference.types import GenerationRequest, Message
+
+from .. import fields as f
+from ..common import (
+    REFUSED_MEDIA_PARTS,
+    parse_effort,
+    parse_openai_stop,
+    parse_sampling,
+    reasoning_unavailable,
+    sampling_overrides,
+    tools_unavailable,
+    wants_reasoning,
+)
+from ..fields import Invalid
+from ..formats import one_constraint, parse_extensions, parse_format
+from .tools import parse_chat_tool_choice, parse_chat_tools, parse_tool_calls
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+CHAT_TEXT_KEYS = {"text": "text", "refusal": "refusal"}
+# The sampling fields this dialect takes: OpenAI's, then llama.cpp's extensions.
+OPENAI_SAMPLING = (
+    "frequency_penalty",
+    "presence_penalty",
+    "seed",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repeat_penalty",
+)
+
+
+@dataclass(frozen=True)
+class ChatCompletionRequest:
+    """A validated request; fields in the order of OpenAI's reference, then our extensions."""
+
+    messages: tuple[Message, ...]
+    model: str | None = None  # accepted and ignored: one process serves one model
+    frequency_penalty: float | None = None
+    max_completion_tokens: int | None = None
+    max_tokens: int | None = None
+    presence_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage
+    temperature: float | None = None
+    top_p: float | None = None
+    # Extensions with llama.cpp precedent.
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    ignore_eos: bool = False
+    # response_format json_object / json_schema, or the regex / lark extensions.
+    constraint: ConstraintSpec | None = None
+    reasoning_effort: str | None = None
+    tools: tuple[ToolSpec, ...] = ()  # as the model sees them (none under tool_choice "none")
+    # The first field that needs a function-calling convention (tools, or a tool history:
+    # an assistant's tool_calls, a role "tool" message), whatever tool_choice says.
+    tools_param: str | None = None
+
+    @classmethod
+    def parse(cls, body: dict) -> ChatCompletionRequest | ApiError:
+        """Validate a decoded JSON object; the first problem found is returned as an ApiError."""
+        try:
+            _refuse_unsupported(body)
+            tools, forced = parse_chat_tool_choice(body, parse_chat_tools(body))
+            messages = parse_messages(body.get("messages"))
+            return cls(
+                tools=tools,
+                tools_param="tools" if f.array(body, "tools") else _tool_history_param(messages),
+                messages=messages,
+                model=f.string(body, "model"),
+                max_completion_tokens=f.integer(body, "max_completion_tokens", lo=1),
+                max_tokens=f.integer(body, "max_tokens", lo=1),
+                **parse_sampling(body, OPENAI_SAMPLING),
+                stop=parse_openai_stop(body.get("stop")),
+                stream=bool(f.boolean(body, "stream")),
+                include_usage=_parse_stream_options(body),
+                ignore_eos=bool(f.boolean(body, "ignore_eos")),
+                reasoning_effort=parse_effort(body, "reasoning_effort", "reasoning_effort"),
+                constraint=one_constraint(
+                    parse_format(body.get("response_format"), "response_format"),
+                    parse_extensions(body),
+                    forced,
+                ),
+            )
+        except Invalid as exc:
+            return exc.error
+
+    def to_generation(
+        self, reasoning_available: bool, tools_available: bool = False
+    ) -> GenerationRequest | ApiError:
+        """The dialect-free request the worker serves; reasoning needs a model with a
+        reasoning channel (and a constrained reply never reasons), tools a model with a
+        function-calling convention."""
+        if self.tools_param is not None and not tools_available:
+            return tools_unavailable(self.tools_param)
+        reasoning = wants_reasoning(self.reasoning_effort)
+        if reasoning and not reasoning_available:
+            return reasoning_unavailable("reasoning_effort", self.reasoning_effort)
+        budget = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return GenerationRequest(
+            self.messages,
+            sampling_overrides(self),
+            budget,
+            self.stop,
+            self.ignore_eos,
+            reasoning=reasoning and self.constraint is None,
+            constraint=self.constraint,
+            tools=self.tools,
+        )
+
+
+# -- refused parameters ----------------------------------------------------------------------
+def _refuse_unsupported(body: dict) -> None:
+    n = f.integer(body, "n", lo=1)
+    if n is not None and n > 1:
+        raise Invalid(unsupported("n", "> 1 is not supported: this server returns one choice"))
+    if f.boolean(body, "logprobs"):
+        raise Invalid(unsupported("logprobs"))
+    if f.integer(body, "top_logprobs", lo=0):  # 0 asks for nothing, as on Responses
+        raise Invalid(unsupported("top_logprobs"))
+    if f.obj(body, "logit_bias"):
+        raise Invalid(unsupported("logit_bias"))
+    for legacy in ("functions", "function_call"):
+        if body.get(legacy) is not None:
+            raise Invalid(unsupported(legacy, "belongs to the legacy functions API; use 'tools'"))
+    if body.get("audio") is not None:
+        raise Invalid(unsupported("audio", "is not supported: this server produces text only"))
+    modalities = f.array(body, "modalities")
+    if modalities and any(m != "text" for m in modalities):
+        raise Invalid(unsupported("modalities", "other than ['text'] are not supported"))
+    if body.get("web_search_options") is not None:
+        raise Invalid(unsupported("web_search_options", "(a hosted tool) is not supported"))
+
+
+# -- messages --------------------------------------------------------------------------------
+def parse_messages(value: object) -> tuple[Message, ...]:
+    """The ``messages`` array as typed messages (developer folds into system)."""
+    return tuple(_parse_message(item, f"messages[{i}]") for i, item in enumerate(f.message_array(value)))
+
+
+def _parse_message(item: object, where: str) -> Message:
+    if not isinstance(item, dict):
+        raise f.wrong_type(where, "an object", item)
+    role = f.string(item, "role", f"{where}.role")
+    if role not in ROLES:
+        raise f.invalid_value(f"{where}.role", role, f"one of {', '.join(ROLES)}")
+    if item.get("function_call") is not None:
+        raise Invalid(unsupported(f"{where}.function_call", "belongs to the legacy functions API"))
+    content = item.get("content")
+    if content is None and role != "assistant":
+        raise Invalid(
+            bad_request(f"'{where}.content' is required", f"{where}.content", "missing_required_parameter")
+        )
+    return Message(
+        role=ROLES[role],
+        content=_content_text(content, f"{where}.content"),
+        name=f.string(item, "name", f"{where}.name"),
+        tool_call_id=f.string(item, "tool_call_id", f"{where}.tool_call_id"),
+        tool_calls=parse_tool_calls(item, where) if role == "assistant" else (),
+    )
+
+
+def _tool_history_param(messages: tuple[Message, ...]) -> str | None:
+    """The first message field that is part of a tool history, or None."""
+    for i, message in enumerate(messages):
+        if message.tool_calls:
+            return f"messages[{i}].tool_calls"
+        if message.role == "tool":
+            return f"messages[{i}].role"
+    return None
+
+
+def _content_text(content: object, where: str) -> str:
+    """A chat message's content (absent, a string, or ``text`` / ``refusal`` parts) as one string."""
+    if content is None:
+        return ""
+    return f.text_content(content, where, CHAT_TEXT_KEYS, "text", REFUSED_MEDIA_PARTS)
+
+
+def _parse_stream_options(body: dict) -> bool:
+    options = f.obj(body, "stream_options")
+    if options is None:
+        return False
+    return bool(f.boolean(options, "include_usage", "stream_options.include_usage"))

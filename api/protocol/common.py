@@ -1,0 +1,129 @@
+"""What the three dialects parse alike: sampling fields and their ranges, reasoning effort,
+stop strings, the capability checks against the loaded model, and a call's arguments.
+
+Each dialect reads its own shape (where a field lives, what it is called) and hands the value
+here, so a range, a limit or an error's wording is stated once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from api.errors import ApiError, bad_request, unsupported
+from inference.generation.toolcall import ToolCall
+from inference.types import SamplingOverrides
+
+from . import fields as f
+from .fields import Invalid
+
+SAMPLING_FIELDS = tuple(field.name for field in dataclasses.fields(SamplingOverrides))
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+REASONING_OFF = (None, "none", "minimal")  # reasoning is off by default: these are honored as-is
+MAX_OPENAI_STOP_STRINGS = 4
+# name -> (lowest, highest, lowest excluded); the OpenAI ranges, llama.cpp's for its extensions.
+NUMBER_RANGES = {
+    "temperature": (0.0, 2.0, False),
+    "top_p": (0.0, 1.0, False),
+    "frequency_penalty": (-2.0, 2.0, False),
+    "presence_penalty": (-2.0, 2.0, False),
+    "min_p": (0.0, 1.0, False),
+    "repeat_penalty": (0.0, 10.0, True),
+}
+INTEGER_LOWEST = {"seed": None, "top_k": 0}
+# Content parts no dialect takes (this server reads text only): type -> what it is, for the 400.
+REFUSED_MEDIA_PARTS = {
+    "image_url": "image input",
+    "input_image": "image input",
+    "input_audio": "audio input",
+    "audio": "audio input",
+    "file": "file input",
+    "input_file": "file input",
+}
+
+
+def parse_sampling(body: dict, names: tuple[str, ...], temperature_max: float = 2.0) -> dict:
+    """The sampling fields ``names`` of ``body``, each checked against its range, as keyword
+    arguments of the dialect's request type (Anthropic caps temperature at 1)."""
+    values: dict = {}
+    for name in names:
+        if name in INTEGER_LOWEST:
+            values[name] = f.integer(body, name, lo=INTEGER_LOWEST[name])
+            continue
+        lo, hi, lo_open = NUMBER_RANGES[name]
+        hi = temperature_max if name == "temperature" else hi
+        values[name] = f.number(body, name, lo, hi, lo_open=lo_open)
+    return values
+
+
+def sampling_overrides(request: object) -> SamplingOverrides:
+    """The sampling fields of an already-validated dialect request, read by name; a field the
+    dialect does not have (Anthropic has no seed, for one) stays unset."""
+    return SamplingOverrides(**{name: getattr(request, name, None) for name in SAMPLING_FIELDS})
+
+
+def parse_effort(container: dict | None, name: str, param: str) -> str | None:
+    """A reasoning effort (``reasoning_effort``, ``reasoning.effort``): one of :data:`EFFORTS`."""
+    if container is None:
+        return None
+    effort = f.string(container, name, param)
+    if effort is not None and effort not in EFFORTS:
+        raise f.invalid_value(param, effort, f"one of {', '.join(EFFORTS)}")
+    return effort
+
+
+def wants_reasoning(effort: str | None) -> bool:
+    return effort not in REASONING_OFF
+
+
+def parse_stop_strings(
+    value: object, param: str, *, single: bool, limit: int | None = None
+) -> tuple[str, ...]:
+    """Stop strings: an array of non-empty strings (or, when ``single``, one string), at most
+    ``limit`` of them."""
+    if value is None:
+        return ()
+    stops = [value] if single and isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        expected = "a string or an array of strings" if single else "an array of strings"
+        raise f.wrong_type(param, expected, value)
+    if limit is not None and len(stops) > limit:
+        raise Invalid(bad_request(f"'{param}' allows at most {limit} strings, got {len(stops)}", param))
+    if any(s == "" for s in stops):
+        raise Invalid(bad_request(f"'{param}' must not contain empty strings", param))
+    return tuple(stops)
+
+
+def parse_openai_stop(value: object) -> tuple[str, ...]:
+    """The OpenAI dialects' ``stop``: a string or up to four non-empty strings."""
+    return parse_stop_strings(value, "stop", single=True, limit=MAX_OPENAI_STOP_STRINGS)
+
+
+def reasoning_unavailable(param: str, effort: str | None) -> ApiError:
+    """A reasoning effort asked of a model without a reasoning channel."""
+    return unsupported(
+        param,
+        f"{effort!r} needs a model with a reasoning channel, and this one has none; use 'none' or 'minimal'",
+    )
+
+
+def tools_unavailable(param: str) -> ApiError:
+    """Tools (or a tool history) sent to a model without a function-calling convention."""
+    return unsupported(param, "needs a model with a function-calling convention; this one has none")
+
+
+def call_from(name: object, arguments: object, *, as_string: bool, as_object: bool) -> ToolCall | None:
+    """A call a client replays, its arguments (a JSON object, given as JSON text when
+    ``as_string``, as an object when ``as_object``) normalised to compact JSON text; None
+    when the name or the arguments are not a call's."""
+    parsed = None
+    if as_string and isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            parsed = None
+    elif as_object and isinstance(arguments, dict):
+        parsed = arguments
+    if not name or not isinstance(name, str) or not isinstance(parsed, dict):
+        return None
+    return ToolCall(name, json.dumps(parsed, ensure_ascii=False))

@@ -1,0 +1,215 @@
+"""OpenAI Responses: request validation onto the dialect-free GenerationRequest.
+
+Stateless (``store: false`` semantics): every request carries its whole conversation, so
+anything that points at server-side state (previous_response_id, conversation, item_reference,
+stored prompts, background runs) is refused by name, as are hosted tools and
+``truncation: "auto"``. Function tools and their history items live in
+:mod:`api.protocol.responses.tools`. Bookkeeping fields (store, metadata, include, user, ...) are
+accepted and ignored. The encoders live in :mod:`api.protocol.responses.encoder`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from api.errors import ApiError, bad_request, not_implemented, unsupported
+from inference.generation.constraints import ConstraintSpec
+from inference.generation.toolcall import ToolSpec
+from inference.types import GenerationRequest, Message
+
+from .. import fields as f
+from ..chat.request import OPENAI_SAMPLING
+from ..common import (
+    REFUSED_MEDIA_PARTS,
+    parse_effort,
+    parse_openai_stop,
+    parse_sampling,
+    reasoning_unavailable,
+    sampling_overrides,
+    tools_unavailable,
+    wants_reasoning,
+)
+from ..fields import Invalid
+from ..formats import one_constraint, parse_extensions, parse_format
+from .tools import (
+    function_call_message,
+    function_output_message,
+    merge_call_turns,
+    parse_responses_tool_choice,
+    parse_responses_tools,
+)
+
+ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+TEXT_PART_KEYS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
+CUSTOM_TOOL_ITEM_TYPES = ("custom_tool_call", "custom_tool_call_output")  # free-form tools: not yet
+STATELESS = "this server is stateless (store: false semantics); send the whole conversation in 'input'"
+
+
+@dataclass(frozen=True)
+class ResponsesRequest:
+    """A validated request; fields in the order of OpenAI's reference, then our extensions."""
+
+    input: tuple[Message, ...]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    model: str | None = None  # accepted and ignored: one process serves one model
+    reasoning_effort: str | None = None  # reasoning.effort
+    stream: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    # Extensions (llama.cpp precedent), as on the Chat Completions dialect.
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    ignore_eos: bool = False
+    constraint: ConstraintSpec | None = None  # text.format, regex, lark, or a forced call
+    text_format: dict | None = None  # text.format as requested, echoed in the response object
+    tools: tuple[ToolSpec, ...] = ()  # as the model sees them (none under tool_choice "none")
+    declared_tools: tuple[ToolSpec, ...] = ()  # as declared, echoed in the response object
+    tool_choice: str | dict = "auto"
+    declares_tools: bool = False  # tools or a tool history arrived, whatever tool_choice says
+
+    @classmethod
+    def parse(cls, body: dict) -> ResponsesRequest | ApiError:
+        """Validate a decoded JSON object; the first problem found is returned as an ApiError."""
+        try:
+            _refuse_stateful(body)
+            declared = parse_responses_tools(body)
+            tools, forced = parse_responses_tool_choice(body, declared)
+            messages = parse_input(body.get("input"))
+            return cls(
+                input=messages,
+                tools=tools,
+                declared_tools=declared,
+                tool_choice=body.get("tool_choice") or "auto",
+                declares_tools=bool(declared) or any(m.tool_calls or m.role == "tool" for m in messages),
+                instructions=f.string(body, "instructions"),
+                max_output_tokens=f.integer(body, "max_output_tokens", lo=1),
+                model=f.string(body, "model"),
+                reasoning_effort=parse_effort(f.obj(body, "reasoning"), "effort", "reasoning.effort"),
+                stream=bool(f.boolean(body, "stream")),
+                **parse_sampling(body, OPENAI_SAMPLING),
+                stop=parse_openai_stop(body.get("stop")),
+                ignore_eos=bool(f.boolean(body, "ignore_eos")),
+                constraint=one_constraint(_parse_text_format(body), parse_extensions(body), forced),
+                text_format=_requested_text_format(body),
+            )
+        except Invalid as exc:
+            return exc.error
+
+    @property
+    def wants_reasoning(self) -> bool:
+        return wants_reasoning(self.reasoning_effort)
+
+    def to_generation(
+        self, reasoning_available: bool, tools_available: bool = False
+    ) -> GenerationRequest | ApiError:
+        """The dialect-free request; reasoning needs a model with a reasoning channel, tools a
+        model with a function-calling convention."""
+        if self.declares_tools and not tools_available:
+            return tools_unavailable("tools")
+        if self.wants_reasoning and not reasoning_available:
+            return reasoning_unavailable("reasoning.effort", self.reasoning_effort)
+        system = (Message("system", self.instructions),) if self.instructions is not None else ()
+        return GenerationRequest(
+            (*system, *self.input),
+            sampling_overrides(self),
+            self.max_output_tokens,
+            self.stop,
+            self.ignore_eos,
+            reasoning=self.wants_reasoning and self.constraint is None,
+            constraint=self.constraint,
+            tools=self.tools,
+        )
+
+
+# -- refused and not-yet-implemented parameters ---------------------------------------------
+def _refuse_stateful(body: dict) -> None:
+    for name in ("previous_response_id", "conversation"):
+        if body.get(name) is not None:
+            raise Invalid(unsupported(name, f"is not supported: {STATELESS}"))
+    if body.get("prompt") is not None:
+        raise Invalid(unsupported("prompt", "(a stored prompt template) is not supported: " + STATELESS))
+    if f.boolean(body, "background"):
+        raise Invalid(unsupported("background", "is not supported: responses are generated while you wait"))
+    truncation = f.string(body, "truncation")
+    if truncation == "auto":
+        raise Invalid(
+            unsupported("truncation", "'auto' is not supported: a prompt that does not fit is refused")
+        )
+    if truncation not in (None, "disabled"):
+        raise f.invalid_value("truncation", truncation)
+    top_logprobs = f.integer(body, "top_logprobs", lo=0)
+    if top_logprobs:
+        raise Invalid(unsupported("top_logprobs"))
+
+
+def _parse_text_format(body: dict) -> ConstraintSpec | None:
+    text = f.obj(body, "text")
+    text_format = f.obj(text, "format", "text.format") if text is not None else None
+    return parse_format(text_format, "text.format")
+
+
+def _requested_text_format(body: dict) -> dict | None:
+    """``text.format`` as sent (already validated by ``_parse_text_format``)."""
+    text = body.get("text")
+    return text.get("format") if isinstance(text, dict) else None
+
+
+# -- input -----------------------------------------------------------------------------------
+def parse_input(value: object) -> tuple[Message, ...]:
+    """``input`` (a string, or an array of items) as typed messages. Replayed reasoning items
+    are dropped: the model never sees its earlier reasoning, as with a stateless replay."""
+    if value is None:
+        raise Invalid(bad_request("'input' is required", "input", "missing_required_parameter"))
+    if isinstance(value, str):
+        return (Message("user", value),)
+    if not isinstance(value, list):
+        raise f.wrong_type("input", "a string or an array of input items", value)
+    messages = [_parse_item(item, f"input[{i}]") for i, item in enumerate(value)]
+    kept = merge_call_turns([m for m in messages if m is not None])
+    if not kept:
+        raise Invalid(bad_request("'input' must contain at least one message", "input"))
+    return kept
+
+
+def _parse_item(item: object, where: str) -> Message | None:
+    if not isinstance(item, dict):
+        raise f.wrong_type(where, "an object", item)
+    kind = f.string(item, "type", f"{where}.type")
+    if "type" not in item and "role" in item:
+        kind = "message"  # an "easy" input message: a role and content, no type
+    if kind == "message":
+        return _parse_message(item, where)
+    if kind == "reasoning":
+        return None
+    if kind == "item_reference":
+        raise Invalid(unsupported(f"{where}.type", f"'item_reference' is not supported: {STATELESS}"))
+    if kind == "function_call":
+        return function_call_message(item, where)
+    if kind == "function_call_output":
+        return function_output_message(item, where)
+    if kind in CUSTOM_TOOL_ITEM_TYPES:
+        raise Invalid(not_implemented(f"{where}.type"))
+    raise f.invalid_value(f"{where}.type", kind, "a message or a reasoning item")
+
+
+def _parse_message(item: dict, where: str) -> Message:
+    role = f.string(item, "role", f"{where}.role")
+    if role not in ROLES:
+        raise f.invalid_value(f"{where}.role", role, f"one of {', '.join(ROLES)}")
+    content = item.get("content")
+    if content is None:
+        raise Invalid(
+            bad_request(f"'{where}.content' is required", f"{where}.content", "missing_required_parameter")
+        )
+    return Message(ROLES[role], _content_text(content, f"{where}.content"))
+
+
+def _content_text(content: object, where: str) -> str:
+    """An input message's content (a string or input/output text parts) as one string."""
+    return f.text_content(content, where, TEXT_PART_KEYS, "input_text", REFUSED_MEDIA_PARTS)

@@ -1,0 +1,98 @@
+"""What each model family is, stated once: its layer code and what serving it needs to know.
+
+A :class:`Family` is keyed by GGUF ``general.architecture``. The engine reads the model class,
+the template fallback, the recommended sampling and the extra stop tokens; the serving layer
+(``inference.generation``) reads the think tags, the tool-call convention, whether a request
+may reuse KV rows of an earlier one, and which generation backend serves the family. A new
+family is one entry in :data:`FAMILIES` (plus its layer code under ``models/``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .gguf_file import GGUFError, GGUFFile
+from .models import DecoderModel
+from .models.gemma3 import Gemma3Model
+from .models.llama import LlamaModel
+from .models.qwen2 import Qwen2Model
+from .models.qwen3 import Qwen3Model
+from .models.qwen3moe import Qwen3MoeModel
+from .sampler import SamplingParams
+
+
+@dataclass(frozen=True)
+class ThinkTags:
+    """The markers around the reasoning block a family's replies may open with."""
+
+    open: str
+    close: str
+
+
+@dataclass(frozen=True)
+class ToolConvention:
+    """How a family writes a function call: a JSON object ``{"name", "arguments"}`` between
+    ``open`` and ``close`` (``name`` says which convention, for logs and docs)."""
+
+    name: str
+    open: str
+    close: str
+
+
+# llama.cpp's defaults: what a family gets when neither it nor the GGUF recommends anything.
+LLAMA_CPP_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+QWEN3_SAMPLING = SamplingParams(temperature=0.7, top_k=20, top_p=0.8)
+QWEN_THINK = ThinkTags("<think>", "</think>")
+HERMES_TOOLS = ToolConvention("hermes", "<tool_call>", "</tool_call>")
+CONVERSATION_BACKEND = "conversation"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family's facts.
+
+    ``template_fallback`` names the chat template used when the GGUF carries none (a key of
+    ``chat_template.FALLBACKS``); ``sampling`` is what the family recommends when the GGUF has
+    no ``general.sampling.*`` keys; ``stop_tokens`` are token texts that end a reply on top of
+    the vocabulary's own end-of-generation ids; ``kv_reuse`` says whether a request may start
+    from the cached rows of an earlier one (false for recurrent state, which cannot be cut back
+    to a token prefix); ``backend`` names the generation loop in ``inference.generation``'s
+    backend registry."""
+
+    architecture: str
+    model: type[DecoderModel]
+    template_fallback: str = "chatml"
+    sampling: SamplingParams = LLAMA_CPP_SAMPLING
+    think: ThinkTags | None = None
+    tools: ToolConvention | None = None
+    stop_tokens: tuple[str, ...] = ()
+    kv_reuse: bool = True
+    backend: str = CONVERSATION_BACKEND
+
+
+FAMILIES: dict[str, Family] = {
+    family.architecture: family
+    for family in (
+        Family("llama", LlamaModel),
+        Family("qwen2", Qwen2Model, tools=HERMES_TOOLS),
+        Family("qwen3", Qwen3Model, sampling=QWEN3_SAMPLING, think=QWEN_THINK, tools=HERMES_TOOLS),
+        Family("qwen3moe", Qwen3MoeModel, sampling=QWEN3_SAMPLING, think=QWEN_THINK, tools=HERMES_TOOLS),
+        Family("gemma3", Gemma3Model, template_fallback="gemma"),
+    )
+}
+
+
+def family_of(f: GGUFFile) -> Family:
+    """The family named by the file's ``general.architecture``; GGUFError if we serve none."""
+    family = FAMILIES.get(f.architecture)
+    if family is None:
+        supported = ", ".join(sorted(FAMILIES))
+        raise GGUFError(
+            f"{f.path}: architecture {f.architecture!r} is not supported (supported: {supported})"
+        )
+    return family
+
+
+def load_model(f: GGUFFile) -> DecoderModel:
+    """Build the layer code of the file's family."""
+    return family_of(f).model(f)

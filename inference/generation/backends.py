@@ -1,0 +1,80 @@
+"""The backend seam: which generation loop serves a loaded model, chosen in one place.
+
+Every backend keeps the same two-sided contract (see :class:`GenerationBackend`): ``validate``
+on the connection side, ``generate`` on the worker thread. The generic
+:class:`~inference.generation.backend.ConversationBackend` serves every family we have; a
+family that needs its own loop (recurrent state that cannot reuse a slot's token prefix,
+block diffusion that streams one delta per committed block) names it in its
+``Family.backend`` and adds one entry to :data:`BACKENDS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from inference.engine.engine import Engine
+from inference.generation.backend import ConversationBackend, Sink
+from inference.kv.disk import SidecarStore
+from inference.kv.slots import SlotPool
+from inference.types import Error, GenerationRequest, PreparedPrompt
+
+
+class GenerationBackend(Protocol):
+    """What the runtime needs from a backend."""
+
+    engine: Engine
+    n_ctx: int
+    slots: SlotPool | None  # the warm KV slots, for backends that reuse rows across requests
+
+    @property
+    def supports_reasoning(self) -> bool: ...
+
+    @property
+    def supports_tools(self) -> bool: ...
+
+    @property
+    def kv_reuse(self) -> bool: ...
+
+    def tokenize(self, request: GenerationRequest) -> list[int] | Error: ...
+
+    def validate(self, request: GenerationRequest) -> PreparedPrompt | Error: ...
+
+    def generate(self, request: GenerationRequest, prompt: PreparedPrompt, sink: Sink) -> int: ...
+
+    def warm_up(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class BackendSetup:
+    """What the worker hands a backend factory once the model is loaded."""
+
+    engine: Engine
+    n_ctx: int
+    kv_slots: int = 1
+    disk: SidecarStore | None = None
+
+
+def _conversation(setup: BackendSetup) -> GenerationBackend:
+    return ConversationBackend(setup.engine, setup.n_ctx, setup.kv_slots, setup.disk)
+
+
+BACKENDS: dict[str, Callable[[BackendSetup], GenerationBackend]] = {
+    "conversation": _conversation,
+}
+
+
+def backend_for(setup: BackendSetup) -> GenerationBackend:
+    """The backend the loaded model's family names."""
+    family = setup.engine.family
+    factory = BACKENDS.get(family.backend)
+    if factory is None:
+        known = ", ".join(sorted(BACKENDS))
+        raise ValueError(
+            f"family {family.architecture!r} names generation backend {family.backend!r}, "
+            f"which does not exist (known: {known})"
+        )
+    return factory(setup)

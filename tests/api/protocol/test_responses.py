@@ -1,0 +1,248 @@
+"""Responses request validation and the event encoder, without a server.
+
+The encoder is also driven with synthetic event sequences that include reasoning (which no
+served model produces yet) and replayed through the openai SDK's own stream state machine."""
+
+import re
+
+import pytest
+
+from api.errors import ApiError
+from api.protocol.responses import ResponsesRequest
+from api.protocol.responses.encoder import ResponsesEncoder
+from inference.engine.sampler import SamplingParams
+from inference.types import Error, Finish, Message, ReasoningDelta, TextDelta, Usage
+from tests.api.conftest import encode, replay_responses, responses_types
+
+USAGE = Usage(prompt_tokens=30, completion_tokens=7, cached_tokens=12, reasoning_tokens=3)
+
+
+def parse(**fields):
+    return ResponsesRequest.parse({"input": "hi", **fields})
+
+
+def test_full_request_maps_onto_the_generation_request():
+    request = parse(
+        model="anything",
+        instructions="be brief",
+        input=[
+            {"role": "developer", "content": "use French"},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}]},
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "opaque"},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "b", "annotations": []}]},
+            {"role": "user", "content": "c"},
+        ],
+        max_output_tokens=9,
+        temperature=0.3,
+        top_p=0.7,
+        stream=True,
+        reasoning={"effort": "minimal", "summary": "auto"},
+        text={"format": {"type": "text"}, "verbosity": "low"},
+        store=False,
+        metadata={"k": "v"},
+        include=["reasoning.encrypted_content"],
+        user="u",
+        service_tier="auto",
+        parallel_tool_calls=False,
+        truncation="disabled",
+        tool_choice="auto",
+        top_k=4,
+        seed=5,
+        stop=["##"],
+        some_future_field=1,
+    )
+    assert isinstance(request, ResponsesRequest) and request.stream
+    generation = request.to_generation(reasoning_available=False)
+    assert generation.messages == (
+        Message("system", "be brief"),
+        Message("system", "use French"),
+        Message("user", "a"),
+        Message("assistant", "b"),
+        Message("user", "c"),
+    )
+    assert generation.max_tokens == 9 and generation.stop == ("##",) and not generation.reasoning
+    params = generation.sampling.resolve(SamplingParams())
+    assert (params.temperature, params.top_p, params.top_k, params.seed) == (0.3, 0.7, 4, 5)
+
+
+def test_string_input_is_one_user_message():
+    generation = parse(input="hello").to_generation(False)
+    assert generation.messages == (Message("user", "hello"),) and generation.max_tokens is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"conversation": "conv_1"}, "conversation"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+        ({"background": True}, "background"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"prompt": {"id": "pmpt_1"}}, "prompt"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tools": [{"type": "function", "name": "f"}, {"type": "file_search"}]}, "tools[1].type"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, None),
+        ({"top_logprobs": 2}, "top_logprobs"),
+    ],
+)
+def test_stateful_hosted_and_media_fields_are_400_naming_the_parameter(fields, param):
+    error = parse(**fields)
+    assert isinstance(error, ApiError) and error.status == 400
+    assert error.param == (param or "input[0].content[0].type")
+    assert error.code == "unsupported_parameter"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"type": "custom", "name": "f"}]}, "tools[0].type"),
+        ({"input": [{"type": "custom_tool_call", "call_id": "c", "input": "x"}]}, "input[0].type"),
+    ],
+)
+def test_custom_tools_are_501(fields, param):
+    error = parse(**fields)
+    assert isinstance(error, ApiError) and (error.status, error.param) == (501, param)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "code"),
+    [
+        ({"input": None}, "input", "missing_required_parameter"),
+        ({"input": []}, "input", "invalid_value"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input", "invalid_value"),
+        ({"input": 3}, "input", "invalid_type"),
+        ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role", "invalid_value"),
+        ({"input": [{"role": "user"}]}, "input[0].content", "missing_required_parameter"),
+        ({"input": [{"type": "computer_call"}]}, "input[0].type", "invalid_value"),
+        ({"temperature": 2.5}, "temperature", "invalid_value"),
+        ({"max_output_tokens": 0}, "max_output_tokens", "invalid_value"),
+        ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", "invalid_value"),
+        ({"truncation": "sometimes"}, "truncation", "invalid_value"),
+        ({"text": {"format": {"type": "yaml"}}}, "text.format.type", "invalid_value"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
+    ],
+)
+def test_malformed_fields_are_400(fields, param, code):
+    error = parse(**fields)
+    assert isinstance(error, ApiError) and (error.status, error.param, error.code) == (400, param, code)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"input": [{"role": [], "content": "hi"}]}, "input[0].role"),
+        ({"input": [{"type": "message", "role": {"a": 1}, "content": "hi"}]}, "input[0].role"),
+        ({"input": [{"type": ["message"], "role": "user", "content": "hi"}]}, "input[0].type"),
+        ({"input": [{"role": "user", "content": [{"type": [], "text": "hi"}]}]}, "input[0].content[0].type"),
+        ({"input": [{"role": "user", "content": [{"type": {}, "text": "hi"}]}]}, "input[0].content[0].type"),
+        ({"tools": [{"type": ["function"], "name": "f"}]}, "tools[0].type"),
+        ({"tool_choice": {"type": ["function"], "name": "f"}}, "tool_choice.type"),
+        ({"text": {"format": {"type": ["json_object"]}}}, "text.format.type"),
+        ({"reasoning": {"effort": ["high"]}}, "reasoning.effort"),
+    ],
+)
+def test_a_non_string_role_or_type_is_invalid_type_not_a_crash(fields, param):
+    """An array or object where a role or ``type`` tag belongs is a 400 naming the parameter,
+    never a TypeError from a table lookup (nor a misleading "hosted tool" refusal)."""
+    error = parse(**fields)
+    assert isinstance(error, ApiError)
+    assert (error.status, error.type, error.code, error.param) == (
+        400,
+        "invalid_request_error",
+        "invalid_type",
+        param,
+    )
+    assert f"'{param}'" in error.message and "expected a string" in error.message
+
+
+def test_integers_beyond_float_range_are_out_of_range_not_a_crash():
+    error = parse(temperature=10**400)
+    assert isinstance(error, ApiError) and (error.status, error.param) == (400, "temperature")
+
+
+def test_reasoning_effort_needs_a_reasoning_channel():
+    for effort in ("none", "minimal"):
+        assert not parse(reasoning={"effort": effort}).to_generation(False).reasoning
+    request = parse(reasoning={"effort": "high"})
+    refused = request.to_generation(reasoning_available=False)
+    assert isinstance(refused, ApiError) and (refused.status, refused.param) == (400, "reasoning.effort")
+    assert request.to_generation(reasoning_available=True).reasoning
+
+
+# -- the encoder ------------------------------------------------------------------------------
+def run(events, request=None) -> tuple[ResponsesEncoder, list[dict]]:
+    encoder = ResponsesEncoder("the-model", request or parse())
+    return encoder, encode(encoder, events)
+
+
+def test_reasoning_is_its_own_output_item_ahead_of_the_message():
+    deltas = [ReasoningDelta("think "), ReasoningDelta("more"), TextDelta("Hel"), TextDelta("lo")]
+    encoder, events = run([*deltas, Finish("stop", USAGE)])
+    assert responses_types(events) == (
+        "created in_progress "
+        "output_item.added content_part.added reasoning_text.delta reasoning_text.delta "
+        "reasoning_text.done content_part.done output_item.done "
+        "output_item.added content_part.added output_text.delta output_text.delta "
+        "output_text.done content_part.done output_item.done completed"
+    )
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    reasoning, message = encoder.response["output"]
+    assert reasoning["type"] == "reasoning" and reasoning["content"][0] == {
+        "type": "reasoning_text",
+        "text": "think more",
+    }
+    assert message["type"] == "message" and message["content"][0]["text"] == "Hello"
+    assert message["status"] == reasoning["status"] == "completed"
+    assert [e["output_index"] for e in events if e["type"].endswith(".delta")] == [0, 0, 1, 1]
+    assert encoder.response["usage"] == {
+        "input_tokens": 30,
+        "input_tokens_details": {"cached_tokens": 12, "cache_write_tokens": 0},
+        "output_tokens": 7,
+        "output_tokens_details": {"reasoning_tokens": 3},
+        "total_tokens": 37,
+    }
+    final = replay_responses(events)._completed_response
+    assert final.output_text == "Hello" and final.output[0].content[0].text == "think more"
+
+
+def test_budget_end_is_incomplete_and_an_empty_reply_still_has_a_message():
+    encoder, events = run([Finish("length", Usage(5, 0))])
+    assert responses_types(events) == (
+        "created in_progress output_item.added content_part.added "
+        "output_text.done content_part.done output_item.done incomplete"
+    )
+    response = events[-1]["response"]
+    assert response["status"] == "incomplete" and response["incomplete_details"] == {
+        "reason": "max_output_tokens"
+    }
+    assert (
+        response["output"][0]["status"] == "incomplete" and response["output"][0]["content"][0]["text"] == ""
+    )
+    assert response["completed_at"] is None and response is encoder.response
+
+
+def test_a_failure_is_an_error_event_then_response_failed():
+    _, events = run([TextDelta("partial"), Error(503, "the server is shutting down", code="shutting_down")])
+    assert re.fullmatch(r"created in_progress .* output_text\.delta error failed", responses_types(events))
+    error, failed = events[-2:]
+    assert (error["code"], error["message"]) == ("shutting_down", "the server is shutting down")
+    assert failed["response"]["status"] == "failed"
+    assert failed["response"]["error"] == {"code": "server_error", "message": "the server is shutting down"}
+    assert failed["response"]["output"][0]["content"][0]["text"] == "partial"
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    replay_responses(events)  # the SDK's state machine accepts the failed stream
+
+
+def test_response_object_echoes_the_request():
+    request = parse(instructions="sys", max_output_tokens=5, temperature=0.5, reasoning={"effort": "none"})
+    encoder, _ = run([TextDelta("x"), Finish("stop", USAGE)], request)
+    response = encoder.response
+    assert response["id"].startswith("resp_") and response["object"] == "response"
+    assert (response["instructions"], response["max_output_tokens"], response["temperature"]) == (
+        "sys",
+        5,
+        0.5,
+    )
+    assert response["reasoning"]["effort"] == "none" and response["model"] == "the-model"
+    assert response["status"] == "completed" and response["completed_at"] >= response["created_at"]
+    assert response["error"] is None and response["store"] is False

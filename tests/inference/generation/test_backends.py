@@ -1,0 +1,71 @@
+"""The backend seam: the loaded family names its generation loop, chosen in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from inference.engine.engine import Engine
+from inference.generation import backends
+from inference.generation.backend import ConversationBackend
+from inference.generation.backends import BackendSetup, backend_for
+from inference.runtime.queue import JobQueue
+from inference.runtime.worker import READY, InferenceWorker
+from inference.types import GenerationRequest
+from tests.fixtures.model_files import default_model_path
+from tests.inference.generation.test_backend import FRANCE, GREEDY, run
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return Engine.load(default_model_path())
+
+
+def with_family(engine: Engine, **changes) -> Engine:
+    family = dataclasses.replace(engine.family, **changes)
+    return Engine(engine.path, engine.file, engine.model, engine.tokenizer, family)
+
+
+def test_the_generic_backend_serves_the_default_family(engine):
+    backend = backend_for(BackendSetup(engine, n_ctx=128))
+    assert isinstance(backend, ConversationBackend)
+    assert backend.kv_reuse and backend.slots is not None
+
+
+def test_a_family_naming_an_unknown_backend_is_a_clear_error(engine):
+    with pytest.raises(ValueError, match="'llama' names generation backend 'diffusion'.*known: conversation"):
+        backend_for(BackendSetup(with_family(engine, backend="diffusion"), n_ctx=128))
+
+
+class RecurrentBackend(ConversationBackend):
+    """A family's own loop, registered beside the generic one (here: no cross-request reuse)."""
+
+    @property
+    def kv_reuse(self) -> bool:
+        return False
+
+
+def test_the_worker_loads_the_backend_the_family_names(engine, monkeypatch, tmp_path):
+    monkeypatch.setitem(
+        backends.BACKENDS, "recurrent", lambda setup: RecurrentBackend(setup.engine, setup.n_ctx)
+    )
+    monkeypatch.setattr(
+        Engine, "load", classmethod(lambda cls, path: with_family(engine, backend="recurrent"))
+    )
+    queue = JobQueue(2)
+    worker = InferenceWorker(default_model_path(), queue, n_ctx=128)
+    worker.start()
+    assert worker.ready.wait(120) and worker.state == READY
+    queue.close()
+    assert worker.join(30)
+    assert isinstance(worker.backend, RecurrentBackend) and not worker.backend.kv_reuse
+
+
+def test_a_family_without_kv_reuse_never_starts_from_cached_rows(engine):
+    backend = ConversationBackend(with_family(engine, kv_reuse=False), n_ctx=128)
+    request = GenerationRequest(FRANCE, GREEDY, max_tokens=4)
+    first, _ = run(backend, request)
+    again, _ = run(backend, request)
+    assert not backend.kv_reuse and again.events[-1].usage.cached_tokens == 0
+    assert again.text == first.text

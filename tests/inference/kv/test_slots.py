@@ -1,0 +1,100 @@
+"""SlotPool: which resident KV cache a prompt warm-starts from."""
+
+from inference.engine.kv_cache import KVCache, KVGeometry
+from inference.kv.slots import SlotPool
+
+GEOMETRY = KVGeometry(n_layers=1, n_kv_heads=1, head_dim_k=2, head_dim_v=2)
+
+
+def filled(cache: KVCache, tokens: list[int]) -> KVCache:
+    cache.commit(tokens)
+    return cache
+
+
+def pool(n: int) -> SlotPool:
+    return SlotPool(lambda: KVCache(GEOMETRY, 64), n)
+
+
+def test_single_slot_is_always_reused():
+    slots = pool(1)
+    first = filled(slots.acquire([1, 2, 3]), [1, 2, 3])
+    assert slots.acquire([9, 9]) is first
+
+
+def test_continuation_adopts_the_slot_holding_its_history():
+    slots = pool(2)
+    a = filled(slots.acquire([1, 2, 3]), [1, 2, 3, 4])
+    b = filled(slots.acquire([7, 8, 9]), [7, 8, 9])
+    assert a is not b
+    assert slots.acquire([1, 2, 3, 4, 5, 6]) is a
+    assert slots.acquire([7, 8, 9, 10]) is b
+
+
+def test_shared_prefix_is_copied_and_the_donor_kept():
+    slots = pool(2)
+    donor = filled(slots.acquire([1, 2, 3, 4, 5]), [1, 2, 3, 4, 5])
+    donor.k[:, :, :5] = 1.0
+    other = slots.acquire([1, 2, 3, 9, 9])  # shares 3 tokens, diverges inside the donor
+    assert other is not donor
+    assert other.tokens == [1, 2, 3] and donor.tokens == [1, 2, 3, 4, 5]
+    assert (other.k[:, :, :3] == 1.0).all()
+
+
+def test_unrelated_prompt_takes_the_least_recently_used_slot():
+    slots = pool(2)
+    a = filled(slots.acquire([1] * 20), [1] * 20)
+    b = filled(slots.acquire([2] * 20), [2] * 20)
+    assert slots.acquire([1] * 20 + [3]) is a  # touch a: b is now the LRU
+    assert slots.acquire([5] * 30) is b
+
+
+def test_donor_that_is_least_recently_used_is_still_kept():
+    slots = pool(3)
+    donor = filled(slots.acquire([1, 2, 3, 4, 5]), [1, 2, 3, 4, 5])
+    recent = filled(slots.acquire([8] * 10), [8] * 10)
+    other = slots.acquire([1, 2, 3, 9, 9])
+    assert other is not donor and other is not recent
+    assert donor.tokens == [1, 2, 3, 4, 5] and recent.tokens == [8] * 10
+
+
+def test_continuation_diverging_inside_the_reply_adopts_the_slot():
+    slots = pool(2)
+    a = filled(slots.acquire([1, 2, 3]), [1, 2, 3, 40, 41, 42])  # prompt + generated reply
+    # the client re-tokenized the reply differently after its first token
+    assert slots.acquire([1, 2, 3, 40, 50, 51, 7]) is a
+
+
+def test_repeating_a_request_adopts_its_slot():
+    slots = pool(2)
+    a = filled(slots.acquire([1, 2, 3]), [1, 2, 3, 40, 41])
+    filled(slots.acquire([6, 6, 6]), [6, 6, 6])
+    assert slots.acquire([1, 2, 3]) is a
+
+
+def test_a_share_below_the_similarity_gate_does_not_count():
+    slots = pool(2)
+    a = filled(slots.acquire([1] + [2] * 30), [1] + [2] * 30)
+    b = filled(slots.acquire([5] * 30), [5] * 30)
+    filled(slots.acquire([5] * 31), [5] * 31)  # touch b
+    chosen = slots.acquire([1] + [9] * 29)  # shares one token of 30: under 10%
+    assert chosen is a and chosen is not b
+
+
+def test_evicting_a_busy_slot_waits_for_its_generation_to_end():
+    slots = pool(2)
+    filled(slots.acquire([1, 2, 3]), [1, 2, 3])
+    assert slots.evict(0) == "pending" and slots.status()[0]["evict_pending"]
+    assert slots.status()[0]["tokens"] == 3
+    slots.release()
+    assert slots.status()[0] == {
+        "index": 0,
+        "tokens": 0,
+        "last_used": slots.slots[0].used_at,
+        "bytes": 0,
+        "busy": False,
+        "evict_pending": False,
+    }
+    filled(slots.acquire([4, 5]), [4, 5])
+    slots.release()
+    assert slots.evict(0) == "evicted" and slots.evict(1) == "evicted"
+    assert [s["tokens"] for s in slots.status()] == [0, 0]

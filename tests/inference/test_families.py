@@ -1,0 +1,55 @@
+"""The family descriptors: each family's facts in one place, read by the engine."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from inference.engine.chat_template import FALLBACKS
+from inference.engine.engine import Engine
+from inference.engine.families import FAMILIES, LLAMA_CPP_SAMPLING, QWEN3_SAMPLING, family_of
+from inference.engine.gguf_file import GGUFFile
+from inference.engine.sampler import SamplingParams
+from inference.engine.tokenizer import load_tokenizer
+from tests.fixtures.model_files import default_model_path
+
+
+def test_every_family_names_a_known_template_fallback():
+    assert {family.template_fallback for family in FAMILIES.values()} <= set(FALLBACKS)
+    assert FAMILIES["gemma3"].template_fallback == "gemma"
+    assert FAMILIES["llama"].template_fallback == "chatml"
+
+
+def test_qwen3_families_think_and_call_tools_llama_does_neither():
+    for name in ("qwen3", "qwen3moe"):
+        assert FAMILIES[name].think is not None and FAMILIES[name].tools is not None
+        assert FAMILIES[name].sampling == QWEN3_SAMPLING
+    assert FAMILIES["qwen2"].tools is not None and FAMILIES["qwen2"].think is None
+    assert FAMILIES["llama"].think is None and FAMILIES["llama"].tools is None
+    assert FAMILIES["llama"].sampling == LLAMA_CPP_SAMPLING
+    assert all(family.kv_reuse for family in FAMILIES.values())
+
+
+def test_family_stop_tokens_join_the_vocabulary_end_ids():
+    path = default_model_path()
+    f = GGUFFile(path)
+    family = family_of(f)
+    tokenizer = load_tokenizer(f.metadata)
+    plain = Engine(path, f, family.model(f), tokenizer, family)
+    assert plain.stop_ids == tokenizer.eog_ids
+    extra = dataclasses.replace(family, stop_tokens=("<|im_start|>", "no such token text"))
+    engine = Engine(path, f, family.model(f), tokenizer, extra)
+    start = tokenizer.token_id("<|im_start|>")
+    assert start is not None and start not in tokenizer.eog_ids
+    assert engine.stop_ids == tokenizer.eog_ids | {start}
+
+
+def test_family_stop_token_ends_a_generation():
+    engine = Engine.load(default_model_path())
+    prompt = engine.encode_chat([{"role": "user", "content": "Say hello."}])
+    cache = engine.new_cache(256)
+    free = list(engine.generate(cache, prompt, SamplingParams(), 6, ignore_eos=True))
+    first_text = engine.tokenizer.token_text(free[1])
+    family = dataclasses.replace(engine.family, stop_tokens=(first_text,))
+    stopping = Engine(engine.path, engine.file, engine.model, engine.tokenizer, family)
+    cut = list(stopping.generate(stopping.new_cache(256), prompt, SamplingParams(), 6, ignore_eos=False))
+    assert cut == free[: free.index(free[1])]
