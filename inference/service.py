@@ -43,6 +43,7 @@ class ServeConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     stream_start_after: float = 3.0  # seconds a streamed request waits before its stream opens
     keepalive_every: float = 10.0  # seconds between keep-alives on an open stream with no events
+    metrics: str = "open"  # GET /metrics: "open" (no key), "key" (needs --api-key) or "off"
 
 
 class ConnectionGate:
@@ -181,6 +182,17 @@ class InferenceService:
             "in_flight": self.worker.in_flight,
             "connections": self.connections.open,
             "tokens_generated": self.worker.tokens_generated,
+            "capabilities": self.capabilities(),
+        }
+
+    def capabilities(self) -> dict:
+        """What the loaded model can do, for clients choosing features (the chat page)."""
+        backend = self.worker.backend
+        return {
+            "reasoning": self.supports_reasoning,
+            "tools": self.supports_tools,
+            "ctx": backend.n_ctx if backend is not None else None,
+            "kv_slots": len(backend.slots.slots) if backend is not None else self.config.kv_slots,
         }
 
     # -- the admin's view of the KV tiers ---------------------------------------------------

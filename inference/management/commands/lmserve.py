@@ -165,6 +165,15 @@ class Command(BaseCommand):
             "stream that has nothing else to send (default: %(default)s)",
         )
 
+        parser.add_argument(
+            "--metrics",
+            choices=("open", "key", "off"),
+            default=ServeConfig.metrics,
+            help="GET /metrics (Prometheus text format): 'open' needs no key, like /health (counts "
+            "and timings only, never text); 'key' needs --api-key; 'off' answers 404 "
+            "(default: %(default)s)",
+        )
+
     def handle(self, *args, **options):
         settings.ALLOWED_HOSTS = allowed_hosts(options["host"], options["allowed_hosts"])
         prepare_database(self.stdout)
@@ -181,6 +190,7 @@ class Command(BaseCommand):
             max_body_bytes=getattr(settings, "LMSERVE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
             stream_start_after=options["stream_start_after"],
             keepalive_every=options["keepalive"],
+            metrics=options["metrics"],
         )
         try:
             service = InferenceService.from_config(config)
