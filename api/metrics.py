@@ -80,7 +80,7 @@ _API_ROUTES: list[tuple[re.Pattern, str]] | None = None
 def _route_template(pattern: str) -> str:
     """``^(?:v1/)?models/(?P<model_id>.+?)/?$`` -> ``/v1/models/{model}``."""
     text = pattern.removeprefix("^").removesuffix("$").removesuffix("/?")
-    text = text.replace("(?:v1/)?", "v1/")
+    text = text.replace("(?:v1/)?", "v1/").replace("\\", "")
     text = re.sub(r"\(\?P<(\w+?)(?:_id)?>[^)]*\)", r"{\1}", text)
     return "/" + text
 

@@ -22,6 +22,7 @@ from .consumers.anthropic import CountTokensConsumer, MessagesConsumer
 from .consumers.chat import ChatCompletionsConsumer
 from .consumers.info import HealthConsumer, ModelConsumer, ModelListConsumer, NotFoundConsumer
 from .consumers.metrics import MetricsConsumer
+from .consumers.openapi import OpenApiConsumer
 from .consumers.responses import ResponsesConsumer
 from .errors import ApiError, wants_anthropic_errors
 from .metrics import RequestMetricsMiddleware
@@ -35,6 +36,7 @@ api_urlpatterns = [
     re_path(r"^(?:v1/)?models/(?P<model_id>.+?)/?$", ModelConsumer.as_asgi()),
     re_path(r"^(?:v1/)?health/?$", HealthConsumer.as_asgi()),
     re_path(r"^metrics/?$", MetricsConsumer.as_asgi()),
+    re_path(r"^openapi\.json$", OpenApiConsumer.as_asgi()),
 ]
 # Health probes and scrapes still answer when --conns is reached.
 UNGATED_PATHS = ("health", "v1/health", "metrics")
