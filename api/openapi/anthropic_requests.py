@@ -101,7 +101,7 @@ def _prompt_fields() -> dict:
         "output_format": reply_format(),
         "thinking": THINKING,
         "thread": THREAD,
-        "mcp_servers": refused("server-side MCP tools are refused", array({})),
+        "mcp_servers": refused("server-side MCP tools are refused", array({}, maxItems=0)),
         "container": refused("server-side code execution is refused"),
     }
 

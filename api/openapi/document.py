@@ -14,6 +14,8 @@ from .shapes import Schema, const, enum, obj, string
 
 NULLABLE_STRING = {"type": ["string", "null"]}
 INTEGER = {"type": "integer"}
+# One server-sent event as a reader parses it: its name (named-event dialects) and its data.
+SSE_EVENT = obj({"event": string(nullable=False), "data": string(nullable=False)}, ("data",))
 SCHEMAS: dict[str, Schema] = {
     "ChatCompletionRequest": CHAT_COMPLETION_REQUEST,
     "ResponsesRequest": RESPONSES_REQUEST,
@@ -154,7 +156,7 @@ def _errors(envelope: str) -> dict:
 
 def _generation(summary: str, request: str, reply: str, envelope: str, stream: str) -> dict:
     ok = _json(_ref(reply), "the whole reply")
-    ok["content"]["text/event-stream"] = {"schema": {"type": "string", "description": stream}}
+    ok["content"]["text/event-stream"] = {"schema": SSE_EVENT | {"description": stream}}
     return {
         "post": {
             "summary": summary,

@@ -37,8 +37,8 @@ SAMPLING = {
     "lark": string("extension: the reply must match this Lark grammar"),
 }
 STOP = any_of(
-    string(nullable=True),
-    array(string(nullable=False), maxItems=chat.MAX_STOP_STRINGS),
+    string(nullable=True, minLength=1),
+    array(string(nullable=False, minLength=1), maxItems=chat.MAX_STOP_STRINGS),
     description=f"up to {chat.MAX_STOP_STRINGS} non-empty strings that end the reply (not included)",
 )
 FORMAT_TYPES = ("text", "json_object", "json_schema")
@@ -126,14 +126,16 @@ CHAT_COMPLETION_REQUEST = obj(
         "tools": array(function_declaration(flat=False)),
         "tool_choice": CHAT_TOOL_CHOICE,
         **SAMPLING,
-        "n": refused("only 1 (one choice per request)", integer(lo=1)),
-        "logprobs": refused("true is refused: no log probabilities", boolean()),
-        "top_logprobs": refused("above 0 is refused", integer(lo=0)),
-        "logit_bias": refused("a non-empty object is refused", obj({}, nullable=True)),
+        "n": refused("above 1 is refused: one choice per request", integer(lo=1, hi=1)),
+        "logprobs": refused("true is refused: no log probabilities", enum((False,), nullable=True)),
+        "top_logprobs": refused("above 0 is refused", integer(lo=0, hi=0)),
+        "logit_bias": refused(
+            "a non-empty object is refused", {"type": ["object", "null"], "maxProperties": 0}
+        ),
         "functions": refused("the legacy functions API: use tools"),
         "function_call": refused("the legacy functions API: use tool_choice"),
         "audio": refused("text only"),
-        "modalities": refused("only ['text']", array(string(nullable=False))),
+        "modalities": refused("anything but 'text' is refused", array(enum(("text",)))),
         "web_search_options": refused("hosted tools are not run here"),
     },
     ("messages",),
@@ -201,12 +203,14 @@ RESPONSES_REQUEST = obj(
         "previous_response_id": refused(responses.STATELESS),
         "conversation": refused(responses.STATELESS),
         "prompt": refused("stored prompt templates: " + responses.STATELESS),
-        "background": refused("true is refused: responses are generated while you wait", boolean()),
+        "background": refused(
+            "true is refused: responses are generated while you wait", enum((False,), nullable=True)
+        ),
         "truncation": refused(
             "'auto' is refused: a prompt that does not fit is a 400",
-            enum(("disabled", "auto"), nullable=True),
+            enum(("disabled",), nullable=True),
         ),
-        "top_logprobs": refused("above 0 is refused", integer(lo=0)),
+        "top_logprobs": refused("above 0 is refused", integer(lo=0, hi=0)),
     },
     ("input",),
     "OpenAI Responses request (stateless: store false); unknown fields are accepted and ignored",

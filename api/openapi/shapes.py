@@ -84,9 +84,10 @@ def ignored(schema: Schema, why: str = "accepted and ignored") -> Schema:
     return {**schema, "description": why, "x-lmserve-ignored": True}
 
 
-def refused(why: str, schema: Schema | None = None) -> Schema:
-    """A field read only to refuse it when given (null or absent is fine)."""
-    return {**(schema or {}), "description": why, "x-lmserve-refused": True}
+def refused(why: str, accepted: Schema | None = None) -> Schema:
+    """A field read only to refuse it: ``accepted`` is what still passes (its neutral value;
+    by default only null), ``why`` says what is refused."""
+    return {**(accepted or {"type": "null"}), "description": why, "x-lmserve-refused": True}
 
 
 def json_schema_object(description: str) -> Schema:
