@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 HERE = Path(__file__).resolve().parent
 MAX_EXAMPLES = 25  # per operation and phase
-MAX_SECONDS = 150  # the whole run's budget; schemathesis stops generating when it is spent
+MAX_SECONDS = 120  # the whole run's budget; schemathesis stops generating when it is spent
 REQUEST_TIMEOUT = 60  # a request taking longer counts as a hang
 
 
