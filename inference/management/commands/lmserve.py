@@ -128,8 +128,8 @@ class Command(BaseCommand):
             "--api-key",
             default=os.environ.get("LMSERVE_API_KEY") or None,
             help="require this key (Authorization: Bearer or x-api-key) on every API endpoint of "
-            "every dialect; /health, /openapi.json and the chat page never need it, /metrics only "
-            "with --metrics key (default: $LMSERVE_API_KEY, else no key)",
+            "every dialect; /health, /openapi.json and the chat page never need it, nor /metrics "
+            "unless its mode is key (default: $LMSERVE_API_KEY, else no key)",
         )
         parser.add_argument(
             "--queue",
