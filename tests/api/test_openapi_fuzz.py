@@ -66,8 +66,12 @@ def test_schemathesis_finds_no_server_error(tmp_path, synthetic_dir):
                 "--generation-database",
                 "none",
             ],
-            cwd=HERE.parents[1],
-            env={**os.environ, "SCHEMATHESIS_HOOKS": "tests.api.schemathesis_hooks"},
+            cwd=tmp_path,  # its .schemathesis and .hypothesis caches stay out of the checkout
+            env={
+                **os.environ,
+                "PYTHONPATH": str(HERE.parents[1]),
+                "SCHEMATHESIS_HOOKS": "tests.api.schemathesis_hooks",
+            },
             capture_output=True,
             text=True,
             timeout=MAX_SECONDS + 240,
