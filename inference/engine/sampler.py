@@ -65,7 +65,8 @@ class Sampler:
             ids, values = ids[mask], values[mask]
         # Relative to the best candidate first: a tiny temperature then scales the gaps to
         # -inf (probability 0) instead of the logits to inf (NaN after the softmax).
-        probs = _softmax((values - values[0]) / p.temperature)
+        with np.errstate(over="ignore"):
+            probs = _softmax((values - values[0]) / p.temperature)
         return int(ids[self.rng.choice(len(ids), p=probs)])
 
 
@@ -84,7 +85,8 @@ def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParam
     freq = np.fromiter(counts.values(), dtype=np.float32)  # (n_distinct,)
     out = logits.astype(np.float32, copy=True)
     picked = out[ids].astype(np.float64)
-    picked = np.where(picked > 0, picked / p.repeat_penalty, picked * p.repeat_penalty)
+    with np.errstate(over="ignore"):  # an overflow is clipped below
+        picked = np.where(picked > 0, picked / p.repeat_penalty, picked * p.repeat_penalty)
     picked = picked - freq * p.frequency_penalty - p.presence_penalty
     # A vanishing penalty (any value is a valid request) must not overflow into inf, whose
     # softmax is NaN: the most favoured tokens saturate at the largest finite logit instead.
