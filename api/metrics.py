@@ -178,8 +178,8 @@ class ServiceCollector:
         yield from self._kv_metrics(service)
 
     def _kv_metrics(self, service):
-        backend = service.worker.backend
-        stats = backend.slots.stats if backend is not None else None
+        slots = getattr(service.worker.backend, "slots", None)  # None until loaded, or without KV reuse
+        stats = slots.stats if slots is not None else None
         hits = CounterMetricFamily(
             "lmserve_kv_hits",
             "generations that started from cached KV rows, by tier (a resident slot, or a "
@@ -199,7 +199,7 @@ class ServiceCollector:
         yield GaugeMetricFamily(
             "lmserve_kv_slots",
             "resident KV slots (--kv-slots after the RAM guard)",
-            value=len(backend.slots.slots) if backend is not None else 0,
+            value=len(slots.slots) if slots is not None else 0,
         )
 
 

@@ -188,11 +188,12 @@ class InferenceService:
     def capabilities(self) -> dict:
         """What the loaded model can do, for clients choosing features (the chat page)."""
         backend = self.worker.backend
+        slots = getattr(backend, "slots", None)  # None for a backend that keeps no KV rows
         return {
             "reasoning": self.supports_reasoning,
             "tools": self.supports_tools,
-            "ctx": backend.n_ctx if backend is not None else None,
-            "kv_slots": len(backend.slots.slots) if backend is not None else self.config.kv_slots,
+            "ctx": getattr(backend, "n_ctx", None),
+            "kv_slots": len(slots.slots) if slots is not None else 0,
         }
 
     # -- the admin's view of the KV tiers ---------------------------------------------------
