@@ -25,6 +25,7 @@ from twisted.internet import reactor
 
 from api.auth import check_api_key
 from api.errors import ApiError, wants_anthropic_errors
+from api.metrics import count_response
 from inference.runtime.service import ServeConfig
 
 logger = logging.getLogger("lmserve.server")
@@ -125,6 +126,7 @@ class GuardedRequest(WebRequest):
         logger.info("%s %s %d refused before the body (%s)", method, path, error.status, error.message)
         transport = self.channel.transport
         transport.write(refusal_bytes(error, path, self._raw_headers()))
+        count_response(path, error.status)
         reactor.callLater(REFUSAL_LINGER, self._close_lingering)
 
     def _close_lingering(self) -> None:

@@ -21,8 +21,11 @@ from inference.runtime import service as services
 from .consumers.anthropic import CountTokensConsumer, MessagesConsumer
 from .consumers.chat import ChatCompletionsConsumer
 from .consumers.info import HealthConsumer, ModelConsumer, ModelListConsumer, NotFoundConsumer
+from .consumers.metrics import MetricsConsumer
+from .consumers.openapi import OpenApiConsumer
 from .consumers.responses import ResponsesConsumer
 from .errors import ApiError, wants_anthropic_errors
+from .metrics import RequestMetricsMiddleware
 
 api_urlpatterns = [
     re_path(r"^(?:v1/)?chat/completions/?$", ChatCompletionsConsumer.as_asgi()),
@@ -32,8 +35,11 @@ api_urlpatterns = [
     re_path(r"^(?:v1/)?models/?$", ModelListConsumer.as_asgi()),
     re_path(r"^(?:v1/)?models/(?P<model_id>.+?)/?$", ModelConsumer.as_asgi()),
     re_path(r"^(?:v1/)?health/?$", HealthConsumer.as_asgi()),
+    re_path(r"^metrics/?$", MetricsConsumer.as_asgi()),
+    re_path(r"^openapi\.json$", OpenApiConsumer.as_asgi()),
 ]
-UNGATED_PATHS = ("health", "v1/health")  # health probes still answer when --conns is reached
+# Health probes and scrapes still answer when --conns is reached.
+UNGATED_PATHS = ("health", "v1/health", "metrics")
 
 
 def is_api_path(path: str) -> bool:
@@ -143,4 +149,4 @@ def build_application(django_app):
     from channels.routing import ProtocolTypeRouter
 
     gated = ConnectionLimitMiddleware(LmserveRouter(django_app))
-    return ProtocolTypeRouter({"http": AllowedHostsMiddleware(gated)})
+    return ProtocolTypeRouter({"http": RequestMetricsMiddleware(AllowedHostsMiddleware(gated))})

@@ -1,11 +1,15 @@
-"""Plain Django URLs: the admin. The API endpoints are routed by Channels (asgi.py)."""
+"""Plain Django URLs: the chat page and the admin. The API endpoints are routed by Channels
+(asgi.py)."""
 
 from django.contrib import admin
 from django.urls import include, path
 
-admin.site.site_url = None  # no "view site" link: "/" is the API's JSON 404, not a site
+from api.pages import chat_page
+
+admin.site.site_url = "/"  # the admin's "view site" link opens the chat page
 
 urlpatterns = [
+    path("", chat_page, name="chat"),
     path("admin/kv/", include("fleet.urls")),
     path("admin/", admin.site.urls),
 ]

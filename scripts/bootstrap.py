@@ -58,6 +58,19 @@ def ensure_chromium() -> None:
         )
 
 
+def ensure_nginx() -> None:
+    """Debian's nginx for the load-balancing test (tests/api/test_nginx_affinity.py), installed
+    with apt-get when missing and this runs as root; it is run in the foreground on its own
+    configuration, never as a system service."""
+    if Path("/usr/sbin/nginx").exists():
+        return
+    if not shutil.which("apt-get") or os.geteuid() != 0:
+        sys.exit("the load-balancing test needs Debian's nginx: 'sudo apt-get install -y nginx', then retry")
+    apt_env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run("apt-get", "update", env=apt_env)
+    run("apt-get", "install", "-y", "--no-install-recommends", "nginx", env=apt_env)
+
+
 def environment() -> dict[str, str]:
     env = dict(os.environ)
     # numba's compiled kernels survive restarts and fresh clones in one per-user cache.

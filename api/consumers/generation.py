@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from api.errors import ApiError
+from api.metrics import MeteredPipe, endpoint_label
 from api.protocol.fields import parse_json_object
 from api.sse import SSE_HEADERS, event_frame
 from inference.runtime.pipe import StreamPipe
@@ -155,7 +156,7 @@ class GenerationConsumer(ApiConsumer):
         if isinstance(prepared, Error):
             await self.send_error(ApiError.from_event(prepared))
             return None
-        pipe = StreamPipe(asyncio.get_running_loop())
+        pipe = MeteredPipe(asyncio.get_running_loop(), endpoint_label(self.scope["path"]))
         job = self.service.submit(generation, prepared, pipe)
         if isinstance(job, Error):
             await self.send_error(ApiError.from_event(job))

@@ -63,8 +63,14 @@ class Sampler:
         if p.min_p > 0.0:
             mask = _softmax(values) >= p.min_p * _softmax(values)[0]
             ids, values = ids[mask], values[mask]
-        probs = _softmax(values / p.temperature)
+        # Relative to the best candidate first: a tiny temperature then scales the gaps to
+        # -inf (probability 0) instead of the logits to inf (NaN after the softmax).
+        with np.errstate(over="ignore"):
+            probs = _softmax((values - values[0]) / p.temperature)
         return int(ids[self.rng.choice(len(ids), p=probs)])
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParams) -> np.ndarray:
@@ -78,9 +84,13 @@ def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParam
     ids = np.fromiter(counts.keys(), dtype=np.int64)  # (n_distinct,)
     freq = np.fromiter(counts.values(), dtype=np.float32)  # (n_distinct,)
     out = logits.astype(np.float32, copy=True)
-    picked = out[ids]
-    picked = np.where(picked > 0, picked / p.repeat_penalty, picked * p.repeat_penalty)
-    out[ids] = picked - freq * p.frequency_penalty - p.presence_penalty
+    picked = out[ids].astype(np.float64)
+    with np.errstate(over="ignore"):  # an overflow is clipped below
+        picked = np.where(picked > 0, picked / p.repeat_penalty, picked * p.repeat_penalty)
+    picked = picked - freq * p.frequency_penalty - p.presence_penalty
+    # A vanishing penalty (any value is a valid request) must not overflow into inf, whose
+    # softmax is NaN: the most favoured tokens saturate at the largest finite logit instead.
+    out[ids] = np.clip(picked, -FLOAT32_MAX, FLOAT32_MAX)
     return out
 
 

@@ -29,6 +29,16 @@ SIMILARITY_GATE = 0.1  # a slot is worth adopting when it covers this share of t
 _ticks = itertools.count()
 
 
+@dataclass
+class SlotStats:
+    """How slot choices went since start (read by GET /metrics)."""
+
+    resident_hits: int = 0  # started from a resident slot's rows
+    disk_hits: int = 0  # started from a sidecar file restored into a slot
+    misses: int = 0  # no reusable prefix: prefilled from scratch
+    disk_spills: int = 0  # slots written to the disk tier before being reused
+
+
 @dataclass(eq=False)
 class Slot:
     """One resident cache and when it was last used."""
@@ -55,6 +65,7 @@ class SlotPool:
         self._new_cache = new_cache
         self.slots = [Slot(i) for i in range(n_slots)]
         self.disk = disk
+        self.stats = SlotStats()
         # The worker thread owns the caches; the admin inspects and evicts from other threads.
         self.lock = threading.Lock()
 
@@ -115,9 +126,12 @@ class SlotPool:
         best, shared = self.best_match(prompt)
         restored = self._restore(prompt, shared)
         if restored is not None:
+            self.stats.disk_hits += 1
             return restored
         if best is None or shared < SIMILARITY_GATE * len(prompt):
+            self.stats.misses += 1
             return self._take(self.least_recent(), prompt)
+        self.stats.resident_hits += 1
         if shared >= best.prompt_len or len(self.slots) == 1:
             return self._take(best, prompt)  # a continuation (or nowhere else to go): adopt it whole
         # A shared prefix only: copy it elsewhere and keep the donor for its own follow-up.
@@ -133,6 +147,7 @@ class SlotPool:
         if cache.common_prefix(prompt) * 2 < cache.n_tokens:
             try:
                 self.disk.spill(cache)
+                self.stats.disk_spills += 1
             except OSError:  # a full or read-only disk costs the warm start, not the request
                 logger.exception("could not spill a KV slot to %s", self.disk.directory)
         return slot

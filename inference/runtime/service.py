@@ -43,6 +43,7 @@ class ServeConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     stream_start_after: float = 3.0  # seconds a streamed request waits before its stream opens
     keepalive_every: float = 10.0  # seconds between keep-alives on an open stream with no events
+    metrics: str = "open"  # GET /metrics: "open" (no key), "key" (needs --api-key) or "off"
 
 
 class ConnectionGate:
@@ -188,6 +189,18 @@ class InferenceService:
             "connections": self.connections.open,
             "tokens_generated": self.worker.tokens_generated,
             "kv_reuse": self.kv_reuse,
+            "capabilities": self.capabilities(),
+        }
+
+    def capabilities(self) -> dict:
+        """What the loaded model can do, for clients choosing features (the chat page)."""
+        backend = self.worker.backend
+        slots = getattr(backend, "slots", None)  # None for a backend that keeps no KV rows
+        return {
+            "reasoning": self.supports_reasoning,
+            "tools": self.supports_tools,
+            "ctx": getattr(backend, "n_ctx", None),
+            "kv_slots": len(slots.slots) if slots is not None else 0,
         }
 
     # -- the admin's view of the KV tiers ---------------------------------------------------

@@ -73,3 +73,18 @@ def test_penalties_only_look_at_the_last_n_tokens():
 def test_greedy_with_penalty_changes_the_pick():
     params = SamplingParams(repeat_penalty=4.0)
     assert Sampler(params).sample(logits_of(2.0, 1.0), history=[0]) == 1
+
+
+def test_a_vanishing_repeat_penalty_stays_finite_and_samples():
+    # 5e-324 (what a fuzzer sends) divided the repeated token's logit to infinity, and the
+    # softmax then turned every probability into NaN: a 500 instead of a reply.
+    params = SamplingParams(repeat_penalty=5e-324, temperature=1.0, seed=1)
+    out = apply_penalties(logits_of(3.0, -2.0, 1.0), [0, 1], params)
+    assert np.isfinite(out).all()
+    assert Sampler(params).sample(logits_of(3.0, -2.0, 1.0), [0, 1]) == 0  # the repeated token wins
+
+
+def test_a_vanishing_temperature_is_greedy_not_nan():
+    # logits / 5e-324 overflowed to inf before the softmax subtracted the maximum.
+    params = SamplingParams(temperature=5e-324, seed=3)
+    assert set(draws(params, logits_of(1.0, 3.0, 2.0), n=20)) == {1}

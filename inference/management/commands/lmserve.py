@@ -7,7 +7,7 @@ import math
 import os
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, DjangoHelpFormatter
 
 from inference.model_files import ModelFileError
 from inference.runtime.service import DEFAULT_MAX_BODY_BYTES, InferenceService, ServeConfig, install
@@ -65,11 +65,33 @@ def prepare_database(stdout) -> None:
         raise CommandError(f"cannot prepare the database {connection.settings_dict['NAME']}: {exc}") from exc
 
 
+SERVED = """\
+Serve one GGUF model over HTTP (daphne) in three wire dialects, every /v1 path also without
+the prefix:
+  OpenAI Chat Completions   POST /v1/chat/completions   (OpenAI SDKs: base_url http://HOST:PORT/v1)
+  OpenAI Responses          POST /v1/responses          (stateless: send the whole conversation)
+  Anthropic Messages        POST /v1/messages, /v1/messages/count_tokens
+                            (Anthropic SDKs, Claude Code: base URL http://HOST:PORT)
+and around them: GET /v1/models, GET /health (readiness, load; never needs the key),
+GET /metrics (Prometheus, see --metrics), GET /openapi.json (OpenAPI 3.1), a chat page at /
+and the admin at /admin/. SIGINT/SIGTERM drain in-flight work and exit 0."""
+
+EPILOG = """\
+environment: LMSERVE_MODEL, LMSERVE_MODELS_DIR, LMSERVE_API_KEY, LMSERVE_ALLOWED_HOSTS,
+LMSERVE_DATA_DIR, LMSERVE_LOG_LEVEL. Deployment under systemd: docs/lmserve.service."""
+
+
+class HelpFormatter(DjangoHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Django's option order, with the description's table kept as written."""
+
+
 class Command(BaseCommand):
-    help = (
-        "Serve a GGUF model with the OpenAI Chat Completions API on /v1 (and unprefixed). "
-        "SIGINT/SIGTERM drain in-flight work and exit 0."
-    )
+    help = SERVED
+
+    def create_parser(self, prog_name, subcommand, **kwargs):
+        parser = super().create_parser(prog_name, subcommand, formatter_class=HelpFormatter, **kwargs)
+        parser.epilog = EPILOG
+        return parser
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -105,8 +127,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--api-key",
             default=os.environ.get("LMSERVE_API_KEY") or None,
-            help="require this key (Authorization: Bearer or x-api-key) on /v1 endpoints "
-            "(default: $LMSERVE_API_KEY, else no key)",
+            help="require this key (Authorization: Bearer or x-api-key) on every API endpoint of "
+            "every dialect; /health, /openapi.json and the chat page never need it, nor /metrics "
+            "unless its mode is key (default: $LMSERVE_API_KEY, else no key)",
         )
         parser.add_argument(
             "--queue",
@@ -165,6 +188,15 @@ class Command(BaseCommand):
             "stream that has nothing else to send (default: %(default)s)",
         )
 
+        parser.add_argument(
+            "--metrics",
+            choices=("open", "key", "off"),
+            default=ServeConfig.metrics,
+            help="GET /metrics (Prometheus text format): 'open' needs no key, like /health (counts "
+            "and timings only, never text); 'key' needs --api-key; 'off' answers 404 "
+            "(default: %(default)s)",
+        )
+
     def handle(self, *args, **options):
         settings.ALLOWED_HOSTS = allowed_hosts(options["host"], options["allowed_hosts"])
         prepare_database(self.stdout)
@@ -181,6 +213,7 @@ class Command(BaseCommand):
             max_body_bytes=getattr(settings, "LMSERVE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
             stream_start_after=options["stream_start_after"],
             keepalive_every=options["keepalive"],
+            metrics=options["metrics"],
         )
         try:
             service = InferenceService.from_config(config)

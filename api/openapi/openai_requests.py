@@ -1,0 +1,220 @@
+"""The request bodies of the OpenAI dialects (Chat Completions, Responses), as declared
+schemas beside their parsers in api/protocol/. Enumerations and limits come from the parser
+modules themselves; tests/api/test_openapi_document.py checks that each parser reads exactly
+the fields declared here and refuses the wrong types and bounds declared here."""
+
+from __future__ import annotations
+
+from api.protocol import common
+from api.protocol.chat import request as chat
+from api.protocol.responses import request as responses
+from api.protocol.responses import tools as responses_tools
+
+from .shapes import (
+    any_of,
+    array,
+    boolean,
+    const,
+    enum,
+    ignored,
+    integer,
+    json_schema_object,
+    number,
+    obj,
+    refused,
+    string,
+)
+
+# -- shared by both OpenAI dialects ------------------------------------------------------------
+SAMPLING = {
+    "temperature": number(0.0, 2.0),
+    "top_p": number(0.0, 1.0),
+    "frequency_penalty": number(-2.0, 2.0),
+    "presence_penalty": number(-2.0, 2.0),
+    "seed": integer(description="seeds the sampler: the same seed and request give the same reply"),
+    "top_k": integer(lo=0, description="extension (llama.cpp): sample among the k most likely tokens"),
+    "min_p": number(0.0, 1.0, "extension (llama.cpp): drop tokens below min_p x the top probability"),
+    "repeat_penalty": number(0.0, 10.0, "extension (llama.cpp)", lo_open=True),
+    "ignore_eos": boolean("extension (llama.cpp): keep generating past the end-of-turn token"),
+    "regex": string("extension: the reply must match this regular expression"),
+    "lark": string("extension: the reply must match this Lark grammar"),
+}
+STOP = any_of(
+    string(nullable=True, minLength=1),
+    array(string(nullable=False, minLength=1), maxItems=common.MAX_OPENAI_STOP_STRINGS),
+    description=f"up to {common.MAX_OPENAI_STOP_STRINGS} non-empty strings that end the reply (not included)",
+)
+FORMAT_TYPES = ("text", "json_object", "json_schema")
+
+
+def reply_format() -> dict:
+    """A reply format (Chat's ``response_format``, Responses' ``text.format``, Anthropic's
+    ``output_config.format``): the schema sits in ``json_schema.schema`` (Chat Completions'
+    placement) or directly in ``schema``; every dialect's parser takes either."""
+    schema = json_schema_object("the JSON Schema the reply must match")
+    holder = {
+        "name": ignored(string()),
+        "description": ignored(string()),
+        "strict": ignored(boolean(), "accepted; the schema is always enforced"),
+    }
+    return obj(
+        {
+            "type": enum(FORMAT_TYPES),
+            "schema": schema,
+            "json_schema": obj({**holder, "schema": schema}, nullable=True),
+            **holder,
+        },
+        ("type",),
+        nullable=True,
+    )
+
+
+def function_declaration(flat: bool) -> dict:
+    """A function tool: flat on Responses, under ``function`` on Chat Completions."""
+    function = {
+        "name": string(nullable=False, minLength=1),
+        "description": string(),
+        "parameters": obj({}, description="JSON Schema of the arguments", nullable=True),
+        "strict": boolean(),
+    }
+    if flat:
+        return obj({"type": const("function"), **function}, ("type", "name"))
+    return obj({"type": const("function"), "function": obj(function, ("name",))}, ("type", "function"))
+
+
+# -- Chat Completions --------------------------------------------------------------------------
+CHAT_PART = any_of(
+    obj({"type": const("text"), "text": string(nullable=False)}, ("type", "text")),
+    obj({"type": const("refusal"), "refusal": string(nullable=False)}, ("type", "refusal")),
+)
+CHAT_TOOL_CALL = obj(
+    {
+        "id": ignored(string()),
+        "type": ignored(string()),
+        "function": obj(
+            {"name": string(nullable=False, minLength=1), "arguments": string("a JSON object, as text")},
+            ("name", "arguments"),
+        ),
+    },
+    ("function",),
+)
+CHAT_MESSAGE = obj(
+    {
+        "role": enum(chat.ROLES, "developer is read as system"),
+        "content": any_of(string(nullable=True), array(CHAT_PART, nullable=False)),
+        "name": string(),
+        "tool_call_id": string("on a role tool message: the call it answers"),
+        "tool_calls": array(CHAT_TOOL_CALL, "on an assistant message: the calls it made"),
+        "function_call": refused("the legacy functions API: refused"),
+    },
+    ("role", "content"),
+)
+CHAT_TOOL_CHOICE = any_of(
+    enum(("auto", "none", "required"), nullable=True),
+    obj({"type": const("function"), "function": obj({"name": string(nullable=False)}, ("name",))}, ("type",)),
+)
+CHAT_COMPLETION_REQUEST = obj(
+    {
+        "messages": array(CHAT_MESSAGE, nullable=False, minItems=1),
+        "model": string("accepted and ignored: one process serves one model"),
+        "max_completion_tokens": integer(lo=1),
+        "max_tokens": integer(lo=1, description="the older name of max_completion_tokens"),
+        "stop": STOP,
+        "stream": boolean("answer as server-sent chat.completion.chunk events"),
+        "stream_options": obj({"include_usage": boolean()}, nullable=True),
+        "reasoning_effort": enum(
+            common.EFFORTS, "anything above minimal needs a reasoning model", nullable=True
+        ),
+        "response_format": reply_format(),
+        "tools": array(function_declaration(flat=False)),
+        "tool_choice": CHAT_TOOL_CHOICE,
+        **SAMPLING,
+        "n": refused("above 1 is refused: one choice per request", integer(lo=1, hi=1)),
+        "logprobs": refused("true is refused: no log probabilities", enum((False,), nullable=True)),
+        "top_logprobs": refused("above 0 is refused", integer(lo=0, hi=0)),
+        "logit_bias": refused(
+            "a non-empty object is refused", {"type": ["object", "null"], "maxProperties": 0}
+        ),
+        "functions": refused("the legacy functions API: use tools"),
+        "function_call": refused("the legacy functions API: use tool_choice"),
+        "audio": refused("text only"),
+        "modalities": refused("anything but 'text' is refused", array(enum(("text",)))),
+        "web_search_options": refused("hosted tools are not run here"),
+    },
+    ("messages",),
+    "OpenAI Chat Completions request; unknown fields are accepted and ignored",
+)
+
+# -- Responses ---------------------------------------------------------------------------------
+RESPONSES_PART = obj(
+    {
+        "type": enum(responses.TEXT_PART_KEYS),
+        "text": string("the text of input_text, output_text and text parts"),
+        "refusal": string("the text of a refusal part"),
+    },
+    ("type",),
+)
+RESPONSES_ITEM = any_of(
+    obj(
+        {
+            "type": const("message"),
+            "role": enum(responses.ROLES, "developer is read as system"),
+            "content": any_of(string(nullable=False), array(RESPONSES_PART, nullable=False)),
+        },
+        ("role", "content"),
+        "a message (type may be left out)",
+    ),
+    obj({"type": const("reasoning")}, ("type",), "earlier reasoning: dropped, as in a stateless replay"),
+    obj(
+        {
+            "type": const("function_call"),
+            "name": string(nullable=False, minLength=1),
+            "call_id": string(),
+            "arguments": string("a JSON object, as text"),
+        },
+        ("type", "name", "arguments"),
+    ),
+    obj(
+        {
+            "type": const("function_call_output"),
+            "call_id": string(),
+            "output": any_of(string(nullable=False), array(obj({"text": string(nullable=False)}, ("text",)))),
+        },
+        ("type", "output"),
+    ),
+)
+RESPONSES_TOOL_CHOICE = any_of(
+    enum(responses_tools.CHOICE_WORDS, nullable=True),
+    obj({"type": const("function"), "name": string(nullable=False)}, ("type", "name")),
+)
+RESPONSES_REQUEST = obj(
+    {
+        "input": any_of(string(nullable=False), array(RESPONSES_ITEM, nullable=False, minItems=1)),
+        "instructions": string("a system message before the input"),
+        "max_output_tokens": integer(lo=1),
+        "model": string("accepted and ignored: one process serves one model"),
+        "reasoning": obj(
+            {"effort": enum(common.EFFORTS, "above minimal needs a reasoning model", nullable=True)},
+            nullable=True,
+        ),
+        "stream": boolean("answer as server-sent Responses events"),
+        "stop": STOP,
+        "text": obj({"format": reply_format()}, nullable=True),
+        "tools": array(function_declaration(flat=True)),
+        "tool_choice": RESPONSES_TOOL_CHOICE,
+        **SAMPLING,
+        "previous_response_id": refused(responses.STATELESS),
+        "conversation": refused(responses.STATELESS),
+        "prompt": refused("stored prompt templates: " + responses.STATELESS),
+        "background": refused(
+            "true is refused: responses are generated while you wait", enum((False,), nullable=True)
+        ),
+        "truncation": refused(
+            "'auto' is refused: a prompt that does not fit is a 400",
+            enum(("disabled",), nullable=True),
+        ),
+        "top_logprobs": refused("above 0 is refused", integer(lo=0, hi=0)),
+    },
+    ("input",),
+    "OpenAI Responses request (stateless: store false); unknown fields are accepted and ignored",
+)
