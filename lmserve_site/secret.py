@@ -18,7 +18,8 @@ def installation_secret(path: Path) -> str:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
     key = secrets.token_urlsafe(50)
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # One temporary name per caller (process and thread), so concurrent first starts never collide.
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(key + "\n")
