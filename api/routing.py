@@ -20,6 +20,7 @@ from inference.runtime import service as services
 
 from .consumers.anthropic import CountTokensConsumer, MessagesConsumer
 from .consumers.chat import ChatCompletionsConsumer
+from .consumers.embeddings import EmbeddingsConsumer
 from .consumers.info import HealthConsumer, ModelConsumer, ModelListConsumer, NotFoundConsumer
 from .consumers.metrics import MetricsConsumer
 from .consumers.openapi import OpenApiConsumer
@@ -30,6 +31,7 @@ from .metrics import RequestMetricsMiddleware
 api_urlpatterns = [
     re_path(r"^(?:v1/)?chat/completions/?$", ChatCompletionsConsumer.as_asgi()),
     re_path(r"^(?:v1/)?responses/?$", ResponsesConsumer.as_asgi()),
+    re_path(r"^(?:v1/)?embeddings/?$", EmbeddingsConsumer.as_asgi()),
     re_path(r"^(?:v1/)?messages/?$", MessagesConsumer.as_asgi()),
     re_path(r"^(?:v1/)?messages/count_tokens/?$", CountTokensConsumer.as_asgi()),
     re_path(r"^(?:v1/)?models/?$", ModelListConsumer.as_asgi()),

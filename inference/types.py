@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+import numpy as np
+
 from inference.engine.sampler import SamplingParams
 from inference.generation.constraints import ConstraintSpec
 from inference.generation.toolcall import ToolCall, ToolSpec
@@ -159,4 +161,32 @@ class Error:
     overflow: ContextOverflow | None = None  # set for code "context_length_exceeded"
 
 
-Event = TextDelta | ReasoningDelta | ToolCallDelta | Finish | Error
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    """Texts to embed (POST /v1/embeddings), in order; each gets one vector."""
+
+    texts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PreparedEmbedding:
+    """An embedding request tokenized by the embedding contract (inference.engine.embedding),
+    every input checked against the context."""
+
+    tokens: tuple[tuple[int, ...], ...]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """The worker's answer to an EmbeddingRequest: one unit vector (n_embd,) float32 per text,
+    in order. Terminal, like Finish."""
+
+    vectors: tuple[np.ndarray, ...]
+    prompt_tokens: int
+
+
+Event = TextDelta | ReasoningDelta | ToolCallDelta | Finish | Error | Embeddings

@@ -9,7 +9,7 @@ the envelope of the endpoint's dialect (OpenAI's ``{"error": {...}}``, Anthropic
 from __future__ import annotations
 
 from .anthropic_requests import COUNT_TOKENS_REQUEST, MESSAGES_REQUEST
-from .openai_requests import CHAT_COMPLETION_REQUEST, RESPONSES_REQUEST
+from .openai_requests import CHAT_COMPLETION_REQUEST, EMBEDDINGS_REQUEST, RESPONSES_REQUEST
 from .shapes import Schema, const, enum, obj, string
 
 NULLABLE_STRING = {"type": ["string", "null"]}
@@ -21,6 +21,30 @@ SCHEMAS: dict[str, Schema] = {
     "ResponsesRequest": RESPONSES_REQUEST,
     "MessagesRequest": MESSAGES_REQUEST,
     "CountTokensRequest": COUNT_TOKENS_REQUEST,
+    "EmbeddingsRequest": EMBEDDINGS_REQUEST,
+    "Embeddings": obj(
+        {
+            "object": const("list"),
+            "data": {
+                "type": "array",
+                "items": obj(
+                    {
+                        "object": const("embedding"),
+                        "index": INTEGER,
+                        "embedding": {
+                            "anyOf": [{"type": "array", "items": {"type": "number"}}, string(nullable=False)]
+                        },
+                    },
+                    ("object", "index", "embedding"),
+                ),
+            },
+            "model": string(nullable=False),
+            "usage": obj(
+                {"prompt_tokens": INTEGER, "total_tokens": INTEGER}, ("prompt_tokens", "total_tokens")
+            ),
+        },
+        ("object", "data", "model", "usage"),
+    ),
     "OpenAIError": obj(
         {
             "error": obj(
@@ -219,6 +243,17 @@ def _paths() -> dict:
         "/v1/messages": _generation(
             "Anthropic Messages", "MessagesRequest", "Message", "AnthropicError", "named Messages events"
         ),
+        "/v1/embeddings": {
+            "post": {
+                "summary": "OpenAI Embeddings (one unit vector per input)",
+                "operationId": "embeddings",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("EmbeddingsRequest")}},
+                },
+                "responses": {"200": _json(_ref("Embeddings"), "the vectors"), **_errors("OpenAIError")},
+            }
+        },
         "/v1/messages/count_tokens": {
             "post": {
                 "summary": "Tokens the prompt of a Messages request takes",

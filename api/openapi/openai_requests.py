@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from api.protocol import common
 from api.protocol.chat import request as chat
+from api.protocol.embeddings import request as embeddings
 from api.protocol.responses import request as responses
 from api.protocol.responses import tools as responses_tools
 
@@ -217,4 +218,25 @@ RESPONSES_REQUEST = obj(
     },
     ("input",),
     "OpenAI Responses request (stateless: store false); unknown fields are accepted and ignored",
+)
+
+EMBEDDINGS_REQUEST = obj(
+    {
+        "input": any_of(
+            string(nullable=False, minLength=1),
+            array(
+                string(nullable=False, minLength=1),
+                nullable=False,
+                minItems=1,
+                maxItems=embeddings.MAX_INPUTS,
+            ),
+            description="text, or an array of texts (token-id arrays are refused)",
+        ),
+        "model": string("accepted and ignored: one process serves one model"),
+        "encoding_format": enum(embeddings.ENCODING_FORMATS, "base64: little-endian float32", nullable=True),
+        "dimensions": integer(lo=1, description="only the model's own width is accepted"),
+        "user": ignored(string()),
+    },
+    ("input",),
+    "OpenAI Embeddings request: the final-norm last hidden state, L2-normalised",
 )

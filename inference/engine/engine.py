@@ -176,6 +176,22 @@ class Engine:
         cache.prefill_logits = (cache.n_tokens, logits)
         return logits
 
+    def embed(self, tokens: Sequence[int]) -> np.ndarray:
+        """The embedding of a token sequence (n_embd,) float32: the final-norm hidden state of
+        the last token (after the final RMS norm, before the output head), L2-normalised.
+        Runs on a fresh cache of its own, prefilled in the usual chunks."""
+        if not len(tokens):
+            raise ValueError("an embedding needs at least one token")
+        cache = self.new_cache(len(tokens))
+        last = (len(tokens) - 1) // PREFILL_CHUNK * PREFILL_CHUNK
+        for i in range(0, last, PREFILL_CHUNK):
+            self.model.forward(list(tokens[i : i + PREFILL_CHUNK]), cache)
+        hidden = self.model.final_hidden(list(tokens[last:]), cache).astype(np.float32)  # (n_embd,)
+        norm = float(np.linalg.norm(hidden))
+        if not np.isfinite(norm) or norm == 0.0:
+            raise ValueError("the model's hidden state has no direction (zero or non-finite)")
+        return hidden / np.float32(norm)
+
     def decode_one(self, cache: KVCache, token: int) -> np.ndarray:
         """Append one token; the logits after it (vocab,)."""
         return self.model.forward([token], cache)

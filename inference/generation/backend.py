@@ -25,7 +25,16 @@ from inference.generation.emitter import ReplyEmitter
 from inference.generation.toolcall import resolve_forced_call
 from inference.kv.disk import SidecarStore
 from inference.kv.slots import SlotPool
-from inference.types import ContextOverflow, Error, Finish, GenerationRequest, Message, PreparedPrompt, Usage
+from inference.types import (
+    ContextOverflow,
+    Embeddings,
+    Error,
+    Finish,
+    GenerationRequest,
+    Message,
+    PreparedPrompt,
+    Usage,
+)
 
 DEFAULT_MAX_TOKENS = 1024
 logger = logging.getLogger("lmserve.backend")
@@ -49,7 +58,7 @@ class Sink(Protocol):
 
     def push(self, event) -> None: ...
 
-    def close(self, final: Finish | Error) -> None: ...
+    def close(self, final: Finish | Error | Embeddings) -> None: ...
 
 
 def dead_end_error(request: GenerationRequest, generated: int, exc: ConstraintDeadEnd) -> Error:

@@ -11,7 +11,7 @@ import asyncio
 import threading
 from collections import deque
 
-from inference.types import Error, Event, Finish, TextDelta
+from inference.types import Embeddings, Error, Event, Finish, TextDelta
 
 
 class StreamPipe:
@@ -41,11 +41,11 @@ class StreamPipe:
             if self._closed:
                 return
             self._events.append(event)
-            if isinstance(event, (Finish, Error)):
+            if isinstance(event, (Finish, Error, Embeddings)):
                 self._closed = True
         self._wake()
 
-    def close(self, final: Finish | Error) -> None:
+    def close(self, final: Finish | Error | Embeddings) -> None:
         """Push the terminal event; later pushes are dropped."""
         self.push(final)
 

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from inference.runtime.pipe import StreamPipe
-from inference.types import GenerationRequest, PreparedPrompt
+from inference.types import EmbeddingRequest, GenerationRequest, PreparedEmbedding, PreparedPrompt
 
 _job_ids = itertools.count(1)
 
@@ -23,8 +23,8 @@ _job_ids = itertools.count(1)
 class Job:
     """One validated request waiting for (or being served by) the worker."""
 
-    request: GenerationRequest
-    prompt: PreparedPrompt  # tokens and the max_tokens budget, clamped to the context
+    request: GenerationRequest | EmbeddingRequest
+    prompt: PreparedPrompt | PreparedEmbedding  # tokens (and max_tokens, clamped to the context)
     pipe: StreamPipe
     id: int = field(default_factory=lambda: next(_job_ids))
     enqueued_at: float = field(default_factory=time.monotonic)

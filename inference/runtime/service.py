@@ -20,7 +20,7 @@ from inference.model_files import resolve_model
 from inference.runtime.pipe import StreamPipe
 from inference.runtime.queue import Job, JobQueue, QueueClosed, QueueFull
 from inference.runtime.worker import FAILED, READY, SHUTTING_DOWN, InferenceWorker
-from inference.types import Error, GenerationRequest, PreparedPrompt
+from inference.types import EmbeddingRequest, Error, GenerationRequest, PreparedEmbedding, PreparedPrompt
 
 logger = logging.getLogger("lmserve.service")
 
@@ -138,6 +138,17 @@ class InferenceService:
         """Render and tokenize off the event loop; a 400 here costs no model time."""
         return self.unavailable() or await asyncio.to_thread(self.worker.backend.validate, request)
 
+    async def prepare_embedding(self, request: EmbeddingRequest) -> PreparedEmbedding | Error:
+        """Tokenize the texts by the embedding contract, off the event loop; a text longer
+        than the context is a 400 that costs no model time."""
+        from inference.generation.embeddings import prepare_embedding
+
+        down = self.unavailable()
+        if down is not None:
+            return down
+        backend = self.worker.backend
+        return await asyncio.to_thread(prepare_embedding, backend.engine, backend.n_ctx, request)
+
     async def count_tokens(self, request: GenerationRequest) -> int | Error:
         """How many tokens the request's prompt takes (the context limit is not checked)."""
         down = self.unavailable()
@@ -146,7 +157,12 @@ class InferenceService:
         tokens = await asyncio.to_thread(self.worker.backend.tokenize, request)
         return tokens if isinstance(tokens, Error) else len(tokens)
 
-    def submit(self, request: GenerationRequest, prompt: PreparedPrompt, pipe: StreamPipe) -> Job | Error:
+    def submit(
+        self,
+        request: GenerationRequest | EmbeddingRequest,
+        prompt: PreparedPrompt | PreparedEmbedding,
+        pipe: StreamPipe,
+    ) -> Job | Error:
         """Queue a validated request; a full queue is a 429 with a Retry-After estimate."""
         down = self.unavailable()
         if down is not None:

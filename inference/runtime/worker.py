@@ -15,8 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from inference.generation.backends import BackendSetup, GenerationBackend, backend_for
+from inference.generation.embeddings import embed_all
 from inference.runtime.queue import Job, JobQueue
-from inference.types import Error
+from inference.types import EmbeddingRequest, Error
 
 logger = logging.getLogger("lmserve.worker")
 
@@ -153,7 +154,11 @@ class InferenceWorker:
         t0 = time.perf_counter()
         generated = 0
         try:
-            if not job.cancelled:
+            if job.cancelled:
+                pass
+            elif isinstance(job.request, EmbeddingRequest):
+                embed_all(self.backend.engine, job.prompt, job.pipe)
+            else:
                 generated = self.backend.generate(job.request, job.prompt, job.pipe)
         except Exception as exc:  # the backend reports its own failures; this is a last resort
             logger.exception("job %d failed", job.id)

@@ -17,9 +17,10 @@ from jsonschema import Draft202012Validator
 from api.errors import ApiError
 from api.openapi.anthropic_requests import COUNT_TOKENS_REQUEST, MESSAGES_REQUEST
 from api.openapi.document import build_document
-from api.openapi.openai_requests import CHAT_COMPLETION_REQUEST, RESPONSES_REQUEST
+from api.openapi.openai_requests import CHAT_COMPLETION_REQUEST, EMBEDDINGS_REQUEST, RESPONSES_REQUEST
 from api.protocol.anthropic.request import MessagesRequest
 from api.protocol.chat.request import ChatCompletionRequest
+from api.protocol.embeddings import EmbeddingsRequest
 from api.protocol.responses.request import ResponsesRequest
 
 TOOL = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {}, "strict": False}}
@@ -212,6 +213,12 @@ DIALECTS = {
         parse_count,
         count_samples(),
         {"messages": [{"role": "user", "content": "hi"}]},
+    ),
+    "embeddings": (
+        EMBEDDINGS_REQUEST,
+        EmbeddingsRequest.parse,
+        [{"input": ["a", "b"], "model": "m", "encoding_format": "base64", "dimensions": 576}],
+        {"input": "hi"},
     ),
 }
 

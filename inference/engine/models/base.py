@@ -174,14 +174,34 @@ class DecoderModel(ABC):
             at += run.n_logits
         return results
 
-    def forward_layers(self, tokens: list[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
-        """``forward`` through the numpy layers (``block``): the path of families without a fused
-        forward, and the reference the tests compare the fused one with."""
+    def final_hidden(self, tokens: Sequence[int], cache: KVCache) -> np.ndarray:
+        """Run ``tokens`` after what ``cache`` holds and return the last position's hidden
+        state after the final norm, before the output head (n_embd,): the row the head would
+        turn into logits. The forward's arithmetic is the one ``forward`` runs."""
+        if not len(tokens):
+            raise ValueError("a run needs at least one token")
+        cache.check_room(len(tokens))
+        if self.fused is None:
+            residual = self._residual_layers(list(tokens), cache)
+        else:
+            plan = self.row_plan([Run(cache, tokens)])
+            residual = self.fused.residual(self.embed(np.asarray(tokens, np.int64)), plan)
+            cache.commit(list(tokens))
+        return rms_norm(residual[-1], self.output_norm, self.config.norm_eps)
+
+    def _residual_layers(self, tokens: list[int], cache: KVCache) -> np.ndarray:
+        """The numpy layers' residual stream after the last layer (n, n_embd); commits tokens."""
         start = cache.n_tokens
         x = self.embed(np.asarray(tokens, dtype=np.int64))  # (n, n_embd)
         for layer in range(self.config.n_layers):
             x = self.block(layer, x, cache, start)
         cache.commit(tokens)
+        return x
+
+    def forward_layers(self, tokens: list[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        """``forward`` through the numpy layers (``block``): the path of families without a fused
+        forward, and the reference the tests compare the fused one with."""
+        x = self._residual_layers(tokens, cache)  # (n, n_embd)
         if not all_logits:
             x = x[-1:]
         logits = linear(self.output, rms_norm(x, self.output_norm, self.config.norm_eps))  # (n, vocab)

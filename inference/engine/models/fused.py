@@ -154,6 +154,15 @@ class FusedForward:
         step_region.forward_rows(threads, x, self.model, rows.kernel_rows(), logits)
         return logits
 
+    def residual(self, x: np.ndarray, rows: RowPlan) -> np.ndarray:
+        """x (N, n_embd) -> the residual stream after the last layer (N, n_embd), before the
+        final norm: the same kernel with no head rows, so no logits are computed."""
+        x = np.array(x, np.float32)  # (N, n_embd) updated in place
+        no_logits = np.empty((0, self.vocab), np.float32)  # (0, vocab)
+        plan = RowPlan(rows.caches, rows.positions, rows.cos, rows.sin, np.empty(0, np.int64))
+        step_region.forward_rows(numba.get_num_threads(), x, self.model, plan.kernel_rows(), no_logits)
+        return x
+
 
 @dataclass(frozen=True)
 class RowPlan:
