@@ -10,7 +10,7 @@ That venv needs numpy and gguf too (the synthetic models are written here by
 ``tests.fixtures.synthetic_gguf.write_synthetic``, the same code the tests use). Real models
 that are not installed are skipped with a note. Each prompt is also run with batch sizes
 1 and 7: how far llama.cpp's logits move then (``self_spread``) is its own float noise, the
-yardstick tests/inference/test_fidelity.py holds our engine to. Each model gets
+yardstick tests/inference/engine/test_fidelity.py holds our engine to. Each model gets
 ``tests/goldens/generation_<name>.json`` holding, per prompt: the text, its token ids as
 llama.cpp tokenizes it (special tokens parsed, BOS as the file's metadata says), the prompt's
 last-position logits in compact form (top 64, the values at 256 fixed probe ids, mean and

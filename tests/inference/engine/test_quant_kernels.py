@@ -24,7 +24,7 @@ from inference.engine.quants.layout import dequantize_reference
 from inference.engine.quants.matmul import matmul
 from inference.engine.quants.matvec import matvec, matvec_reference
 from inference.engine.quants.quantize import ACTIVATION_KIND
-from tests.inference.test_quants import BLOCK_TYPES, assert_bitwise_equal, random_quant_bytes
+from tests.inference.engine.test_quants import BLOCK_TYPES, assert_bitwise_equal, random_quant_bytes
 
 Q = gguf.GGMLQuantizationType
 UNIT_ROUNDOFF = 2.0**-24
@@ -132,7 +132,7 @@ def test_kernels_are_cached_on_disk():
         from inference.engine.quants.dequant import gather_kernel
         from inference.engine.quants.matmul import matrows_kernel
         from inference.engine.quants.quantize import ACT_Q8_1
-        from tests.inference.test_quants import random_quant_bytes
+        from tests.inference.engine.test_quants import random_quant_bytes
         qtype = gguf.GGMLQuantizationType.Q4_1
         m = load_matrix(qtype, random_quant_bytes(qtype, 8, 64), (8, 64))
         m.dequantize(); m.matvec(np.ones(64, np.float32)); m.matmul(np.ones((3, 64), np.float32))
@@ -140,7 +140,7 @@ def test_kernels_are_cached_on_disk():
             print(sum(k.stats.cache_hits.values()), sum(k.stats.cache_misses.values()))
         """
     )
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     env = {**os.environ, "PYTHONPATH": root}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=root)
     assert result.returncode == 0, result.stderr

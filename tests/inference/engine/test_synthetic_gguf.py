@@ -28,7 +28,7 @@ from tests.fixtures.synthetic_gguf import (
     uniform,
 )
 
-GOLDENS_DIR = Path(__file__).resolve().parents[1] / "goldens"
+GOLDENS_DIR = Path(__file__).resolve().parents[2] / "goldens"
 ALL_MATRIX_TYPES = {
     Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
 }  # fmt: skip

@@ -25,7 +25,7 @@ from inference.engine.models.rowops import f16_bits, gelu_f16, gelu_tanh_f16, rm
 from inference.engine.quants import load_matrix
 from tests.fixtures.model_files import default_model_path, optional_model_path
 from tests.fixtures.synthetic_gguf import synthetic_path
-from tests.inference.test_quants import Q, random_quant_bytes
+from tests.inference.engine.test_quants import Q, random_quant_bytes
 
 
 def _decode_logits(engine: Engine, fused: bool, prefilled: KVCache) -> list[np.ndarray]:

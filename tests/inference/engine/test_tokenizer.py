@@ -19,7 +19,7 @@ from inference.engine.tokenizer.pretokenizers import PreTokenizer, collapse, col
 from tests.fixtures.model_files import default_model_path, optional_model_path
 from tests.fixtures.tokenizer_corpus import CORPUS
 
-GOLDENS_DIR = Path(__file__).resolve().parents[1] / "goldens"
+GOLDENS_DIR = Path(__file__).resolve().parents[2] / "goldens"
 MODELS = ["default", "gemma-3-270m-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct.gguf"]
 
 

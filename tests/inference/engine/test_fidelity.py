@@ -38,7 +38,7 @@ from tests.fixtures.synthetic_gguf import synthetic_path
 
 pytestmark = pytest.mark.slow  # fidelity against llama.cpp's goldens
 
-GOLDENS = sorted((Path(__file__).resolve().parents[1] / "goldens").glob("generation_*.json"))
+GOLDENS = sorted((Path(__file__).resolve().parents[2] / "goldens").glob("generation_*.json"))
 NOISE_FACTOR = 3.0
 REAL_FACTOR = 1.0
 NOISE_FLOOR = 0.02  # logits; where llama.cpp's batch sizes happen to agree exactly
