@@ -138,10 +138,12 @@ def test_pool_spills_a_destroyed_slot_and_restores_it_with_no_reprefill(tmp_path
     a = slots.acquire(list(range(1, 11)))
     a.copy_rows_from(cache_with(list(range(1, 16)), seed=9), 15)
     original_k = a.k[:, :, :15].copy()
+    slots.release()
     b = slots.acquire([90] * 12)  # unrelated: slot a is destroyed, so it spills first
     assert b is a and len(store.files) == 1
     b.truncate(0)
     b.copy_rows_from(cache_with([90] * 12, seed=4), 12)
+    slots.release()
     back = slots.acquire(list(range(1, 16)) + [77])
     assert back.tokens == list(range(1, 16)) and np.array_equal(back.k[:, :, :15], original_k)
     assert len(store.files) == 2  # the unrelated slot spilled in turn
