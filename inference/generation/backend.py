@@ -8,7 +8,6 @@ slot, prefill, decode, stream text through the emitter into the request's sink).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -29,7 +28,6 @@ from inference.types import (
 )
 
 DEFAULT_MAX_TOKENS = 1024
-logger = logging.getLogger("lmserve.backend")
 
 
 def openai_overflow_message(overflow: ContextOverflow) -> str:

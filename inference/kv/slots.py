@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inference.engine.kv_cache import KVCache
-from inference.kv.disk import SidecarStore
+from inference.kv.disk import SidecarStore, StoredSlot
 
 logger = logging.getLogger("lmserve.slots")
 
@@ -144,14 +144,15 @@ class SlotPool:
         self._ensure_cache(target).copy_rows_from(best.cache, shared)
         return target
 
-    def _take(self, slot: Slot, prompt: list[int]) -> Slot:
-        """``slot``, its contents spilled to disk first when ``prompt`` keeps under half of them."""
+    def _take(self, slot: Slot, prompt: list[int], restoring: StoredSlot | None = None) -> Slot:
+        """``slot``, its contents spilled to disk first when ``prompt`` keeps under half of them
+        (never evicting ``restoring``, the file about to be loaded into it)."""
         cache = slot.cache
         if self.disk is None or cache is None or not cache.tokens:
             return slot
         if cache.common_prefix(prompt) * 2 < cache.n_tokens:
             try:
-                self.disk.spill(cache)
+                self.disk.spill(cache, keep=restoring)
                 self.stats.disk_spills += 1
             except OSError:  # a full or read-only disk costs the warm start, not the request
                 logger.exception("could not spill a KV slot to %s", self.disk.directory)
@@ -164,7 +165,7 @@ class SlotPool:
         stored, shared = self.disk.best_match(prompt)
         if stored is None or shared <= resident_shared or shared < SIMILARITY_GATE * len(prompt):
             return None
-        target = self._take(self.least_recent(), prompt)
+        target = self._take(self.least_recent(), prompt, restoring=stored)
         return target if self.disk.restore(stored, self._ensure_cache(target)) else None
 
     def least_recent(self, exclude: Slot | None = None) -> Slot:

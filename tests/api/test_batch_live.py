@@ -10,6 +10,7 @@ equal, turn after turn. /metrics proves the batches ran.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -82,7 +83,7 @@ def _post(url: str, body: dict, replies: list, i: int) -> None:
 
 def metric(server, name: str) -> float:
     text = httpx.get(server.url + "/metrics", timeout=30).text
-    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
     assert match, f"{name} not in /metrics"
     return float(match.group(1))
 
@@ -122,20 +123,55 @@ def compare_turns(plain, batched, bodies: list[dict], turns: int = 2) -> list[li
     return seen
 
 
+@contextlib.contextmanager
+def plain_and_batched(tmp_path_factory, name: str, *flags: str, disk: bool = False):
+    """Two servers of the same flags, ``--batch 1`` and ``--batch 4`` (with ``disk``, each its
+    own --kv-cache-dir)."""
+    started = []
+    try:
+        for batch in ("1", "4"):
+            log_dir = tmp_path_factory.mktemp(f"{name}-batch{batch}")
+            extra = ["--kv-cache-dir", str(log_dir / "kv")] if disk else []
+            started.append(start_lmserve(log_dir, *flags, *extra, "--batch", batch))
+        yield started
+    finally:
+        for server in started:
+            server.stop()
+
+
+# A slot per stream plus the blocker's, so the two servers' slot choices match.
+SMOLLM2_FLAGS = ("--queue", "8", "--ctx", "1024", "--kv-slots", "5")
+
+
 @pytest.fixture(scope="module")
 def smollm2_pair(tmp_path_factory):
-    """The default model served plainly and with --batch 4 (a slot per stream plus the
-    blocker's, so the two servers' slot choices match)."""
-    common = ["--queue", "8", "--ctx", "1024", "--kv-slots", "5"]
-    plain = start_lmserve(tmp_path_factory.mktemp("plain"), *common)
-    try:
-        batched = start_lmserve(tmp_path_factory.mktemp("batched"), *common, "--batch", "4")
-    except BaseException:
-        plain.stop()
-        raise
-    yield plain, batched
-    plain.stop()
-    batched.stop()
+    """The default model served plainly and with --batch 4."""
+    with plain_and_batched(tmp_path_factory, "smollm2", *SMOLLM2_FLAGS) as pair:
+        yield pair
+
+
+def long_question(topic: str) -> str:
+    """A prompt most of whose tokens are its own, so a slot holding it is spilled (it keeps
+    under half of it) when an unrelated conversation takes the slot."""
+    return (
+        f"Here are my notes on {topic}: " + " ".join(f"{topic} point {i}." for i in range(30)) + " Summarize."
+    )
+
+
+def test_disk_tier_restores_are_those_of_a_plain_server(tmp_path_factory):
+    """Four conversations, then four others that push them out of the slots onto the disk tier,
+    then the first four's follow-ups, restored from their sidecar files: equal on both servers."""
+    with plain_and_batched(tmp_path_factory, "disk", *SMOLLM2_FLAGS, disk=True) as (plain, batched):
+        first = [chat(long_question(t), max_tokens=16) for t in ("rivers", "stars", "bread", "chess")]
+        others = [chat(long_question(t), max_tokens=8) for t in ("ships", "moths", "glass", "tea")]
+        (replies,) = compare_turns(plain, batched, first, turns=1)
+        compare_turns(plain, batched, others, turns=1)
+        back = [follow_up(body, reply) for body, reply in zip(first, replies, strict=True)]
+        (restored,) = compare_turns(plain, batched, back, turns=1)
+        assert metric(batched, 'lmserve_kv_hits_total{tier="disk"}') == 4
+        for reply in restored:
+            usage = reply.json()["usage"]
+            assert usage["prompt_tokens_details"]["cached_tokens"] > usage["prompt_tokens"] // 2
 
 
 def test_greedy_and_seeded_replies_are_those_of_a_plain_server(smollm2_pair):
@@ -164,17 +200,9 @@ def test_greedy_and_seeded_replies_are_those_of_a_plain_server(smollm2_pair):
 @pytest.fixture(scope="module")
 def think_pair(synthetic_dir, tmp_path_factory):
     """The synthetic think model (a qwen3 with tools and a reasoning channel), plain and --batch 4."""
-    model = str(think_model_path(synthetic_dir))
-    common = [model, "--queue", "8", "--ctx", "512", "--kv-slots", "5"]
-    plain = start_lmserve(tmp_path_factory.mktemp("think-plain"), *common)
-    try:
-        batched = start_lmserve(tmp_path_factory.mktemp("think-batched"), *common, "--batch", "4")
-    except BaseException:
-        plain.stop()
-        raise
-    yield plain, batched
-    plain.stop()
-    batched.stop()
+    flags = (str(think_model_path(synthetic_dir)), "--queue", "8", "--ctx", "512", "--kv-slots", "5")
+    with plain_and_batched(tmp_path_factory, "think", *flags) as pair:
+        yield pair
 
 
 def test_tool_calls_reasoning_and_stops_route_per_stream(think_pair):
