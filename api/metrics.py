@@ -176,6 +176,21 @@ class ServiceCollector:
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=value)
         yield from self._kv_metrics(service)
+        yield from self._batch_metrics(service.worker)
+
+    def _batch_metrics(self, worker):
+        stats = worker.batches
+        yield GaugeMetricFamily(
+            "lmserve_batch_width",
+            "generations decoded together at most (--batch, after the RAM guard)",
+            value=worker.batch,
+        )
+        yield CounterMetricFamily(
+            "lmserve_lockstep_batches", "lockstep runs of two or more generations", value=stats.batches
+        )
+        yield CounterMetricFamily(
+            "lmserve_lockstep_streams", "generations served inside lockstep runs", value=stats.streams
+        )
 
     def _kv_metrics(self, service):
         slots = getattr(service.worker.backend, "slots", None)  # None until loaded, or without KV reuse

@@ -8,20 +8,12 @@ slot, prefill, decode, stream text through the emitter into the request's sink).
 
 from __future__ import annotations
 
-import logging
-import time
+from collections.abc import Sequence
 from typing import Protocol
 
-from inference.engine.engine import PREFILL_CHUNK, Engine, GenerationStats
-from inference.engine.kv_cache import KVCache
-from inference.engine.sampler import NonFiniteLogits
-from inference.generation.constraints import (
-    ConstraintCompiler,
-    ConstraintDeadEnd,
-    ConstraintSpec,
-    TokenConstraint,
-)
-from inference.generation.emitter import ReplyEmitter
+from inference.engine.engine import Engine
+from inference.generation.constraints import ConstraintCompiler, ConstraintSpec
+from inference.generation.stream import BatchItem, DecodeStream
 from inference.generation.toolcall import resolve_forced_call
 from inference.kv.disk import SidecarStore
 from inference.kv.slots import SlotPool
@@ -33,11 +25,9 @@ from inference.types import (
     GenerationRequest,
     Message,
     PreparedPrompt,
-    Usage,
 )
 
 DEFAULT_MAX_TOKENS = 1024
-logger = logging.getLogger("lmserve.backend")
 
 
 def openai_overflow_message(overflow: ContextOverflow) -> str:
@@ -59,28 +49,6 @@ class Sink(Protocol):
     def push(self, event) -> None: ...
 
     def close(self, final: Finish | Error | Embeddings) -> None: ...
-
-
-def dead_end_error(request: GenerationRequest, generated: int, exc: ConstraintDeadEnd) -> Error:
-    """The answer when the request's grammar let no token through: a 400 naming its field."""
-    param = request.constraint.param if request.constraint is not None else None
-    return Error(
-        400,
-        f"invalid '{param}': the constraint allows no next token after {generated} generated tokens, "
-        f"so the reply cannot go on ({exc})",
-        code="constraint_dead_end",
-        param=param,
-    )
-
-
-def non_finite_error(generated: int, exc: NonFiniteLogits) -> Error:
-    """The answer when the model computed NaN or infinite logits: the model is at fault."""
-    return Error(
-        500,
-        f"generation failed after {generated} tokens: {exc}; the model file's weights (or their "
-        "computation) are broken",
-        code="non_finite_logits",
-    )
 
 
 class ConversationBackend:
@@ -115,7 +83,8 @@ class ConversationBackend:
         return self.family.kv_reuse
 
     def release(self) -> None:
-        """After a job: the slot it used goes back to the pool (its rows stay warm)."""
+        """After a job: the slots it used go back to the pool (their rows stay warm). The
+        generate methods release on their way out; calling it again is harmless."""
         self.slots.release()
 
     def constraint_spec(self, request: GenerationRequest) -> ConstraintSpec | None:
@@ -161,107 +130,42 @@ class ConversationBackend:
         return PreparedPrompt(tokens, min(wanted, room))
 
     # -- worker side -----------------------------------------------------------------------
+    def open_stream(self, request: GenerationRequest, prompt: PreparedPrompt, sink: Sink) -> DecodeStream:
+        """The request's decoding state in the slot that fits its prompt best (a slot no other
+        open stream is writing), prefilled, its first token taken (see DecodeStream.begin)."""
+        cache = self.slots.acquire(prompt.tokens)
+        if not self.kv_reuse:  # the family's state cannot be cut back to a prefix: start clean
+            self.slots.reset(cache)
+        stream = DecodeStream(self, request, prompt, sink, cache)
+        stream.begin()
+        return stream
+
     def generate(self, request: GenerationRequest, prompt: PreparedPrompt, sink: Sink) -> int:
         """Stream the reply into ``sink`` and close it with Finish (or Error on a failure).
         Returns the number of tokens generated. Stops at the next token once ``sink`` is
         cancelled, then pushes nothing more."""
-        stats = GenerationStats()
-        emitter = ReplyEmitter(
-            request.stop,
-            reasoning=request.reasoning,
-            tools=self.family.tools if request.tools else None,
-            # A constrained reply is the grammar's from token 0, and a prefilled one starts with
-            # the client's text: neither has a think head.
-            think=self.family.think if request.constraint is None and not request.prefill else None,
-        )
-        cache = self.slots.acquire(prompt.tokens)
-        if not self.kv_reuse:  # the family's state cannot be cut back to a prefix: start clean
-            self.slots.reset(cache)
         try:
-            reason = self._decode(request, prompt, cache, stats, emitter, sink)
-        except ConstraintDeadEnd as exc:  # the cache is sound: the slot stays warm
-            sink.close(dead_end_error(request, stats.generated_tokens, exc))
-            return stats.generated_tokens
-        except NonFiniteLogits as exc:
-            logger.error("generation failed: %s", exc)
-            self.slots.reset(cache)
-            sink.close(non_finite_error(stats.generated_tokens, exc))
-            return stats.generated_tokens
-        except Exception as exc:  # an engine failure ends this request, not the server
-            logger.exception("generation failed")
-            self.slots.reset(cache)
-            sink.close(Error(500, f"generation failed: {type(exc).__name__}: {exc}", code="internal_error"))
-            return stats.generated_tokens
-        if reason == "stop" and emitter.calls:
-            reason = "tool_calls"
-        if reason is not None:
-            usage = Usage(
-                stats.prompt_tokens, stats.generated_tokens, stats.cached_tokens, emitter.reasoning_tokens
-            )
-            # A reply that made calls finishes as tool_calls, even if a stop string ended it.
-            stop_sequence = emitter.stopped_by if reason == "stop" else None
-            sink.close(Finish(reason, usage, stop_sequence))
-        return stats.generated_tokens
+            stream = self.open_stream(request, prompt, sink)
+            while stream.live:
+                try:
+                    logits = self.engine.decode_one(stream.cache, stream.token)
+                except Exception as exc:
+                    stream.fail(exc)
+                    break
+                stream.advance(logits)
+            return stream.generated
+        finally:
+            self.release()
 
-    def _decode(
-        self,
-        request: GenerationRequest,
-        prompt: PreparedPrompt,
-        cache: KVCache,
-        stats: GenerationStats,
-        emitter: ReplyEmitter,
-        sink: Sink,
-    ) -> str | None:
-        """Run the decode loop; the finish reason, or None when the request was cancelled."""
-        token_bytes = self.engine.tokenizer.token_bytes
-        constraint: TokenConstraint | None = None
-        spec = self.constraint_spec(request)
-        if spec is not None:
-            constraint = self.constraints.constraint(spec)
-        t0 = time.perf_counter()
-        cached = self._prefill(cache, prompt.tokens, sink)
-        if cached is None:
-            return None
-        prefill_seconds = time.perf_counter() - t0
-        tokens = self.engine.generate(
-            cache,
-            prompt.tokens,
-            request.sampling.resolve(self.defaults),
-            prompt.max_tokens,
-            ignore_eos=request.ignore_eos,
-            stats=stats,
-            should_stop=lambda: sink.cancelled,
-            constraint=constraint,
-        )
-        for token in tokens:
-            for event in emitter.feed(token_bytes(token)):
-                sink.push(event)
-            if emitter.stopped:
-                tokens.close()
-                break
-        # The engine found the whole prompt in the cache: _prefill put it there.
-        stats.cached_tokens, stats.prefill_seconds = cached, prefill_seconds + stats.prefill_seconds
-        if sink.cancelled:
-            return None
-        for event in emitter.flush():
-            sink.push(event)
-        if emitter.stopped:
-            return "stop"
-        if constraint is not None and constraint.completed:
-            return "stop"
-        return "length" if stats.generated_tokens >= prompt.max_tokens else "stop"
+    def generate_batch(self, items: Sequence[BatchItem]) -> list[int]:
+        """Serve several requests together, one weight pass per step for all of them (see
+        lockstep.py); each reply is the one ``generate`` would give. Tokens generated per item."""
+        from inference.generation.lockstep import run_lockstep
 
-    def _prefill(self, cache: KVCache, prompt: list[int], sink: Sink) -> int | None:
-        """Prefill the prompt's uncached rows chunk by chunk, checking between chunks whether
-        the client left: a long prefill stops within one chunk of a hang-up, and the rows it
-        did are kept in the slot, so a retry resumes from them. Returns how many prompt tokens
-        were cached before, or None when cancelled."""
-        cached = self.engine.reuse_prefix(cache, prompt)
-        for start in range(cached, len(prompt), PREFILL_CHUNK):
-            if sink.cancelled:
-                return None
-            self.engine.prefill(cache, prompt[start : start + PREFILL_CHUNK])
-        return cached
+        try:
+            return run_lockstep(self, items)
+        finally:
+            self.release()
 
     def warm_up(self) -> None:
         """Run one tiny generation so the first request does not pay for JIT compilation;

@@ -22,7 +22,10 @@ from inference.types import Error, GenerationRequest, PreparedPrompt
 
 
 class GenerationBackend(Protocol):
-    """What the runtime needs from a backend."""
+    """What the runtime needs from a backend. A backend may also offer
+    ``generate_batch(items: Sequence[BatchItem]) -> list[int]`` (lockstep decoding of several
+    requests, ``--batch``); the worker serves a batch one request after another on a backend
+    without it."""
 
     engine: Engine
     n_ctx: int

@@ -129,8 +129,10 @@ class SidecarStore:
         """Whether some file already contains ``tokens`` as a prefix of its own."""
         return any(s.common_prefix(tokens) == len(tokens) for s in self.files)
 
-    def spill(self, cache: KVCache) -> Path | None:
-        """Store ``cache``'s positions unless a file already holds them; the file written."""
+    def spill(self, cache: KVCache, keep: StoredSlot | None = None) -> Path | None:
+        """Store ``cache``'s positions unless a file already holds them; the file written.
+        ``keep`` (a file about to be restored) is never evicted to make room: when it is the
+        only candidate, nothing is spilled."""
         tokens = cache.tokens
         if not tokens or self.holds(tokens):
             return None
@@ -141,7 +143,11 @@ class SidecarStore:
             self._touch(extended)
             return extended.path
         while len(self.files) >= self.max_files:
-            self.delete(min(self.files, key=lambda s: s.last_used).path)
+            evictable = [s for s in self.files if s is not keep]
+            if not evictable:
+                logger.info("not spilling a %d-token KV slot: the only file is being restored", len(tokens))
+                return None
+            self.delete(min(evictable, key=lambda s: s.last_used).path)
         path = self.directory / f"{uuid.uuid4().hex}{SUFFIX}"
         write_sidecar(path, cache, self.fingerprint, self.dtype)
         stored = StoredSlot(path, list(tokens), 0.0)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inference.engine.kv_cache import KVCache
-from inference.kv.disk import SidecarStore
+from inference.kv.disk import SidecarStore, StoredSlot
 
 logger = logging.getLogger("lmserve.slots")
 
@@ -122,7 +122,11 @@ class SlotPool:
             return self.disk is not None and self.disk.delete(self.disk.directory / name)
 
     def choose(self, prompt: list[int]) -> Slot:
-        """The slot ``prompt`` will be generated in, with any shared prefix copied into it."""
+        """The slot ``prompt`` will be generated in, with any shared prefix copied into it.
+        Slots busy with another stream of a lockstep batch may lend their rows but are never
+        chosen: each stream writes its own cache."""
+        if not any(not s.busy for s in self.slots):
+            raise RuntimeError(f"every KV slot is busy ({len(self.slots)}): a batch needs one per stream")
         best, shared = self.best_match(prompt)
         restored = self._restore(prompt, shared)
         if restored is not None:
@@ -132,21 +136,23 @@ class SlotPool:
             self.stats.misses += 1
             return self._take(self.least_recent(), prompt)
         self.stats.resident_hits += 1
-        if shared >= best.prompt_len or len(self.slots) == 1:
+        free = [s for s in self.slots if not s.busy]
+        if not best.busy and (shared >= best.prompt_len or free == [best]):
             return self._take(best, prompt)  # a continuation (or nowhere else to go): adopt it whole
         # A shared prefix only: copy it elsewhere and keep the donor for its own follow-up.
         target = self._take(self.least_recent(exclude=best), prompt)
         self._ensure_cache(target).copy_rows_from(best.cache, shared)
         return target
 
-    def _take(self, slot: Slot, prompt: list[int]) -> Slot:
-        """``slot``, its contents spilled to disk first when ``prompt`` keeps under half of them."""
+    def _take(self, slot: Slot, prompt: list[int], restoring: StoredSlot | None = None) -> Slot:
+        """``slot``, its contents spilled to disk first when ``prompt`` keeps under half of them
+        (never evicting ``restoring``, the file about to be loaded into it)."""
         cache = slot.cache
         if self.disk is None or cache is None or not cache.tokens:
             return slot
         if cache.common_prefix(prompt) * 2 < cache.n_tokens:
             try:
-                self.disk.spill(cache)
+                self.disk.spill(cache, keep=restoring)
                 self.stats.disk_spills += 1
             except OSError:  # a full or read-only disk costs the warm start, not the request
                 logger.exception("could not spill a KV slot to %s", self.disk.directory)
@@ -159,11 +165,12 @@ class SlotPool:
         stored, shared = self.disk.best_match(prompt)
         if stored is None or shared <= resident_shared or shared < SIMILARITY_GATE * len(prompt):
             return None
-        target = self._take(self.least_recent(), prompt)
+        target = self._take(self.least_recent(), prompt, restoring=stored)
         return target if self.disk.restore(stored, self._ensure_cache(target)) else None
 
     def least_recent(self, exclude: Slot | None = None) -> Slot:
-        return min((s for s in self.slots if s is not exclude), key=lambda s: s.last_used)
+        """The free slot used longest ago (other than ``exclude``)."""
+        return min((s for s in self.slots if s is not exclude and not s.busy), key=lambda s: s.last_used)
 
     def reset(self, cache: KVCache) -> None:
         """Forget a cache's contents (after a failed generation left them undefined)."""

@@ -37,6 +37,7 @@ class ServeConfig:
     queue: int = 16
     conns: int = 64
     kv_slots: int = 1
+    batch: int = 1  # generations decoded together in lockstep (--kv-slots is raised to match)
     kv_slots_force: bool = False
     kv_cache_dir: str | None = None  # spill evicted slots to sidecar files here
     kv_disk_slots: int = 8
@@ -78,6 +79,7 @@ class InferenceService:
             self.queue,
             config.ctx,
             config.kv_slots,
+            batch=config.batch,
             kv_slots_force=config.kv_slots_force,
             kv_cache_dir=Path(config.kv_cache_dir) if config.kv_cache_dir else None,
             kv_disk_slots=config.kv_disk_slots,

@@ -1,9 +1,11 @@
 """The inference worker: the one thread that owns the model.
 
 It loads the engine (the server answers 503 until then), warms up the JIT, then serves jobs
-from the queue. ``take`` hands it every job already waiting up to ``batch``; today they are
-served one after another, and a lockstep batch (one weight pass for several streams) or a
-speculative verifier slots in at ``_serve_batch`` without touching connections or queue.
+from the queue. ``take`` hands it every job already waiting, up to ``--batch``: an idle server
+serves a lone request at once, and requests that arrive while a batch runs wait for the next.
+Several generations taken together run in lockstep (``generation/lockstep.py``: one weight
+pass per step for all of them), each in a KV slot of its own: ``--kv-slots`` is raised to at
+least ``--batch`` before the RAM guard prices the pool.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from inference.generation.backends import BackendSetup, GenerationBackend, backend_for
 from inference.generation.embeddings import embed_all
+from inference.generation.stream import BatchItem
 from inference.runtime.queue import Job, JobQueue
 from inference.types import EmbeddingRequest, Error
 
@@ -23,6 +27,20 @@ logger = logging.getLogger("lmserve.worker")
 
 LOADING, READY, FAILED, STOPPED = "loading", "ready", "failed", "stopped"
 SHUTTING_DOWN = Error(503, "the server is shutting down", code="shutting_down")
+
+
+@dataclass
+class BatchStats:
+    """Lockstep batches served since start (read by GET /metrics)."""
+
+    batches: int = 0  # lockstep runs of two or more generations
+    streams: int = 0  # generations served in them
+    largest: int = 0
+
+    def record(self, streams: int) -> None:
+        self.batches += 1
+        self.streams += streams
+        self.largest = max(self.largest, streams)
 
 
 class InferenceWorker:
@@ -43,11 +61,12 @@ class InferenceWorker:
         self.model_path = model_path
         self.queue = queue
         self.requested_ctx = n_ctx
-        self.kv_slots = kv_slots
+        self.kv_slots = max(kv_slots, batch)  # one resident cache per lockstep stream
         self.kv_slots_force = kv_slots_force
         self.kv_cache_dir = kv_cache_dir
         self.kv_disk_slots = kv_disk_slots
         self.batch = batch
+        self.batches = BatchStats()
         self.on_failure = on_failure
         self.state = LOADING
         self.error: str | None = None
@@ -102,6 +121,13 @@ class InferenceWorker:
                     "--ctx %d exceeds the model's training context; using %d", self.requested_ctx, n_ctx
                 )
             self.kv_slots = self._guard_kv_slots(engine, n_ctx)
+            if self.kv_slots < self.batch:
+                logger.warning(
+                    "--batch %d lowered to %d: a lockstep stream needs a KV slot of its own",
+                    self.batch,
+                    self.kv_slots,
+                )
+                self.batch = self.kv_slots
             backend = backend_for(BackendSetup(engine, n_ctx, self.kv_slots, self._disk_tier(engine)))
             backend.warm_up()
             backend.release()
@@ -140,32 +166,55 @@ class InferenceWorker:
         )
 
     def _serve_batch(self, jobs: list[Job]) -> None:
-        """Serve jobs taken together. Sequential for now: each runs to completion in order."""
+        """Serve the jobs taken together: embeddings one by one, then the generations in one
+        lockstep batch when there are several and the backend can batch them (else in order)."""
+        generations = [job for job in jobs if not isinstance(job.request, EmbeddingRequest)]
         for job in jobs:
-            self._serve_one(job)
+            if isinstance(job.request, EmbeddingRequest):
+                self._serve([job])
+        batch_runner = getattr(self.backend, "generate_batch", None)
+        if len(generations) > 1 and batch_runner is not None:
+            self._serve(generations)
+        else:
+            for job in generations:
+                self._serve([job])
 
-    def _serve_one(self, job: Job) -> None:
+    def _serve(self, jobs: list[Job]) -> None:
+        """Run one job, or several generations in lockstep, registered as in flight."""
         with self._lock:
-            self._in_flight.append(job)
-        # Registered first, checked second: a shutdown racing with take() either sees this
-        # job in flight or has already closed the queue.
+            self._in_flight.extend(jobs)
+        # Registered first, checked second: a shutdown racing with take() either sees these
+        # jobs in flight or has already closed the queue.
         if self.queue.closed:
-            job.pipe.abort(SHUTTING_DOWN)
+            for job in jobs:
+                job.pipe.abort(SHUTTING_DOWN)
         t0 = time.perf_counter()
         generated = 0
         try:
-            if job.cancelled:
-                pass
-            elif isinstance(job.request, EmbeddingRequest):
-                embed_all(self.backend.engine, job.prompt, job.pipe)
-            else:
-                generated = self.backend.generate(job.request, job.prompt, job.pipe)
+            generated = self._run_jobs(jobs)
         except Exception as exc:  # the backend reports its own failures; this is a last resort
-            logger.exception("job %d failed", job.id)
-            job.pipe.close(Error(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
+            logger.exception("job(s) %s failed", ", ".join(str(job.id) for job in jobs))
+            error = Error(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
+            for job in jobs:
+                job.pipe.close(error)
         finally:
             self.backend.release()
             with self._lock:
                 self.tokens_generated += generated
-                self._in_flight.remove(job)
+                for job in jobs:
+                    self._in_flight.remove(job)
         self.seconds_per_job = 0.8 * self.seconds_per_job + 0.2 * (time.perf_counter() - t0)
+
+    def _run_jobs(self, jobs: list[Job]) -> int:
+        """The tokens generated by serving ``jobs`` (one job, or a lockstep batch)."""
+        if len(jobs) > 1:
+            self.batches.record(len(jobs))
+            items = [BatchItem(job.request, job.prompt, job.pipe) for job in jobs]
+            return sum(self.backend.generate_batch(items))
+        (job,) = jobs
+        if job.cancelled:
+            return 0
+        if isinstance(job.request, EmbeddingRequest):
+            embed_all(self.backend.engine, job.prompt, job.pipe)
+            return 0
+        return self.backend.generate(job.request, job.prompt, job.pipe)

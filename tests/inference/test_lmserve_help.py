@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from inference.management.commands.lmserve import Command
+import pytest
+from django.core.management.base import CommandError
+
+from inference.management.commands.lmserve import Command, refuse_batch_with_fleet
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,3 +58,18 @@ def test_help_names_every_dialect_endpoint_and_flag():
         assert action.help and len(action.help) > 20, f"{action.dest} has no real help"
         for flag in action.option_strings:
             assert flag in text
+
+
+def test_batch_needs_a_positive_width_and_excludes_a_fleet():
+    refused = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "lmserve", "--batch", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and "--batch: must be at least 1, got 0" in refused.stderr
+    refuse_batch_with_fleet(4, None)
+    refuse_batch_with_fleet(1, "fleets/docs")
+    with pytest.raises(CommandError, match="--batch 4 cannot be combined with --fleet"):
+        refuse_batch_with_fleet(4, "fleets/docs")

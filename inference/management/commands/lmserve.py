@@ -37,6 +37,16 @@ def port_number(text: str) -> int:
     return value
 
 
+def refuse_batch_with_fleet(batch: int, fleet: str | None) -> None:
+    """``--batch`` above 1 with ``--fleet`` is a start-up error: a fleet picks documents per
+    request and adopts slots by conversation identity, logic that serves one stream at a time."""
+    if batch > 1 and fleet:
+        raise CommandError(
+            f"--batch {batch} cannot be combined with --fleet: per-request retrieval and sticky slot "
+            "adoption serve one stream at a time; drop --batch (or use --batch 1) to serve a fleet"
+        )
+
+
 WILDCARD_ADDRESSES = frozenset({"", "0.0.0.0", "::", "[::]"})
 
 
@@ -153,6 +163,16 @@ class Command(BaseCommand):
             "(default: %(default)s)",
         )
         parser.add_argument(
+            "--batch",
+            type=positive_int,
+            default=ServeConfig.batch,
+            help="decode up to N already-queued requests together in lockstep (one pass over the "
+            "weights per step for all of them); an idle server still answers a lone request at "
+            "once, and requests arriving mid-batch wait for the next one. Raises --kv-slots to at "
+            "least N (one cache per stream, priced by the RAM guard); not with --fleet "
+            "(default: %(default)s)",
+        )
+        parser.add_argument(
             "--kv-slots-force",
             action="store_true",
             help="keep --kv-slots even when the RAM guard would clamp it (it still warns)",
@@ -198,6 +218,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
+        refuse_batch_with_fleet(options["batch"], options.get("fleet"))
         settings.ALLOWED_HOSTS = allowed_hosts(options["host"], options["allowed_hosts"])
         prepare_database(self.stdout)
         config = ServeConfig(
@@ -207,6 +228,7 @@ class Command(BaseCommand):
             queue=options["queue"],
             conns=options["conns"],
             kv_slots=options["kv_slots"],
+            batch=options["batch"],
             kv_slots_force=options["kv_slots_force"],
             kv_cache_dir=options["kv_cache_dir"],
             kv_disk_slots=options["kv_disk_slots"],

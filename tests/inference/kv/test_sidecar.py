@@ -138,10 +138,12 @@ def test_pool_spills_a_destroyed_slot_and_restores_it_with_no_reprefill(tmp_path
     a = slots.acquire(list(range(1, 11)))
     a.copy_rows_from(cache_with(list(range(1, 16)), seed=9), 15)
     original_k = a.k[:, :, :15].copy()
+    slots.release()
     b = slots.acquire([90] * 12)  # unrelated: slot a is destroyed, so it spills first
     assert b is a and len(store.files) == 1
     b.truncate(0)
     b.copy_rows_from(cache_with([90] * 12, seed=4), 12)
+    slots.release()
     back = slots.acquire(list(range(1, 16)) + [77])
     assert back.tokens == list(range(1, 16)) and np.array_equal(back.k[:, :, :15], original_k)
     assert len(store.files) == 2  # the unrelated slot spilled in turn
@@ -184,3 +186,22 @@ def test_sidecars_of_another_model_of_the_same_shape_are_ignored(tmp_path, caplo
         assert SidecarStore(disk, 4, geometry, tuned.fingerprint).files == []
     assert caplog.text.count("written by another model") == 1
     assert len(SidecarStore(disk, 4, geometry, base.fingerprint).files) == 1
+
+
+def test_a_full_disk_tier_never_evicts_the_file_being_restored(tmp_path):
+    """Restoring into a slot spills that slot first; with the tier full, the spill's eviction
+    used to pick the very file about to be restored (the least recently used one), and the
+    restore then failed on a vanished file and crashed the request."""
+    store = SidecarStore(tmp_path, 1, GEOMETRY, MODEL)
+    slots = SlotPool(lambda: KVCache(GEOMETRY, 64), 1, disk=store)
+    a = slots.acquire(list(range(1, 11)))
+    a.copy_rows_from(cache_with(list(range(1, 16)), seed=9), 15)
+    original_k = a.k[:, :, :15].copy()
+    slots.release()
+    b = slots.acquire([90] * 12)  # unrelated: slot a is spilled, filling the one-file tier
+    b.truncate(0)
+    b.copy_rows_from(cache_with([90] * 12, seed=4), 12)
+    slots.release()
+    back = slots.acquire(list(range(1, 16)) + [77])
+    assert back.tokens == list(range(1, 16)) and np.array_equal(back.k[:, :, :15], original_k)
+    assert slots.stats.disk_hits == 1

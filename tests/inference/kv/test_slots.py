@@ -11,30 +11,38 @@ def filled(cache: KVCache, tokens: list[int]) -> KVCache:
     return cache
 
 
+def served(slots: SlotPool, prompt: list[int]) -> KVCache:
+    """The cache a request for ``prompt`` is served in, released again as the worker does after
+    each job (a busy slot is never chosen for another stream)."""
+    cache = slots.acquire(prompt)
+    slots.release()
+    return cache
+
+
 def pool(n: int) -> SlotPool:
     return SlotPool(lambda: KVCache(GEOMETRY, 64), n)
 
 
 def test_single_slot_is_always_reused():
     slots = pool(1)
-    first = filled(slots.acquire([1, 2, 3]), [1, 2, 3])
-    assert slots.acquire([9, 9]) is first
+    first = filled(served(slots, [1, 2, 3]), [1, 2, 3])
+    assert served(slots, [9, 9]) is first
 
 
 def test_continuation_adopts_the_slot_holding_its_history():
     slots = pool(2)
-    a = filled(slots.acquire([1, 2, 3]), [1, 2, 3, 4])
-    b = filled(slots.acquire([7, 8, 9]), [7, 8, 9])
+    a = filled(served(slots, [1, 2, 3]), [1, 2, 3, 4])
+    b = filled(served(slots, [7, 8, 9]), [7, 8, 9])
     assert a is not b
-    assert slots.acquire([1, 2, 3, 4, 5, 6]) is a
-    assert slots.acquire([7, 8, 9, 10]) is b
+    assert served(slots, [1, 2, 3, 4, 5, 6]) is a
+    assert served(slots, [7, 8, 9, 10]) is b
 
 
 def test_shared_prefix_is_copied_and_the_donor_kept():
     slots = pool(2)
-    donor = filled(slots.acquire([1, 2, 3, 4, 5]), [1, 2, 3, 4, 5])
+    donor = filled(served(slots, [1, 2, 3, 4, 5]), [1, 2, 3, 4, 5])
     donor.k[:, :, :5] = 1.0
-    other = slots.acquire([1, 2, 3, 9, 9])  # shares 3 tokens, diverges inside the donor
+    other = served(slots, [1, 2, 3, 9, 9])  # shares 3 tokens, diverges inside the donor
     assert other is not donor
     assert other.tokens == [1, 2, 3] and donor.tokens == [1, 2, 3, 4, 5]
     assert (other.k[:, :, :3] == 1.0).all()
@@ -42,41 +50,41 @@ def test_shared_prefix_is_copied_and_the_donor_kept():
 
 def test_unrelated_prompt_takes_the_least_recently_used_slot():
     slots = pool(2)
-    a = filled(slots.acquire([1] * 20), [1] * 20)
-    b = filled(slots.acquire([2] * 20), [2] * 20)
-    assert slots.acquire([1] * 20 + [3]) is a  # touch a: b is now the LRU
-    assert slots.acquire([5] * 30) is b
+    a = filled(served(slots, [1] * 20), [1] * 20)
+    b = filled(served(slots, [2] * 20), [2] * 20)
+    assert served(slots, [1] * 20 + [3]) is a  # touch a: b is now the LRU
+    assert served(slots, [5] * 30) is b
 
 
 def test_donor_that_is_least_recently_used_is_still_kept():
     slots = pool(3)
-    donor = filled(slots.acquire([1, 2, 3, 4, 5]), [1, 2, 3, 4, 5])
-    recent = filled(slots.acquire([8] * 10), [8] * 10)
-    other = slots.acquire([1, 2, 3, 9, 9])
+    donor = filled(served(slots, [1, 2, 3, 4, 5]), [1, 2, 3, 4, 5])
+    recent = filled(served(slots, [8] * 10), [8] * 10)
+    other = served(slots, [1, 2, 3, 9, 9])
     assert other is not donor and other is not recent
     assert donor.tokens == [1, 2, 3, 4, 5] and recent.tokens == [8] * 10
 
 
 def test_continuation_diverging_inside_the_reply_adopts_the_slot():
     slots = pool(2)
-    a = filled(slots.acquire([1, 2, 3]), [1, 2, 3, 40, 41, 42])  # prompt + generated reply
+    a = filled(served(slots, [1, 2, 3]), [1, 2, 3, 40, 41, 42])  # prompt + generated reply
     # the client re-tokenized the reply differently after its first token
-    assert slots.acquire([1, 2, 3, 40, 50, 51, 7]) is a
+    assert served(slots, [1, 2, 3, 40, 50, 51, 7]) is a
 
 
 def test_repeating_a_request_adopts_its_slot():
     slots = pool(2)
-    a = filled(slots.acquire([1, 2, 3]), [1, 2, 3, 40, 41])
-    filled(slots.acquire([6, 6, 6]), [6, 6, 6])
-    assert slots.acquire([1, 2, 3]) is a
+    a = filled(served(slots, [1, 2, 3]), [1, 2, 3, 40, 41])
+    filled(served(slots, [6, 6, 6]), [6, 6, 6])
+    assert served(slots, [1, 2, 3]) is a
 
 
 def test_a_share_below_the_similarity_gate_does_not_count():
     slots = pool(2)
-    a = filled(slots.acquire([1] + [2] * 30), [1] + [2] * 30)
-    b = filled(slots.acquire([5] * 30), [5] * 30)
-    filled(slots.acquire([5] * 31), [5] * 31)  # touch b
-    chosen = slots.acquire([1] + [9] * 29)  # shares one token of 30: under 10%
+    a = filled(served(slots, [1] + [2] * 30), [1] + [2] * 30)
+    b = filled(served(slots, [5] * 30), [5] * 30)
+    filled(served(slots, [5] * 31), [5] * 31)  # touch b
+    chosen = served(slots, [1] + [9] * 29)  # shares one token of 30: under 10%
     assert chosen is a and chosen is not b
 
 
@@ -98,3 +106,27 @@ def test_evicting_a_busy_slot_waits_for_its_generation_to_end():
     slots.release()
     assert slots.evict(0) == "evicted" and slots.evict(1) == "evicted"
     assert [s["tokens"] for s in slots.status()] == [0, 0]
+
+
+def test_a_busy_slot_lends_its_rows_but_is_never_chosen():
+    slots = pool(3)
+    first = filled(slots.acquire([1, 2, 3, 4]), [1, 2, 3, 4])  # a batch's first stream, still busy
+    again = slots.acquire([1, 2, 3, 4, 5])  # would continue it, but it is being written
+    assert again is not first and again.tokens == [1, 2, 3, 4] and first.tokens == [1, 2, 3, 4]
+    third = slots.acquire([9, 9, 9])
+    assert third is not first and third is not again
+    try:
+        slots.acquire([1, 2])
+    except RuntimeError as exc:
+        assert "every KV slot is busy" in str(exc)
+    else:
+        raise AssertionError("a fourth stream got one of three busy slots")
+    slots.release()
+    assert slots.acquire([1, 2, 3, 4, 5, 6]) in (first, again)  # free again: adopted whole
+
+
+def test_the_only_free_slot_is_taken_when_the_best_match_is_busy():
+    slots = pool(2)
+    busy = filled(slots.acquire([5] * 10), [5] * 10)
+    other = slots.acquire([5] * 10 + [6])
+    assert other is not busy and other.tokens == [5] * 10

@@ -1,0 +1,66 @@
+"""Lockstep batches (``--batch N``): several requests decoded together, one weight pass per step.
+
+Decoding is memory-bound here: a step of one token row reads every weight once, and a step of
+N rows (``Engine.decode_batch``) reads them once too, so N streams advance for little more
+than the price of one. Each request keeps its own :class:`~inference.generation.stream.DecodeStream`
+(slot, sampler, grammar, emitter, budget, sink), so a batched reply is byte for byte the reply
+the plain loop gives: the engine's rows are path invariant, and everything else is per stream.
+
+The batch is fixed when it starts (no joins mid-flight). Streams are opened one after another:
+each picks its slot, prefills and streams its first token before the next is opened, so the
+first stream's time to first token is what it would be alone. A stream that ends (its reply
+finished, its client left, its grammar completed or failed) simply drops out of the next step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from inference.engine.engine import BatchRow
+from inference.generation.stream import BatchItem, DecodeStream
+from inference.types import Error
+
+if TYPE_CHECKING:
+    from inference.generation.backend import ConversationBackend
+
+logger = logging.getLogger("lmserve.lockstep")
+
+
+def run_lockstep(backend: ConversationBackend, items: Sequence[BatchItem]) -> list[int]:
+    """Generate every item's reply into its sink; the tokens each generated, in order."""
+    streams = [open_stream(backend, item) for item in items]
+    live = [s for s in streams if s is not None and s.live]
+    while live:
+        step(backend, live)
+        live = [s for s in live if s.live]
+    return [0 if s is None else s.generated for s in streams]
+
+
+def open_stream(backend: ConversationBackend, item: BatchItem) -> DecodeStream | None:
+    """The item's stream, prefilled with its first token taken; None when its client left
+    while it was queued (no slot, no prefill) or its slot could not be had (its sink then
+    carries the error; the batch goes on without it)."""
+    if item.sink.cancelled:
+        return None
+    try:
+        return backend.open_stream(item.request, item.prompt, item.sink)
+    except Exception as exc:
+        logger.exception("a lockstep stream could not start")
+        item.sink.close(Error(500, f"generation failed: {type(exc).__name__}: {exc}", code="internal_error"))
+        return None
+
+
+def step(backend: ConversationBackend, live: list[DecodeStream]) -> None:
+    """Append each live stream's token to its cache in one forward and let each stream take
+    its next token. A forward that fails fails every stream in it (each reports the error)."""
+    rows = [BatchRow(stream.cache, stream.token) for stream in live]
+    try:
+        logits = backend.engine.decode_batch(rows)  # (len(live), vocab)
+    except Exception as exc:
+        for stream in live:
+            stream.fail(exc)
+        return
+    for stream, row in zip(live, logits, strict=True):
+        stream.advance(row)

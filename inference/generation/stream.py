@@ -1,0 +1,208 @@
+"""One request's decoding state, shared by the plain loop and the lockstep batch loop.
+
+A :class:`DecodeStream` owns everything that makes a reply that request's own: its KV cache
+(a slot), sampler and RNG, token history, grammar, reply emitter (think routing, tool calls,
+stop strings), budget and sink. The loops only decide how the next logits are computed: one
+``Engine.decode_one`` per token (plain) or one ``Engine.decode_batch`` row per live stream
+(lockstep). Since a row's logits are bitwise the same either way (the engine is path
+invariant), a stream produces the same tokens, events and finish in both loops.
+
+Every failure of a stream (a grammar dead end, non-finite logits, an engine error in its
+prefill) closes that stream's sink with an Error and ends that stream only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from inference.engine.engine import PREFILL_CHUNK, GenerationStats
+from inference.engine.sampler import NonFiniteLogits, Sampler
+from inference.generation.constraints import ConstraintDeadEnd, TokenConstraint
+from inference.generation.emitter import ReplyEmitter
+from inference.types import Error, Finish, GenerationRequest, PreparedPrompt, Usage
+
+if TYPE_CHECKING:
+    from inference.engine.kv_cache import KVCache
+    from inference.generation.backend import ConversationBackend, Sink
+
+logger = logging.getLogger("lmserve.backend")
+
+
+def dead_end_error(request: GenerationRequest, generated: int, exc: ConstraintDeadEnd) -> Error:
+    """The answer when the request's grammar let no token through: a 400 naming its field."""
+    param = request.constraint.param if request.constraint is not None else None
+    return Error(
+        400,
+        f"invalid '{param}': the constraint allows no next token after {generated} generated tokens, "
+        f"so the reply cannot go on ({exc})",
+        code="constraint_dead_end",
+        param=param,
+    )
+
+
+def non_finite_error(generated: int, exc: NonFiniteLogits) -> Error:
+    """The answer when the model computed NaN or infinite logits: the model is at fault."""
+    return Error(
+        500,
+        f"generation failed after {generated} tokens: {exc}; the model file's weights (or their "
+        "computation) are broken",
+        code="non_finite_logits",
+    )
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """One request of a lockstep batch: what ``ConversationBackend.generate`` takes."""
+
+    request: GenerationRequest
+    prompt: PreparedPrompt
+    sink: Sink
+
+
+class DecodeStream:
+    """One request being generated: :meth:`begin` prefills and takes the first token, then
+    each :meth:`advance` takes the logits after :attr:`token` and picks the next one, until
+    the stream is no longer :attr:`live` (its sink is then closed, or it was cancelled)."""
+
+    def __init__(
+        self,
+        backend: ConversationBackend,
+        request: GenerationRequest,
+        prompt: PreparedPrompt,
+        sink: Sink,
+        cache: KVCache,
+    ):
+        self.backend = backend
+        self.engine = backend.engine
+        self.request = request
+        self.prompt = prompt
+        self.sink = sink
+        self.cache = cache
+        self.stats = GenerationStats(prompt_tokens=len(prompt.tokens))
+        family = backend.family
+        self.emitter = ReplyEmitter(
+            request.stop,
+            reasoning=request.reasoning,
+            tools=family.tools if request.tools else None,
+            # A constrained reply is the grammar's from token 0, and a prefilled one starts with
+            # the client's text: neither has a think head.
+            think=family.think if request.constraint is None and not request.prefill else None,
+        )
+        self.sampler = Sampler(request.sampling.resolve(backend.defaults))
+        self.history = list(prompt.tokens)
+        self.constraint: TokenConstraint | None = None
+        self.token: int | None = None  # the token the next forward appends, while live
+        self._decode_started = 0.0
+
+    @property
+    def live(self) -> bool:
+        """Whether the stream wants another forward (with :attr:`token` appended)."""
+        return self.token is not None
+
+    @property
+    def generated(self) -> int:
+        return self.stats.generated_tokens
+
+    # -- the two steps the loops drive ----------------------------------------------------
+    def begin(self) -> None:
+        """Compile the grammar, prefill the prompt's uncached rows and take the first token."""
+        try:
+            spec = self.backend.constraint_spec(self.request)
+            if spec is not None:
+                self.constraint = self.backend.constraints.constraint(spec)
+            logits = self._prefill()
+            if logits is None:
+                return  # cancelled during the prefill: nothing more is pushed
+            self._decode_started = time.perf_counter()
+            self._take(logits)
+        except Exception as exc:
+            self.fail(exc)
+
+    def advance(self, logits: np.ndarray) -> None:
+        """The forward appended :attr:`token`; ``logits`` (vocab,) follow it."""
+        self.stats.decode_forwards += 1
+        self.stats.decode_seconds = time.perf_counter() - self._decode_started
+        self.token = None
+        try:
+            self._take(logits)
+        except Exception as exc:
+            self.fail(exc)
+
+    def fail(self, exc: Exception) -> None:
+        """End the stream with the Error ``exc`` stands for (the forward or a step raised)."""
+        self.token = None
+        generated = self.stats.generated_tokens
+        if isinstance(exc, ConstraintDeadEnd):  # the cache is sound: the slot stays warm
+            self.sink.close(dead_end_error(self.request, generated, exc))
+            return
+        self.backend.slots.reset(self.cache)  # the cache's rows are undefined now
+        if isinstance(exc, NonFiniteLogits):
+            logger.error("generation failed: %s", exc)
+            self.sink.close(non_finite_error(generated, exc))
+        else:  # an engine failure ends this request, not the server
+            logger.error("generation failed", exc_info=exc)
+            message = f"generation failed: {type(exc).__name__}: {exc}"
+            self.sink.close(Error(500, message, code="internal_error"))
+
+    # -- inside the steps -----------------------------------------------------------------
+    def _prefill(self) -> np.ndarray | None:
+        """Prefill the prompt's uncached rows chunk by chunk, checking between chunks whether
+        the client left: a long prefill stops within one chunk of a hang-up, and the rows it
+        did are kept in the slot, so a retry resumes from them. Returns the logits after the
+        prompt, or None when cancelled."""
+        t0 = time.perf_counter()
+        prompt, engine = self.prompt.tokens, self.engine
+        cached = engine.reuse_prefix(self.cache, prompt)
+        for start in range(cached, len(prompt), PREFILL_CHUNK):
+            if self.sink.cancelled:
+                return None
+            engine.prefill(self.cache, prompt[start : start + PREFILL_CHUNK])
+        self.stats.cached_tokens = cached
+        self.stats.prefill_seconds = time.perf_counter() - t0
+        # Either the chunks just ran or reuse_prefix kept the whole prompt with its logits.
+        return self.cache.prefill_logits[1]
+
+    def _take(self, logits: np.ndarray) -> None:
+        """Pick the token after ``logits``, stream its text, and either set :attr:`token`
+        for the next forward or finish the stream."""
+        stats, constraint = self.stats, self.constraint
+        if stats.generated_tokens >= self.prompt.max_tokens:
+            return self._finish()
+        allowed = constraint.allowed(logits.shape[0]) if constraint is not None else None
+        token = self.sampler.sample(logits, self.history, allowed)
+        if token in self.engine.stop_ids and not self.request.ignore_eos:
+            return self._finish()
+        stats.generated_tokens += 1
+        self.history.append(token)
+        completed = constraint is not None and constraint.accept(token)
+        for event in self.emitter.feed(self.engine.tokenizer.token_bytes(token)):
+            self.sink.push(event)
+        if self.emitter.stopped or completed or stats.generated_tokens >= self.prompt.max_tokens:
+            return self._finish()
+        if self.cache.n_tokens >= self.cache.n_ctx or self.sink.cancelled:
+            return self._finish()
+        self.token = token
+
+    def _finish(self) -> None:
+        """Close the sink with the finish reason (nothing is pushed once cancelled)."""
+        if self.sink.cancelled:
+            return
+        for event in self.emitter.flush():
+            self.sink.push(event)
+        emitter, stats = self.emitter, self.stats
+        if emitter.stopped or (self.constraint is not None and self.constraint.completed):
+            reason = "stop"
+        else:
+            reason = "length" if stats.generated_tokens >= self.prompt.max_tokens else "stop"
+        if reason == "stop" and emitter.calls:
+            reason = "tool_calls"  # a reply that made calls finishes so, even if a stop string ended it
+        usage = Usage(
+            stats.prompt_tokens, stats.generated_tokens, stats.cached_tokens, emitter.reasoning_tokens
+        )
+        stop_sequence = emitter.stopped_by if reason == "stop" else None
+        self.sink.close(Finish(reason, usage, stop_sequence))
