@@ -22,6 +22,7 @@ from inference.generation.constraints import (
     TokenConstraint,
 )
 from inference.generation.emitter import ReplyEmitter
+from inference.generation.speculative import Speculator
 from inference.generation.toolcall import resolve_forced_call
 from inference.kv.disk import SidecarStore
 from inference.kv.slots import SlotPool
@@ -88,13 +89,22 @@ class ConversationBackend:
     generic backend (``backends.BACKENDS["conversation"]``), for every family whose cache can
     be cut back to a token prefix."""
 
-    def __init__(self, engine: Engine, n_ctx: int, kv_slots: int = 1, disk: SidecarStore | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        n_ctx: int,
+        kv_slots: int = 1,
+        disk: SidecarStore | None = None,
+        spec: bool = False,
+    ):
+        """``spec``: decode speculatively (the same replies, faster where drafts hit)."""
         self.engine = engine
         self.family = engine.family
         self.n_ctx = n_ctx
         self.defaults = engine.recommended_sampling()
         self.slots = SlotPool(lambda: engine.new_cache(n_ctx), kv_slots, disk)
         self.constraints = ConstraintCompiler(engine.tokenizer, stop_ids=engine.stop_ids)
+        self.speculator = Speculator(engine) if spec else None
 
     # -- connection side -------------------------------------------------------------------
     @property
@@ -223,7 +233,8 @@ class ConversationBackend:
         if cached is None:
             return None
         prefill_seconds = time.perf_counter() - t0
-        tokens = self.engine.generate(
+        decode = self.speculator.generate if self.speculator is not None else self.engine.generate
+        tokens = decode(
             cache,
             prompt.tokens,
             request.sampling.resolve(self.defaults),
@@ -239,6 +250,8 @@ class ConversationBackend:
             if emitter.stopped:
                 tokens.close()
                 break
+        if self.speculator is not None:
+            logger.info("spec: %d/%d accepted", stats.spec_accepted, stats.spec_drafted)
         # The engine found the whole prompt in the cache: _prefill put it there.
         stats.cached_tokens, stats.prefill_seconds = cached, prefill_seconds + stats.prefill_seconds
         if sink.cancelled:
@@ -274,3 +287,5 @@ class ConversationBackend:
         for _ in self.engine.generate(cache, prepared.tokens, self.defaults, 2):
             pass
         self.slots.reset(cache)
+        if self.speculator is not None:
+            self.speculator.measure()  # the verify costs of this machine, for the cost gate

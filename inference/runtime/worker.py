@@ -39,6 +39,7 @@ class InferenceWorker:
         kv_cache_dir: Path | None = None,
         kv_disk_slots: int = 8,
         on_failure: Callable[[str], None] | None = None,
+        spec: bool = False,
     ):
         self.model_path = model_path
         self.queue = queue
@@ -48,6 +49,7 @@ class InferenceWorker:
         self.kv_cache_dir = kv_cache_dir
         self.kv_disk_slots = kv_disk_slots
         self.batch = batch
+        self.spec = spec
         self.on_failure = on_failure
         self.state = LOADING
         self.error: str | None = None
@@ -102,7 +104,8 @@ class InferenceWorker:
                     "--ctx %d exceeds the model's training context; using %d", self.requested_ctx, n_ctx
                 )
             self.kv_slots = self._guard_kv_slots(engine, n_ctx)
-            backend = backend_for(BackendSetup(engine, n_ctx, self.kv_slots, self._disk_tier(engine)))
+            disk = self._disk_tier(engine)
+            backend = backend_for(BackendSetup(engine, n_ctx, self.kv_slots, disk, spec=self.spec))
             backend.warm_up()
             backend.release()
         except Exception as exc:
