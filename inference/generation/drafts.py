@@ -24,6 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -302,6 +303,17 @@ class Draft:
 
     tokens: list[int]
     source: SourceWindow | None
+
+
+class DraftSource(Protocol):
+    """What the speculative loop asks of a request's drafts: any deterministic proposer
+    will do (a wrong draft costs time, never correctness)."""
+
+    committed: int  # tokens committed so far in this reply
+
+    def observe(self, token: int) -> None: ...
+
+    def propose(self, budget: int) -> tuple[Draft, float]: ...
 
 
 class DraftCascade:

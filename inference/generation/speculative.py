@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import TypeAlias
 
 import numpy as np
 
@@ -34,21 +35,26 @@ from inference.generation.drafts import (
     MUTE_WINDOW,
     CostGate,
     DraftCascade,
+    DraftSource,
     RecyclingTable,
     VerifyCosts,
 )
 
 logger = logging.getLogger("lmserve.speculative")
 PROBE_TOKENS = 48  # prompt rows under the verify-cost probe
+# Builds a request's draft source from its prompt tokens and the shared recycling table.
+SourceFactory: TypeAlias = Callable[[Sequence[int], RecyclingTable], DraftSource]
 
 
 class Speculator:
     """Speculative decoding over one engine: the recycling table every request shares and
-    the verify costs measured on this machine (:meth:`measure`, at warm-up)."""
+    the verify costs measured on this machine (:meth:`measure`, at warm-up). ``sources``
+    builds each request's drafts (the conversation automaton and recycling by default)."""
 
-    def __init__(self, engine: Engine, costs: VerifyCosts | None = None):
+    def __init__(self, engine: Engine, costs: VerifyCosts | None = None, sources: SourceFactory = DraftCascade):
         self.engine = engine
         self.costs = costs
+        self.sources = sources
         self.recycling = RecyclingTable(engine.config.vocab_size)
 
     def measure(self) -> VerifyCosts:
@@ -119,7 +125,7 @@ class _Turn:
         self.history = list(prompt)
         self.prompt_tokens = len(prompt)
         self._source = None  # the source of the draft being verified
-        self.cascade = DraftCascade(self.history, self.recycling)
+        self.cascade = speculator.sources(self.history, self.recycling)
         self.completed = False
 
     def run(
@@ -208,7 +214,8 @@ class _Turn:
         acceptance, the gate's realised gain, and the recycling table from the judged rows."""
         if not draft:
             return
-        self._source.record(len(draft), accepted, self.cascade.committed)
+        if self._source is not None:
+            self._source.record(len(draft), accepted, self.cascade.committed)
         self.gate.record(len(draft) + 1, accepted + 1)
         inputs = self.history[first - 1 : first + accepted]  # row j's input is at first - 1 + j
         self.recycling.observe_rows(inputs, rows[: accepted + 1])
