@@ -174,10 +174,10 @@ class SourceWindow:
     def muted(self, committed: int) -> bool:
         return committed < self.muted_until
 
-    def acceptance(self, prior: float) -> float:
-        """Estimated chance that its next drafted token is accepted: the window's rate,
-        starting from ``prior`` (worth two tokens) while it has little data."""
-        return (sum(self.outcomes) + 2 * prior) / (len(self.outcomes) + 2)
+    def acceptance(self, prior: float, weight: float = 2.0) -> float:
+        """Estimated chance that its next drafted token is accepted: the window's rate
+        blended with ``prior``, which counts as ``weight`` drafted tokens."""
+        return (sum(self.outcomes) + weight * prior) / (len(self.outcomes) + weight)
 
     def record(self, drafted: int, accepted: int, committed: int) -> None:
         """A draft of ``drafted`` tokens had its first ``accepted`` committed."""
@@ -340,9 +340,11 @@ class DraftCascade:
         sam = self.automaton
         if not self.conversation.muted(self.committed) and sam.match_length >= MIN_MATCH:
             length = sam.match_length
-            prior = length / (length + 1)  # a long match tends to go on matching
+            # A long match tends to go on matching: the longer, the more it outweighs the
+            # source's recent record (a poor record still mutes it).
+            acceptance = self.conversation.acceptance(length / (length + 1), weight=length)
             tokens = sam.draft(min(budget, 2 * (1 + length)))
-            return Draft(tokens, self.conversation), self.conversation.acceptance(prior)
+            return Draft(tokens, self.conversation), acceptance
         if self.recycling is not None and not self.recycled.muted(self.committed) and sam.tokens:
             tokens = self.recycling.draft(sam.tokens[-1], min(budget, RECYCLE_CHAIN))
             return Draft(tokens, self.recycled), self.recycled.acceptance(0.5)
