@@ -34,7 +34,7 @@ ITEMS = (
     "hammer, wrench, pliers, screwdriver, chisel, saw, drill, level, tape measure, utility knife, "
     "clamp, file, mallet, crowbar, sander, stapler, square, plane, awl, vise"
 )
-CODE = '''def summarize(orders):
+CODE = """def summarize(orders):
     count = 0
     amount = 0.0
     for order in orders:
@@ -43,7 +43,7 @@ CODE = '''def summarize(orders):
             amount += order.price * order.quantity
     average = amount / count if count else 0.0
     return {"count": count, "amount": amount, "average": average}
-'''
+"""
 DOCUMENT = (
     "The Harbor Bridge was designed by the engineer Marta Lindqvist and built between 1931 and 1936. "
     "It spans 503 metres across the river mouth and carries two railway tracks and six road lanes. "
@@ -61,7 +61,9 @@ TASKS = {
 }
 
 
-def decode_run(generate, engine: Engine, prompt: list[int], max_tokens: int) -> tuple[list[int], float, GenerationStats]:
+def decode_run(
+    generate, engine: Engine, prompt: list[int], max_tokens: int
+) -> tuple[list[int], float, GenerationStats]:
     """The reply and the seconds from the end of prefill to the last token."""
     stats = GenerationStats()
     cache = engine.new_cache(len(prompt) + max_tokens + 1)
@@ -74,7 +76,9 @@ def bench_model(name: str, max_tokens: int, reps: int) -> None:
     engine = Engine.load(resolve_model(MODELS[name]))
     speculator = Speculator(engine)
     print(f"## {engine.model_id}: verify cost per row count (decode steps) {speculator.measure().describe()}")
-    print(f"{'task':6} {'tokens':>6} {'plain tok/s':>11} {'spec tok/s':>10} {'speed-up':>8}  accepted/drafted")
+    print(
+        f"{'task':6} {'tokens':>6} {'plain tok/s':>11} {'spec tok/s':>10} {'speed-up':>8}  accepted/drafted"
+    )
     for task, text in TASKS.items():
         prompt = engine.encode_chat([{"role": "user", "content": text}])
         best_plain = best_spec = float("inf")

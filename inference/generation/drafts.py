@@ -252,7 +252,9 @@ class CostGate:
     1 (the estimates were wrong), speculation stops for ``backoff`` plain steps, doubling per
     failed re-probe up to ``backoff_max``."""
 
-    def __init__(self, costs: VerifyCosts, min_gain: float = 1.05, backoff: int = 128, backoff_max: int = 1024):
+    def __init__(
+        self, costs: VerifyCosts, min_gain: float = 1.05, backoff: int = 128, backoff_max: int = 1024
+    ):
         self.costs = costs
         self.min_gain = min_gain
         self.base_backoff = backoff

@@ -51,7 +51,9 @@ class Speculator:
     the verify costs measured on this machine (:meth:`measure`, at warm-up). ``sources``
     builds each request's drafts (the conversation automaton and recycling by default)."""
 
-    def __init__(self, engine: Engine, costs: VerifyCosts | None = None, sources: SourceFactory = DraftCascade):
+    def __init__(
+        self, engine: Engine, costs: VerifyCosts | None = None, sources: SourceFactory = DraftCascade
+    ):
         self.engine = engine
         self.costs = costs
         self.sources = sources

@@ -45,13 +45,26 @@ def ask(http: httpx.Client, messages: list[dict], max_tokens: int = 48, **extra)
 def outcome(reply: dict) -> tuple:
     """What a user sees of a reply: text, calls, finish reason and token usage."""
     choice, usage = reply["choices"][0], reply["usage"]
-    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"].get("tool_calls") or []]
+    calls = [
+        (c["function"]["name"], c["function"]["arguments"]) for c in choice["message"].get("tool_calls") or []
+    ]
     cached = usage["prompt_tokens_details"]["cached_tokens"]
-    return choice["message"]["content"], calls, choice["finish_reason"], usage["prompt_tokens"], usage["completion_tokens"], cached
+    return (
+        choice["message"]["content"],
+        calls,
+        choice["finish_reason"],
+        usage["prompt_tokens"],
+        usage["completion_tokens"],
+        cached,
+    )
 
 
 def then(messages: list[dict], reply: dict, question: str) -> list[dict]:
-    return [*messages, {"role": "assistant", "content": reply["choices"][0]["message"]["content"]}, {"role": "user", "content": question}]
+    return [
+        *messages,
+        {"role": "assistant", "content": reply["choices"][0]["message"]["content"]},
+        {"role": "user", "content": question},
+    ]
 
 
 def smollm2_session(server) -> list[tuple]:
@@ -59,11 +72,15 @@ def smollm2_session(server) -> list[tuple]:
         first = ask(http, ASK_LIST)
         second_turn = then(ASK_LIST, first, "Now repeat the list again, the same way.")
         second = ask(http, second_turn)
-        unrelated = ask(http, [{"role": "user", "content": "Write one sentence about the sea."}], max_tokens=16)
+        unrelated = ask(
+            http, [{"role": "user", "content": "Write one sentence about the sea."}], max_tokens=16
+        )
         restored = ask(http, then(second_turn, second, "Once more, please."))
         stopped = ask(http, ASK_LIST, stop=["grape"])
         schema = {"type": "json_schema", "json_schema": {"name": "fruits", "schema": FRUITS, "strict": True}}
-        shaped = ask(http, [{"role": "user", "content": f"List some fruits from: {LIST}."}], 60, response_format=schema)
+        shaped = ask(
+            http, [{"role": "user", "content": f"List some fruits from: {LIST}."}], 60, response_format=schema
+        )
         sampled = ask(http, ASK_LIST, 40, temperature=0.8, seed=42, top_p=0.95)
     replies = [first, second, unrelated, restored, stopped, shaped, sampled]
     assert outcome(restored)[5] > outcome(second)[3] - 4  # the restore really reused the rows
@@ -90,7 +107,9 @@ def accepted_drafts(server) -> tuple[int, int]:
     return sum(a for a, _ in found), sum(d for _, d in found)
 
 
-def test_smollm2_spec_replies_equal_plain_through_reuse_restore_stop_schema_and_sampling(start_server, tmp_path):
+def test_smollm2_spec_replies_equal_plain_through_reuse_restore_stop_schema_and_sampling(
+    start_server, tmp_path
+):
     flags = ["--kv-slots", "1", "--ctx", "2048", "--kv-disk-slots", "4"]
     plain = start_server(*flags, "--kv-cache-dir", str(tmp_path / "plain-kv"))
     spec = start_server(*flags, "--kv-cache-dir", str(tmp_path / "spec-kv"), "--spec")

@@ -90,9 +90,8 @@ def test_assemble_with_a_wrong_hash_leaves_nothing_behind(tmp_path):
 
 
 SPEC_STATS = re.compile(r"; spec: (\d+)/(\d+) accepted$")
-REPEAT_LIST = (
-    "Repeat this list exactly: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, mango."
-)
+FRUITS = "apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, mango"
+REPEAT_LIST = f"Repeat this list exactly: {FRUITS}."
 
 
 @pytest.mark.slow  # two manage.py processes loading the model

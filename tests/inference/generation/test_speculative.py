@@ -84,7 +84,9 @@ def spec_run(engine, prompt, params, max_tokens, script, mode, n_ctx=256, **kwar
 def assert_same_cache(plain, spec):
     n = plain.n_tokens
     assert spec.tokens == plain.tokens
-    assert np.array_equal(spec.k[:, :, :n], plain.k[:, :, :n]) and np.array_equal(spec.v[:, :, :n], plain.v[:, :, :n])
+    assert np.array_equal(spec.k[:, :, :n], plain.k[:, :, :n]) and np.array_equal(
+        spec.v[:, :, :n], plain.v[:, :, :n]
+    )
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -126,7 +128,9 @@ def test_closing_mid_verify_cuts_the_cache_where_the_plain_loop_stops(engine, mo
             gen = engine.generate(cache, prompt, GREEDY, 40, ignore_eos=True)
         else:
             sources = lambda h, _r: ScriptedSource(h, script, mode, engine.config.vocab_size)  # noqa: E731
-            gen = Speculator(engine, FREE, sources=sources).generate(cache, prompt, GREEDY, 40, ignore_eos=True)
+            gen = Speculator(engine, FREE, sources=sources).generate(
+                cache, prompt, GREEDY, 40, ignore_eos=True
+            )
         got = [next(gen) for _ in range(13)]
         gen.close()
         assert got == script[:13]
@@ -138,7 +142,9 @@ def test_closing_mid_verify_cuts_the_cache_where_the_plain_loop_stops(engine, mo
 def test_a_full_context_or_the_token_budget_ends_the_reply_at_the_same_token(engine, n_ctx, max_tokens):
     prompt = prompt_of(engine)
     plain, plain_cache = plain_run(engine, prompt, GREEDY, max_tokens, n_ctx=n_ctx, ignore_eos=True)
-    spec, spec_cache, _ = spec_run(engine, prompt, GREEDY, max_tokens, plain, "perfect", n_ctx=n_ctx, ignore_eos=True)
+    spec, spec_cache, _ = spec_run(
+        engine, prompt, GREEDY, max_tokens, plain, "perfect", n_ctx=n_ctx, ignore_eos=True
+    )
     assert spec == plain and len(plain) == min(max_tokens, n_ctx - len(prompt) + 1)
     assert_same_cache(plain_cache, spec_cache)
 
@@ -168,7 +174,9 @@ def test_grammar_masks_every_row_and_drafts_are_cut_to_what_it_allows(synthetic_
     assert plain and re.fullmatch(r"[a-z ]+\.?", engine.tokenizer.decode(plain))
     # A "garbage" script is mostly outside the grammar: valid_prefix cuts it before verifying.
     for mode in ("perfect", "garbage"):
-        got, cache, stats = spec_run(engine, prompt, GREEDY, 60, plain, mode, constraint=compiler.constraint(spec))
+        got, cache, stats = spec_run(
+            engine, prompt, GREEDY, 60, plain, mode, constraint=compiler.constraint(spec)
+        )
         assert got == plain
         assert_same_cache(plain_cache, cache)
     constraint = compiler.constraint(spec)
