@@ -101,7 +101,7 @@ class Speculator:
         stats.prefill_seconds = time.perf_counter() - t0
         costs = self.costs if self.costs is not None else self.measure()
         turn = _Turn(self, cache, prompt, Sampler(params), constraint, stats, CostGate(costs))
-        return turn.run(logits, max_tokens, ignore_eos, should_stop)
+        yield from turn.run(logits, max_tokens, ignore_eos, should_stop)
 
 
 class _Turn:
