@@ -150,12 +150,13 @@ class RecyclingTable:
         row[0] = token
 
     def draft(self, last: int, budget: int) -> list[int]:
-        """The top-1 chain from ``last``, up to ``budget`` tokens (stops at an unseen row)."""
+        """The top-1 chain from ``last``, up to ``budget`` tokens (stops at an unseen row, or
+        at a padding logit past the vocabulary)."""
         out: list[int] = []
         token = last
         while len(out) < budget and 0 <= token < self.next.shape[0]:
             token = int(self.next[token, 0])
-            if token < 0:
+            if not 0 <= token < self.next.shape[0]:
                 break
             out.append(token)
         return out

@@ -75,6 +75,8 @@ def test_recycling_ranks_verify_logits_and_moves_committed_bigrams_to_the_front(
     table.observe_bigram(5, 42)  # unseen: enters at the front, the last candidate drops out
     assert table.next[5].tolist() == [42, 9, 7, 3]
     assert table.draft(6, 3) == []  # an unseen row drafts nothing
+    table.observe_bigram(6, 50)  # a padding logit past the vocabulary is never drafted
+    assert table.draft(6, 3) == []
 
 
 def test_a_source_under_20_percent_over_64_drafted_tokens_is_muted_then_reprobed():
