@@ -195,3 +195,39 @@ def test_recycling_and_conversation_drafts_on_a_repeating_stream(engine):
     assert_same_cache(plain_cache, cache)
     assert stats.spec_drafted > 0
     assert isinstance(speculator.recycling, RecyclingTable) and (speculator.recycling.next >= 0).any()
+
+
+@pytest.fixture(scope="module")
+def backends():
+    """A plain and a speculative backend over the default model (verifying free: the gate
+    verifies every draft the conversation offers)."""
+    from inference.generation.backend import ConversationBackend
+    from tests.fixtures.model_files import default_model_path
+
+    engine = Engine.load(default_model_path())
+    spec = ConversationBackend(engine, n_ctx=512, kv_slots=1, spec=True)
+    spec.speculator.costs = FREE
+    return ConversationBackend(engine, n_ctx=512, kv_slots=1), spec
+
+
+@pytest.mark.parametrize(
+    "stop,cancel_after",
+    [((), None), (("grape",), None), (("ig, gr",), None), ((), 5)],
+    ids=["plain", "stop-word", "stop-inside-tokens", "cancelled"],
+)
+def test_backend_events_and_slot_equal_plain_with_stops_and_cancellation(backends, stop, cancel_after):
+    from inference.types import GenerationRequest, Message, SamplingOverrides, TextDelta
+
+    from .test_backend import RecordingSink, run
+
+    fruits = "apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, mango"
+    ask = f"Repeat this list exactly: {fruits}."
+    request = GenerationRequest((Message("user", ask),), SamplingOverrides(temperature=0.0), 40, stop=stop)
+    outcomes = []
+    for backend in backends:
+        sink, generated = run(backend, request, RecordingSink(cancel_after))
+        outcomes.append((sink.events, generated, list(backend.slots.slots[0].cache.tokens)))
+        backend.release()
+    assert outcomes[1] == outcomes[0]  # events (text, finish, usage), token count, slot shadow
+    text = "".join(e.text for e in outcomes[0][0] if isinstance(e, TextDelta))
+    assert "apple" in text and not any(s in text for s in stop)
