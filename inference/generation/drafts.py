@@ -352,6 +352,3 @@ class DraftCascade:
             tokens = self.recycling.draft(sam.tokens[-1], min(budget, RECYCLE_CHAIN))
             return Draft(tokens, self.recycled), self.recycled.acceptance(0.5)
         return Draft([], None), 0.0
-
-    def summary(self) -> str:
-        return ", ".join(f"{s.name} {s.accepted}/{s.drafted}" for s in (self.conversation, self.recycled))
