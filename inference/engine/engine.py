@@ -62,6 +62,9 @@ class GenerationStats:
     generated_tokens: int = 0
     decode_forwards: int = 0
     decode_seconds: float = 0.0
+    decoded_tokens: int = 0  # generated tokens written to the cache (one forward each, plain)
+    spec_drafted: int = 0  # speculation: drafted tokens verified, and how many were accepted
+    spec_accepted: int = 0
 
     @property
     def prefilled_tokens(self) -> int:
@@ -264,4 +267,5 @@ class Engine:
                 break
             logits = self.decode_one(cache, token)
             stats.decode_forwards += 1
+            stats.decoded_tokens += 1
             stats.decode_seconds = time.perf_counter() - t1

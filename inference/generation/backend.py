@@ -13,6 +13,7 @@ from typing import Protocol
 
 from inference.engine.engine import Engine
 from inference.generation.constraints import ConstraintCompiler, ConstraintSpec
+from inference.generation.speculative import Speculator
 from inference.generation.stream import BatchItem, DecodeStream
 from inference.generation.toolcall import resolve_forced_call
 from inference.kv.disk import SidecarStore
@@ -56,13 +57,23 @@ class ConversationBackend:
     generic backend (``backends.BACKENDS["conversation"]``), for every family whose cache can
     be cut back to a token prefix."""
 
-    def __init__(self, engine: Engine, n_ctx: int, kv_slots: int = 1, disk: SidecarStore | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        n_ctx: int,
+        kv_slots: int = 1,
+        disk: SidecarStore | None = None,
+        spec: bool = False,
+    ):
+        """``spec``: decode a request served alone speculatively (the same reply, faster where
+        drafts hit); a lockstep batch of two or more decodes plain."""
         self.engine = engine
         self.family = engine.family
         self.n_ctx = n_ctx
         self.defaults = engine.recommended_sampling()
         self.slots = SlotPool(lambda: engine.new_cache(n_ctx), kv_slots, disk)
         self.constraints = ConstraintCompiler(engine.tokenizer, stop_ids=engine.stop_ids)
+        self.speculator = Speculator(engine) if spec else None
 
     # -- connection side -------------------------------------------------------------------
     @property
@@ -146,6 +157,9 @@ class ConversationBackend:
         cancelled, then pushes nothing more."""
         try:
             stream = self.open_stream(request, prompt, sink)
+            if self.speculator is not None:
+                self.speculator.drive(stream)
+                return stream.generated
             while stream.live:
                 try:
                     logits = self.engine.decode_one(stream.cache, stream.token)
@@ -178,3 +192,5 @@ class ConversationBackend:
         for _ in self.engine.generate(cache, prepared.tokens, self.defaults, 2):
             pass
         self.slots.reset(cache)
+        if self.speculator is not None:
+            self.speculator.measure()  # the verify costs of this machine, for the cost gate

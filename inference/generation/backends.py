@@ -59,10 +59,11 @@ class BackendSetup:
     n_ctx: int
     kv_slots: int = 1
     disk: SidecarStore | None = None
+    spec: bool = False  # speculative decoding (--spec)
 
 
 def _conversation(setup: BackendSetup) -> GenerationBackend:
-    return ConversationBackend(setup.engine, setup.n_ctx, setup.kv_slots, setup.disk)
+    return ConversationBackend(setup.engine, setup.n_ctx, setup.kv_slots, setup.disk, spec=setup.spec)
 
 
 BACKENDS: dict[str, Callable[[BackendSetup], GenerationBackend]] = {

@@ -263,6 +263,11 @@ class TokenConstraint:
             raise ValueError(f"constraint rejected token {token}: {self.matcher.get_error()}")
         return self.matcher.is_stopped()
 
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of ``tokens`` the grammar would take in a row from here (the matcher's
+        state does not change): a speculative draft is cut there before it is verified."""
+        return self.matcher.validate_tokens(list(tokens))
+
     @property
     def completed(self) -> bool:
         """Whether the grammar is finished: nothing but the end of the turn may follow."""

@@ -123,13 +123,17 @@ class DecodeStream:
         except Exception as exc:
             self.fail(exc)
 
-    def advance(self, logits: np.ndarray) -> None:
-        """The forward appended :attr:`token`; ``logits`` (vocab,) follow it."""
+    def advance(self, logits: np.ndarray, rows: int | None = None) -> None:
+        """The forward appended :attr:`token`; ``logits`` (vocab,) follow it. ``rows``: the
+        cache rows that hold committed tokens once :attr:`token` is (a speculative verify has
+        appended drafted rows past them, which do not count against the context); default
+        every row of the cache."""
         self.stats.decode_forwards += 1
+        self.stats.decoded_tokens += 1
         self.stats.decode_seconds = time.perf_counter() - self._decode_started
         self.token = None
         try:
-            self._take(logits)
+            self._take(logits, self.cache.n_tokens if rows is None else rows)
         except Exception as exc:
             self.fail(exc)
 
@@ -167,7 +171,7 @@ class DecodeStream:
         # Either the chunks just ran or reuse_prefix kept the whole prompt with its logits.
         return self.cache.prefill_logits[1]
 
-    def _take(self, logits: np.ndarray) -> None:
+    def _take(self, logits: np.ndarray, rows: int | None = None) -> None:
         """Pick the token after ``logits``, stream its text, and either set :attr:`token`
         for the next forward or finish the stream."""
         stats, constraint = self.stats, self.constraint
@@ -184,7 +188,8 @@ class DecodeStream:
             self.sink.push(event)
         if self.emitter.stopped or completed or stats.generated_tokens >= self.prompt.max_tokens:
             return self._finish()
-        if self.cache.n_tokens >= self.cache.n_ctx or self.sink.cancelled:
+        rows = self.cache.n_tokens if rows is None else rows
+        if rows >= self.cache.n_ctx or self.sink.cancelled:
             return self._finish()
         self.token = token
 

@@ -45,6 +45,7 @@ class ServeConfig:
     stream_start_after: float = 3.0  # seconds a streamed request waits before its stream opens
     keepalive_every: float = 10.0  # seconds between keep-alives on an open stream with no events
     metrics: str = "open"  # GET /metrics: "open" (no key), "key" (needs --api-key) or "off"
+    spec: bool = False  # speculative decoding
 
 
 class ConnectionGate:
@@ -84,6 +85,7 @@ class InferenceService:
             kv_cache_dir=Path(config.kv_cache_dir) if config.kv_cache_dir else None,
             kv_disk_slots=config.kv_disk_slots,
             on_failure=on_failure,
+            spec=config.spec,
         )
         self.connections = ConnectionGate(config.conns)
         self.stopping = False

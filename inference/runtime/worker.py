@@ -57,6 +57,7 @@ class InferenceWorker:
         kv_cache_dir: Path | None = None,
         kv_disk_slots: int = 8,
         on_failure: Callable[[str], None] | None = None,
+        spec: bool = False,
     ):
         self.model_path = model_path
         self.queue = queue
@@ -67,6 +68,7 @@ class InferenceWorker:
         self.kv_disk_slots = kv_disk_slots
         self.batch = batch
         self.batches = BatchStats()
+        self.spec = spec
         self.on_failure = on_failure
         self.state = LOADING
         self.error: str | None = None
@@ -128,7 +130,8 @@ class InferenceWorker:
                     self.kv_slots,
                 )
                 self.batch = self.kv_slots
-            backend = backend_for(BackendSetup(engine, n_ctx, self.kv_slots, self._disk_tier(engine)))
+            disk = self._disk_tier(engine)
+            backend = backend_for(BackendSetup(engine, n_ctx, self.kv_slots, disk, spec=self.spec))
             backend.warm_up()
             backend.release()
         except Exception as exc:

@@ -87,3 +87,21 @@ def test_assemble_with_a_wrong_hash_leaves_nothing_behind(tmp_path):
     with pytest.raises(CommandError, match="expected 8 bytes with sha256 0000"):
         assemble(spec, chunks(tmp_path, parts), tmp_path / "m.gguf")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["part0", "part1"]
+
+
+SPEC_STATS = re.compile(r"; spec: (\d+)/(\d+) accepted$")
+FRUITS = "apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, mango"
+REPEAT_LIST = f"Repeat this list exactly: {FRUITS}."
+
+
+@pytest.mark.slow  # two manage.py processes loading the model
+def test_generate_spec_writes_the_same_text_and_reports_acceptance():
+    args = ("--chat", "--prompt", REPEAT_LIST, "--max-tokens", "40")
+    plain, spec = generate(*args), generate(*args, "--spec")
+    assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
+    assert spec.stdout == plain.stdout and "elderberry" in spec.stdout.lower()
+    last = spec.stderr.strip().splitlines()[-1]
+    accepted, drafted = map(int, SPEC_STATS.search(last).groups())
+    assert STATS_LINE.match(SPEC_STATS.sub("", last)), last
+    assert 0 < accepted <= drafted  # the reply copies the prompt: drafts from it were accepted
+    assert "spec:" not in plain.stderr

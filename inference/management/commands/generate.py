@@ -1,7 +1,8 @@
 """``python manage.py generate [MODEL] --prompt TEXT``: one generation on the command line.
 
 The generated text streams to stdout (only the text); the last stderr line is exactly
-``prefill: N tokens, X tok/s; decode: M tokens, Y tok/s``.
+``prefill: N tokens, X tok/s; decode: M tokens, Y tok/s``, followed by ``; spec: A/D accepted``
+with ``--spec`` (A of D drafted tokens accepted).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from inference.engine.engine import Engine, GenerationStats
 from inference.engine.gguf_file import GGUFError
 from inference.engine.kv_cache import ContextFullError
 from inference.engine.sampler import SamplingParams
+from inference.generation.speculative import Speculator
 from inference.model_files import ModelFileError, resolve_model
 
 
@@ -33,6 +35,11 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=None, help="RNG seed for sampling")
         parser.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-generation")
         parser.add_argument("--ctx", type=int, default=4096, help="context length (default 4096)")
+        parser.add_argument(
+            "--spec",
+            action="store_true",
+            help="speculative decoding (the same text; verify costs are measured first)",
+        )
 
     def handle(self, *args, **opts):
         if opts["max_tokens"] < 1:
@@ -52,8 +59,9 @@ class Command(BaseCommand):
         stats = GenerationStats()
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         out = sys.stdout
+        decode = Speculator(engine).generate if opts["spec"] else engine.generate
         try:
-            for token in engine.generate(
+            for token in decode(
                 engine.new_cache(n_ctx), prompt, params, opts["max_tokens"], opts["ignore_eos"], stats
             ):
                 out.write(decoder.decode(engine.tokenizer.token_bytes(token)))
@@ -62,7 +70,8 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         out.write(decoder.decode(b"", final=True) + "\n")
         out.flush()
-        sys.stderr.write(stats_line(stats) + "\n")
+        spec = f"; spec: {stats.spec_accepted}/{stats.spec_drafted} accepted" if opts["spec"] else ""
+        sys.stderr.write(stats_line(stats) + spec + "\n")
 
 
 def stats_line(stats: GenerationStats) -> str:
@@ -72,7 +81,7 @@ def stats_line(stats: GenerationStats) -> str:
         return n / seconds if seconds > 0 else 0.0
 
     prefill_rate = rate(stats.prefilled_tokens, stats.prefill_seconds)
-    decode_rate = rate(stats.decode_forwards, stats.decode_seconds)
+    decode_rate = rate(stats.decoded_tokens, stats.decode_seconds)
     return (
         f"prefill: {stats.prefilled_tokens} tokens, {prefill_rate:.1f} tok/s; "
         f"decode: {stats.generated_tokens} tokens, {decode_rate:.1f} tok/s"

@@ -191,6 +191,15 @@ class Command(BaseCommand):
             help="sidecar files kept under --kv-cache-dir, least recently used reused first "
             "(default: %(default)s)",
         )
+        parser.add_argument(
+            "--spec",
+            action="store_true",
+            help="speculative decoding: draft tokens from the conversation itself (a suffix automaton "
+            "over prompt and reply) and from recycled verify logits, check several per forward; "
+            "replies are exactly those of plain decoding (greedy and seeded), faster when the reply "
+            "copies from the conversation; a gate from verify costs measured at start-up turns it "
+            "off where it would lose time",
+        )
 
         parser.add_argument(
             "--stream-start-after",
@@ -236,6 +245,7 @@ class Command(BaseCommand):
             stream_start_after=options["stream_start_after"],
             keepalive_every=options["keepalive"],
             metrics=options["metrics"],
+            spec=options["spec"],
         )
         try:
             service = InferenceService.from_config(config)
