@@ -103,3 +103,26 @@ def test_softcap_backward():
     x, dy = RNG.normal(size=(4, 5)) * 40, RNG.normal(size=(4, 5))
     numeric = numeric_grad(lambda t: ops.softcap(t, 30.0), x, dy)
     close(ops.softcap_backward(dy, ops.softcap(x, 30.0), 30.0), numeric)
+
+
+def test_teacher_targets_keep_the_top_k_up_to_the_mass():
+    from inference.engine.training.distill import teacher_targets
+
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05], [0.97, 0.01, 0.01, 0.01]]))
+    t = teacher_targets(logits, k=3, mass=0.9)
+    assert t.ids.tolist() == [[0, 1, 2], [0, 1, 2]]
+    np.testing.assert_allclose(t.probs, [[0.5, 0.3, 0.15], [0.97, 0, 0]], rtol=1e-6)
+
+
+def test_distill_loss_gradient():
+    from inference.engine.training.distill import TeacherTargets, distill_loss
+
+    logits = RNG.normal(size=(3, 9))
+    targets = TeacherTargets(np.array([[1, 4], [0, 8], [2, 3]]), np.array([[0.6, 0.3], [0.9, 0.0], [0.5, 0.5]]))
+    loss, grad = distill_loss(logits, targets)
+    numeric = numeric_grad(lambda z: np.array(distill_loss(z, targets)[0]), logits, np.array(1.0))
+    close(grad, numeric)
+    z = logits - logits.max(-1, keepdims=True)
+    logq = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    expected = -(0.6 * logq[0, 1] + 0.3 * logq[0, 4] + 0.9 * logq[1, 0] + 0.5 * logq[2, 2] + 0.5 * logq[2, 3]) / 3
+    assert abs(loss - expected) < 1e-12
