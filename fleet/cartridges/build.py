@@ -10,7 +10,7 @@ job row for Celery), so the function knows nothing about either.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -18,6 +18,7 @@ from inference.engine.engine import Engine
 
 from .file import Cartridge, save_cartridge
 from .init import initial_cartridge
+from .selfstudy import SelfStudyConfig
 from .train import TrainConfig, TrainingCancelled, train_cartridge
 
 
@@ -62,6 +63,7 @@ class CartridgeBuildSpec:
     frozen_rows: int = 1  # leading rows excluded from training (the attention sink)
     accum: int = 4  # self-study conversations per optimizer step
     checkpoint: bool = False  # recompute per layer in the backward: less memory, more time
+    selfstudy: SelfStudyConfig = field(default_factory=SelfStudyConfig)  # span and reply lengths
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,9 @@ def _train(
     engine: Engine, spec: CartridgeBuildSpec, cartridge: Cartridge, tokens: list[int], progress: BuildProgress
 ) -> tuple[Cartridge, float, float]:
     """Self-study training of the initial cartridge; the held-out losses before and after."""
-    config = TrainConfig(spec.steps, lr=spec.lr, accum=spec.accum, seed=spec.seed, checkpoint=spec.checkpoint)
+    config = TrainConfig(
+        spec.steps, spec.lr, spec.accum, seed=spec.seed, checkpoint=spec.checkpoint, selfstudy=spec.selfstudy
+    )
     progress.on_log(f"training {spec.steps} steps of {config.accum} self-study conversations (lr {spec.lr})")
     try:
         result = train_cartridge(engine, cartridge, tokens, config, progress.on_step, progress.cancelled)
