@@ -36,19 +36,26 @@ SHADOW = -1  # token shadow of prefix rows: matches no real token
 
 
 def answer(
-    engine: Engine, messages: list[dict], prefix: Cartridge | None, max_tokens: int
+    engine: Engine, messages: list[dict], prefix: Cartridge | None, max_tokens: int, cache=None
 ) -> tuple[str, float, int]:
     """Greedy reply behind an optional prefix (rows [0, p) of the cache, real tokens after):
-    the text, seconds to the first token, and the KV rows the context occupied."""
+    the text, seconds to the first token, and the KV rows the context occupied. A ``cache``
+    passed in keeps the rows it shares with the prompt (the ICL arm's manual)."""
     prompt = engine.encode_chat(messages)
     rows = prefix.rows if prefix is not None else 0
-    cache = engine.new_cache(rows + len(prompt) + max_tokens + 1)
-    if prefix is not None:
-        cache.k[:, :, :rows] = prefix.k.astype(np.float16)
-        cache.v[:, :, :rows] = prefix.v.astype(np.float16)
-        cache.commit([SHADOW] * rows)
     t0 = time.perf_counter()
-    logits = engine.prefill(cache, prompt)
+    if cache is None:
+        cache = engine.new_cache(rows + len(prompt) + max_tokens + 1)
+        if prefix is not None:
+            cache.k[:, :, :rows] = prefix.k.astype(np.float16)
+            cache.v[:, :, :rows] = prefix.v.astype(np.float16)
+            cache.commit([SHADOW] * rows)
+        logits = engine.prefill(cache, prompt)
+    else:
+        kept = engine.reuse_prefix(cache, prompt)
+        saved = cache.prefill_logits
+        whole = kept == len(prompt) and saved is not None
+        logits = saved[1] if whole else engine.prefill(cache, prompt[kept:])
     out: list[int] = []
     ttft = None
     while len(out) < max_tokens:
