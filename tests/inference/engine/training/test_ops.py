@@ -118,11 +118,15 @@ def test_distill_loss_gradient():
     from inference.engine.training.distill import TeacherTargets, distill_loss
 
     logits = RNG.normal(size=(3, 9))
-    targets = TeacherTargets(np.array([[1, 4], [0, 8], [2, 3]]), np.array([[0.6, 0.3], [0.9, 0.0], [0.5, 0.5]]))
+    targets = TeacherTargets(
+        np.array([[1, 4], [0, 8], [2, 3]]), np.array([[0.6, 0.3], [0.9, 0.0], [0.5, 0.5]])
+    )
     loss, grad = distill_loss(logits, targets)
     numeric = numeric_grad(lambda z: np.array(distill_loss(z, targets)[0]), logits, np.array(1.0))
     close(grad, numeric)
     z = logits - logits.max(-1, keepdims=True)
     logq = z - np.log(np.exp(z).sum(-1, keepdims=True))
-    expected = -(0.6 * logq[0, 1] + 0.3 * logq[0, 4] + 0.9 * logq[1, 0] + 0.5 * logq[2, 2] + 0.5 * logq[2, 3]) / 3
+    expected = (
+        -(0.6 * logq[0, 1] + 0.3 * logq[0, 4] + 0.9 * logq[1, 0] + 0.5 * logq[2, 2] + 0.5 * logq[2, 3]) / 3
+    )
     assert abs(loss - expected) < 1e-12
