@@ -1,0 +1,1 @@
+"""Fleets: one cartridge per document, composed per request (Django-free)."""

@@ -1,0 +1,238 @@
+"""Joint training of a fleet's cartridges with mixed visibility (Cartridges at Scale).
+
+A cartridge trained alone learns to answer as the whole prefix; composed with others at
+serving it then collapses. So each round targets one document and, with probability
+``1 - p_isolated``, co-loads 1..``max_distractors`` other resident cartridges beside it
+(shuffled order); the conversation is about the target's text only, and every co-loaded
+cartridge takes an Adam step from the round's gradient (the distractors learn to stay out
+of the way). At most ``budget`` cartridges are resident (rows and Adam moments in memory);
+every ``rotate_every`` rounds the most-trained residents go to disk and the least-trained
+absent documents come in. A cartridge's file and its optimizer state are written together
+on eviction and read back exactly, so training continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from fleet.cartridges.file import Cartridge, load_cartridge, save_cartridge
+from fleet.cartridges.selfstudy import SelfStudyConfig
+from fleet.cartridges.train import Adam, ConversationPool, TrainConfig, TrainingCancelled, accumulate
+from inference.engine.engine import Engine
+from inference.engine.training import PrefixForward
+
+
+@dataclass(frozen=True)
+class JointConfig:
+    """The schedule of a joint run (the reference's defaults, scaled to small fleets)."""
+
+    rounds: int  # optimizer rounds in total (each steps every cartridge it co-loads)
+    budget: int = 4  # resident cartridges at most
+    rotate_every: int = 6
+    p_isolated: float = 0.75
+    max_distractors: int = 2
+    lr: float = 2e-3
+    accum: int = 2  # conversations per round
+    seed: int = 0
+    checkpoint: bool = False
+    selfstudy: SelfStudyConfig = field(default_factory=SelfStudyConfig)
+
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(self.rounds, self.lr, self.accum, seed=self.seed, selfstudy=self.selfstudy)
+
+
+@dataclass(frozen=True)
+class FleetDocument:
+    """One document of the fleet: its tokens and where its cartridge lives (written before
+    training, e.g. the initial cartridge)."""
+
+    name: str
+    tokens: list[int]
+    cartridge_path: Path
+
+    @property
+    def state_path(self) -> Path:
+        """The optimizer state beside the cartridge."""
+        return self.cartridge_path.with_name(self.cartridge_path.name + ".adam")
+
+
+@dataclass
+class Resident:
+    """A cartridge in memory with its optimizer state."""
+
+    doc: int
+    cartridge: Cartridge
+    adam: Adam
+    steps: int
+
+
+def save_resident(document: FleetDocument, r: Resident) -> None:
+    """Write the cartridge and its Adam state (atomic each); steps go in the state's metadata."""
+    save_cartridge(document.cartridge_path, r.cartridge)
+    tmp = document.state_path.with_name(f".{document.state_path.name}.tmp-{os.getpid()}")
+    try:
+        save_file(r.adam.arrays(), str(tmp), metadata={"steps": str(r.steps)})
+        os.replace(tmp, document.state_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_resident(doc: int, document: FleetDocument) -> Resident:
+    """Read a cartridge and its optimizer state (fresh Adam and 0 steps when it has none)."""
+    cartridge = load_cartridge(document.cartridge_path)
+    f = cartridge.frozen_rows
+    if not document.state_path.exists():
+        return Resident(doc, cartridge, Adam.zeros(cartridge.k[:, :, f:], cartridge.v[:, :, f:]), 0)
+    with open(document.state_path, "rb") as fh:
+        header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+    steps = int(header.get("__metadata__", {}).get("steps", 0))
+    return Resident(doc, cartridge, Adam.from_arrays(load_file(str(document.state_path))), steps)
+
+
+@dataclass
+class JointResult:
+    """Steps each document's cartridge took, the per-round losses, and how the rounds went."""
+
+    steps: dict[str, int]
+    history: list[float]
+    co_loaded_rounds: int  # rounds with distractors beside the target
+    rotations: int
+
+
+class JointTrainer:
+    """Runs the rounds of a joint fleet training over documents whose cartridges are on disk."""
+
+    def __init__(self, engine: Engine, documents: list[FleetDocument], config: JointConfig):
+        if not documents:
+            raise ValueError("a fleet needs at least one document")
+        if config.budget < 1:
+            raise ValueError(f"budget {config.budget} must be at least 1")
+        self.engine, self.docs, self.config = engine, documents, config
+        self.fw = PrefixForward(engine.model)
+        self.rng = np.random.default_rng([config.seed, 18])
+        self.pools = [
+            ConversationPool(engine, d.tokens, config.seed * 1000 + i, config.selfstudy)
+            for i, d in enumerate(documents)
+        ]
+        self.used = [0] * len(documents)  # conversations consumed per document
+        self.steps = {i: 0 for i in range(len(documents))}
+        self.residents: list[Resident] = []
+        self.rotations = self.co_loaded = 0
+
+    def load_initial(self) -> None:
+        """The least-trained documents (document order breaks ties) up to the budget."""
+        order = sorted(range(len(self.docs)), key=lambda i: (self._stored_steps(i), i))
+        for i in order[: self.config.budget]:
+            self._load(i)
+
+    def _stored_steps(self, i: int) -> int:
+        path = self.docs[i].state_path
+        if not path.exists():
+            return 0
+        with open(path, "rb") as fh:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        return int(header.get("__metadata__", {}).get("steps", 0))
+
+    def _load(self, i: int) -> None:
+        r = load_resident(i, self.docs[i])
+        self.steps[i] = r.steps
+        self.residents.append(r)
+
+    def evict(self, r: Resident) -> None:
+        save_resident(self.docs[r.doc], r)
+        self.residents.remove(r)
+
+    def rotate(self) -> None:
+        """Swap the most-trained residents for the least-trained absent documents (at most
+        half the budget at a time, at least one)."""
+        absent = sorted(
+            (i for i in range(len(self.docs)) if i not in {r.doc for r in self.residents}),
+            key=lambda i: (self.steps[i], i),
+        )
+        if not absent:
+            return
+        n = min(len(absent), max(1, self.config.budget // 2))
+        for r in sorted(self.residents, key=lambda r: (-r.steps, r.doc))[:n]:
+            self.evict(r)
+        for i in absent[:n]:
+            self._load(i)
+        self.rotations += 1
+
+    def visible(self) -> tuple[Resident, list[Resident]]:
+        """This round's target (weighted by document length) and the co-loaded parts in order."""
+        lengths = np.array([len(self.docs[r.doc].tokens) for r in self.residents], np.float64)
+        target = self.residents[int(self.rng.choice(len(self.residents), p=lengths / lengths.sum()))]
+        others = [r for r in self.residents if r is not target]
+        if not others or self.rng.random() < self.config.p_isolated:
+            return target, [target]
+        k = int(self.rng.integers(1, min(self.config.max_distractors, len(others)) + 1))
+        picked = [others[j] for j in self.rng.permutation(len(others))[:k]]
+        parts = [target, *picked]
+        self.co_loaded += 1
+        return target, [parts[j] for j in self.rng.permutation(len(parts))]
+
+    def round(self) -> float:
+        """One round: conversations about the target, one Adam step for every visible part."""
+        target, parts = self.visible()
+        c = self.config
+        convs = self.pools[target.doc].take(self.used[target.doc], c.accum)
+        self.used[target.doc] += c.accum
+        k = np.concatenate([r.cartridge.k for r in parts], axis=2)
+        v = np.concatenate([r.cartridge.v for r in parts], axis=2)
+        loss, dk, dv = accumulate(self.fw, convs, k, v, c.checkpoint)
+        at = 0
+        for r in parts:
+            rows, f = r.cartridge.rows, r.cartridge.frozen_rows
+            trainable = (r.cartridge.k[:, :, f:], r.cartridge.v[:, :, f:])  # views: updated in place
+            r.adam.step(
+                trainable, (dk[:, :, at + f : at + rows], dv[:, :, at + f : at + rows]), c.train_config()
+            )
+            r.steps += 1
+            self.steps[r.doc] = r.steps
+            at += rows
+        return loss
+
+    def run(
+        self,
+        on_step: Callable[[int, int, float], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> JointResult:
+        """All rounds, then every resident back to disk. TrainingCancelled between rounds
+        leaves every cartridge on disk as it last was saved plus the residents' progress."""
+        c = self.config
+        if not self.residents:
+            self.load_initial()
+        history = []
+        try:
+            for n in range(c.rounds):
+                if cancelled is not None and cancelled():
+                    raise TrainingCancelled(f"cancelled after {n} of {c.rounds} rounds")
+                if n and n % c.rotate_every == 0:
+                    self.rotate()
+                history.append(self.round())
+                if on_step is not None:
+                    on_step(n + 1, c.rounds, history[-1])
+        finally:
+            for r in list(self.residents):
+                self.evict(r)
+        steps = {self.docs[i].name: s for i, s in self.steps.items()}
+        return JointResult(steps, history, self.co_loaded, self.rotations)
+
+
+def train_fleet(
+    engine: Engine,
+    documents: list[FleetDocument],
+    config: JointConfig,
+    on_step: Callable[[int, int, float], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> JointResult:
+    """Jointly train the cartridges at ``documents``' paths in place (the entry point
+    ``fleet.fleets.build`` calls)."""
+    return JointTrainer(engine, documents, config).run(on_step, cancelled)

@@ -1,0 +1,123 @@
+"""Self-study synthesis, cartridge training and build_cartridge with steps > 0, on a synthetic
+model (random weights, the real SmolLM2 tokenizer)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fleet.cartridges.build import BuildCancelled, CartridgeBuildSpec, build_cartridge, corpus_tokens
+from fleet.cartridges.file import load_cartridge
+from fleet.cartridges.init import initial_cartridge
+from fleet.cartridges.selfstudy import SelfStudyConfig, synthesize_many
+from fleet.cartridges.train import TrainConfig, train_cartridge
+from inference.engine.engine import Engine
+from tests.fixtures.synthetic_gguf import synthetic_path
+
+CORPUS = (
+    "The lighthouse keeper Ilse Varga rows to Skerrow Island every Tuesday with 14 crates of lamp oil. "
+    "Her boat, the Marrow Gull, is painted green and has a red sail sewn in 1987. "
+) * 2
+SMALL = SelfStudyConfig(span_min=48, span_max=48, max_question=8, max_answer=12)
+
+
+@pytest.fixture(scope="module")
+def engine(synthetic_dir):
+    return Engine.load(synthetic_path("llama", synthetic_dir))
+
+
+@pytest.fixture(scope="module")
+def corpus(engine, tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text(CORPUS)
+    return path
+
+
+def test_self_study_is_deterministic_and_supervises_the_answer(engine, corpus):
+    tokens = corpus_tokens(engine, corpus)
+    first, again = (synthesize_many(engine, tokens, seed=5, count=2, config=SMALL) for _ in range(2))
+    for a, b in zip(first, again, strict=True):
+        assert (a.question, a.prompt, a.answer, a.span) == (b.question, b.prompt, b.answer, b.span)
+        assert np.array_equal(a.targets.ids, b.targets.ids) and np.array_equal(
+            a.targets.probs, b.targets.probs
+        )
+    conv = first[0]
+    assert conv.span[1] - conv.span[0] == 48
+    assert conv.targets.rows == len(conv.answer) + 1 == len(conv.head_rows)
+    assert conv.head_rows[0] == len(conv.prompt) - 1 and conv.tokens[: len(conv.prompt)] == list(conv.prompt)
+    mass = conv.targets.probs.sum(axis=1)
+    assert np.all(mass <= 1.0 + 1e-5) and np.all(mass > 0) and conv.targets.ids.shape[1] == 20
+    span_text = engine.tokenizer.decode(tokens[conv.span[0] : conv.span[1]])
+    assert span_text.strip()[:40] not in engine.tokenizer.decode(
+        list(conv.prompt)
+    )  # the student never sees it
+    assert synthesize_many(engine, tokens, seed=6, count=1, config=SMALL)[0].question != first[0].question
+
+
+def test_training_lowers_the_held_out_loss_and_keeps_the_sink(engine, corpus):
+    tokens = corpus_tokens(engine, corpus)
+    start = initial_cartridge(engine, tokens[:8], frozen_rows=1)
+    config = TrainConfig(steps=6, lr=2e-2, accum=2, held_out=2, seed=1, selfstudy=SMALL)
+    seen = []
+    result = train_cartridge(engine, start, tokens, config, on_step=lambda *a: seen.append(a))
+    assert [s[:2] for s in seen] == [(i, 6) for i in range(1, 7)]
+    assert result.history == [s[2] for s in seen]
+    assert result.loss_last < result.loss_first - 0.01, (result.loss_first, result.loss_last)
+    trained = result.cartridge
+    assert np.array_equal(trained.k[:, :, :1], start.k[:, :, :1]) and np.array_equal(
+        trained.v[:, :, :1], start.v[:, :, :1]
+    )
+    assert not np.array_equal(trained.k[:, :, 1:], start.k[:, :, 1:])
+    assert trained.training["steps"] == 6 and trained.training["loss_last"] == result.loss_last
+
+
+class Recorder:
+    def __init__(self, cancel_after: int | None = None):
+        self.steps, self.logs, self.cancel_after = [], [], cancel_after
+
+    def on_step(self, step, total, loss):
+        self.steps.append((step, total, loss))
+
+    def on_log(self, message):
+        self.logs.append(message)
+
+    def cancelled(self):
+        return self.cancel_after is not None and len(self.steps) >= self.cancel_after
+
+
+def test_build_cartridge_trains_and_round_trips(engine, corpus, tmp_path):
+    out = tmp_path / "c.safetensors"
+    spec = CartridgeBuildSpec(
+        corpus, out, engine.path, prefix_tokens=8, steps=2, lr=1e-2, accum=1, selfstudy=SMALL
+    )
+    progress = Recorder()
+    result = build_cartridge(spec, progress, engine)
+    assert [s[:2] for s in progress.steps] == [(1, 2), (2, 2)] and all(
+        np.isfinite(s[2]) for s in progress.steps
+    )
+    assert (
+        result.steps == 2
+        and result.rows == 8
+        and result.loss_first is not None
+        and result.loss_last is not None
+    )
+    loaded = load_cartridge(out)
+    assert loaded.training["loss_first"] == result.loss_first and loaded.training["method"] == "self-study"
+    assert loaded.frozen_rows == 1 and loaded.fingerprint == engine.fingerprint
+    init = initial_cartridge(engine, corpus_tokens(engine, corpus)[:8])
+    assert not np.array_equal(loaded.k, init.k)  # trained rows, not the initialisation
+
+
+def test_build_cartridge_cancelled_mid_training_writes_nothing(engine, corpus, tmp_path):
+    out = tmp_path / "c.safetensors"
+    spec = CartridgeBuildSpec(corpus, out, engine.path, prefix_tokens=8, steps=3, accum=1, selfstudy=SMALL)
+    with pytest.raises(BuildCancelled, match="after 1 of 3"):
+        build_cartridge(spec, Recorder(cancel_after=1), engine)
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_negative_steps_are_refused(engine, corpus, tmp_path):
+    with pytest.raises(ValueError, match="--steps -1"):
+        build_cartridge(
+            CartridgeBuildSpec(corpus, tmp_path / "c", engine.path, prefix_tokens=4, steps=-1), None, engine
+        )

@@ -1,0 +1,91 @@
+"""Joint fleet training: mixed visibility, the resident budget with rotation, and
+evict/reload continuing bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fleet.cartridges.file import Cartridge, load_cartridge, save_cartridge
+from fleet.cartridges.init import initial_cartridge
+from fleet.cartridges.selfstudy import SelfStudyConfig
+from fleet.cartridges.train import Adam, TrainConfig
+from fleet.fleets.train import FleetDocument, JointConfig, Resident, load_resident, save_resident, train_fleet
+from inference.engine.engine import Engine
+from tests.fixtures.synthetic_gguf import synthetic_path
+
+SMALL = SelfStudyConfig(span_min=32, span_max=32, max_question=6, max_answer=8)
+TEXTS = {
+    "lighthouse": "The keeper Ilse Varga rows to Skerrow Island every Tuesday with 14 crates of lamp oil. "
+    * 2,
+    "bakery": "Bakery Ortolan opens at 5:40 and sells rye loaves with caraway for 3 crowns each day. " * 2,
+    "railway": "The Vell Valley railway runs 9 trains a day between Amsel and Dorn over the Kettle bridge. "
+    * 2,
+}
+
+
+def test_evict_and_reload_continue_bit_identically(tmp_path):
+    rng = np.random.default_rng(0)
+    k, v = rng.normal(size=(2, 1, 5, 4)).astype(np.float32), rng.normal(size=(2, 1, 5, 4)).astype(np.float32)
+    grads = [
+        (rng.normal(size=(2, 1, 4, 4)).astype(np.float32), rng.normal(size=(2, 1, 4, 4)).astype(np.float32))
+        for _ in range(3)
+    ]
+    config = TrainConfig(steps=3, lr=1e-2)
+    doc = FleetDocument("d", [1, 2], tmp_path / "d.safetensors")
+
+    def fresh() -> Resident:
+        c = Cartridge(k.copy(), v.copy(), b"\x01" * 16, frozen_rows=1)
+        return Resident(0, c, Adam.zeros(c.k[:, :, 1:], c.v[:, :, 1:]), 0)
+
+    def step(r: Resident, g) -> None:
+        r.adam.step((r.cartridge.k[:, :, 1:], r.cartridge.v[:, :, 1:]), g, config)
+        r.steps += 1
+
+    stay, moved = fresh(), fresh()
+    for i, g in enumerate(grads):
+        step(stay, g)
+        step(moved, g)
+        if i < 2:  # out to disk and back between steps
+            save_resident(doc, moved)
+            moved = load_resident(0, doc)
+    assert moved.steps == stay.steps == 3 and moved.adam.t == 3
+    assert np.array_equal(moved.cartridge.k, stay.cartridge.k) and np.array_equal(
+        moved.cartridge.v, stay.cartridge.v
+    )
+    assert np.array_equal(moved.adam.v_k, stay.adam.v_k) and np.array_equal(moved.adam.m_v, stay.adam.m_v)
+    assert np.array_equal(moved.cartridge.k[:, :, :1], k[:, :, :1])  # the sink row never moves
+
+
+@pytest.fixture(scope="module")
+def engine(synthetic_dir):
+    return Engine.load(synthetic_path("llama", synthetic_dir))
+
+
+def test_joint_training_rotates_and_co_loads(engine, tmp_path):
+    docs = []
+    for name, text in TEXTS.items():
+        tokens = engine.tokenizer.encode(text, add_bos=engine.tokenizer.add_bos)
+        path = tmp_path / f"{name}.safetensors"
+        save_cartridge(path, initial_cartridge(engine, tokens[:6]))
+        docs.append(FleetDocument(name, tokens, path))
+    before = {d.name: load_cartridge(d.cartridge_path).k for d in docs}
+    config = JointConfig(
+        rounds=6, budget=2, rotate_every=2, p_isolated=0.4, lr=1e-2, accum=1, seed=3, selfstudy=SMALL
+    )
+    rounds = []
+    result = train_fleet(engine, docs, config, on_step=lambda *a: rounds.append(a))
+    assert [r[:2] for r in rounds] == [(i, 6) for i in range(1, 7)] and len(result.history) == 6
+    assert result.rotations >= 2 and result.co_loaded_rounds >= 1
+    assert all(s > 0 for s in result.steps.values()), result.steps  # only 2 resident, all 3 trained
+    # every co-loaded cartridge stepped: more steps than rounds
+    assert sum(result.steps.values()) >= 6 + result.co_loaded_rounds
+    for d in docs:
+        after = load_cartridge(d.cartridge_path)
+        assert not np.array_equal(after.k, before[d.name]) and d.state_path.exists()
+        assert load_resident(0, d).steps == result.steps[d.name]
+
+
+def test_budget_must_be_positive(engine, tmp_path):
+    with pytest.raises(ValueError, match="budget 0"):
+        train_fleet(engine, [FleetDocument("a", [1], tmp_path / "a")], JointConfig(rounds=1, budget=0))
