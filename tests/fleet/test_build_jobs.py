@@ -123,7 +123,8 @@ def test_progress_writes_are_throttled_and_the_last_step_is_always_written():
 def test_fanout_runs_in_process_by_default_and_through_an_installed_mapper():
     items = [{"n": n} for n in range(5)]
     done = []
-    results = fanout.map_documents(fanout_tasks.square_with_pid, items, on_done=lambda d, t: done.append((d, t)))
+    square = fanout_tasks.square_with_pid
+    results = fanout.map_documents(square, items, on_done=lambda d, t: done.append((d, t)))
     assert [r["square"] for r in results] == [0, 1, 4, 9, 16] and done[-1] == (5, 5)
     calls = []
 
@@ -156,7 +157,6 @@ def test_loss_curve_is_an_svg_with_one_point_per_step():
     (line,) = root.iter(ns + "polyline")
     points = [tuple(map(float, p.split(","))) for p in line.get("points").split()]
     assert len(points) == 3 and points[0][0] < points[1][0] < points[2][0]
-    assert points[0][1] > points[2][1] or points[0][1] < points[2][1]  # y follows the loss
     assert points[0][1] < points[2][1]  # higher loss is drawn higher (smaller y)
     assert root.find(ns + "title").text == "c <1>"
     assert "no loss recorded" in loss_curve_svg([])
@@ -166,7 +166,8 @@ def test_build_cartridge_command_prints_the_summary_and_records_the_job(corpus, 
     from django.core.management import call_command
 
     out = tmp_path / "cmd.safetensors"
-    call_command("build_cartridge", str(corpus), "--out", str(out), "--model", str(model), "--prefix-tokens", "8")
+    args = [str(corpus), "--out", str(out), "--model", str(model), "--prefix-tokens", "8"]
+    call_command("build_cartridge", *args)
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(summary) == {"path", "rows", "steps", "loss_first", "loss_last", "seconds"}
     assert summary["rows"] == 8 and summary["steps"] == 0 and Path(summary["path"]) == out
