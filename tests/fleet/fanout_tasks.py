@@ -22,3 +22,12 @@ def fail_on_three(item: dict) -> int:
 
 def unmarked(item: dict) -> int:
     return item["n"]
+
+
+@document_task
+def slow_square(item: dict) -> int:
+    """The square after ``item["sleep"]`` seconds (long enough to cancel in the middle)."""
+    import time
+
+    time.sleep(item["sleep"])
+    return item["n"] * item["n"]
