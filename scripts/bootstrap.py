@@ -78,7 +78,7 @@ def ensure_redis() -> None:
     if Path(os.environ.get("LMSERVE_REDIS_SERVER", "/usr/bin/redis-server")).exists():
         return
     if not shutil.which("apt-get") or os.geteuid() != 0:
-        sys.exit("the Celery tests need Debian's redis-server: 'sudo apt-get install -y redis-server', then retry")
+        sys.exit("the Celery tests need Debian's redis-server: 'sudo apt-get install -y redis-server'")
     apt_env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     run("apt-get", "update", env=apt_env)
     run("apt-get", "install", "-y", "--no-install-recommends", "redis-server", env=apt_env)
