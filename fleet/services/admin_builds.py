@@ -37,10 +37,10 @@ def start_cartridge_build(upload, name: str, model: str, **options) -> BuildJob:
         model_path = resolve_model(model).resolve()
     except LookupError as exc:
         raise BuildRequestError(str(exc)) from exc
-    corpora = root / "corpora"
-    corpora.mkdir(parents=True, exist_ok=True)
+    kept = root / "corpora" / uuid.uuid4().hex[:12]  # one directory per upload keeps its own name
+    kept.mkdir(parents=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    corpus = corpora / f"{uuid.uuid4().hex[:12]}-{Path(upload.name).name}"
+    corpus = kept / Path(upload.name).name
     with corpus.open("wb") as fh:
         for chunk in upload.chunks():
             fh.write(chunk)
