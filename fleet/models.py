@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from django.db import models
+from django.utils import timezone
 
 
 class BuildJob(models.Model):
@@ -61,8 +62,6 @@ class BuildJob(models.Model):
         """Wall time from start to end (or to now while running)."""
         if self.started is None:
             return None
-        from django.utils import timezone
-
         return ((self.finished or timezone.now()) - self.started).total_seconds()
 
 
