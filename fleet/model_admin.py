@@ -88,7 +88,9 @@ class BuildJobAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="log")
     def log_text(self, job: BuildJob) -> str:
-        return format_html('<pre class="build-log">{}</pre>', job.log or "(empty)")
+        return format_html(
+            '<pre class="build-log" style="white-space: pre-wrap">{}</pre>', job.log or "(empty)"
+        )
 
     @admin.action(description="Cancel the selected jobs")
     def cancel_jobs(self, request: HttpRequest, queryset) -> None:

@@ -40,7 +40,7 @@ class BuildJob(models.Model):
     log = models.TextField(blank=True, default="")
     error = models.TextField(blank=True, default="", help_text="why it failed or was cancelled")
     result = models.JSONField(null=True, blank=True, help_text="the build's JSON summary")
-    runner = models.CharField(max_length=16, default="in-process", help_text="in-process or celery")
+    runner = models.CharField(max_length=16, default="in-process", help_text="in-process, thread or celery")
     celery_task_id = models.CharField(max_length=64, blank=True, default="")
     cancel_requested = models.BooleanField(default=False)
     created = models.DateTimeField(auto_now_add=True)

@@ -54,7 +54,9 @@ class Migration(migrations.Migration):
                 ("result", models.JSONField(blank=True, help_text="the build's JSON summary", null=True)),
                 (
                     "runner",
-                    models.CharField(default="in-process", help_text="in-process or celery", max_length=16),
+                    models.CharField(
+                        default="in-process", help_text="in-process, thread or celery", max_length=16
+                    ),
                 ),
                 ("celery_task_id", models.CharField(blank=True, default="", max_length=64)),
                 ("cancel_requested", models.BooleanField(default=False)),
