@@ -68,7 +68,7 @@ class BuildJobAdmin(ReadOnlyMixin, admin.ModelAdmin):
         "parameters",
         "result",
         ("created", "started", "finished"),
-        "celery_task_id",
+        ("celery_task_id", "process"),
         "cancel_requested",
         "log_text",
     )
@@ -114,7 +114,12 @@ class BuildJobAdmin(ReadOnlyMixin, admin.ModelAdmin):
         self._cancel(request, job_id)
         return redirect("admin:fleet_buildjob_change", job_id)
 
+    def changelist_view(self, request, extra_context=None):
+        jobs.fail_orphans()
+        return super().changelist_view(request, extra_context)
+
     def change_view(self, request, object_id, form_url="", extra_context=None):
+        jobs.fail_orphans()
         job = self.get_object(request, object_id)
         extra = {"job_running": job is not None and not job.is_finished, **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra)

@@ -42,6 +42,7 @@ class BuildJob(models.Model):
     result = models.JSONField(null=True, blank=True, help_text="the build's JSON summary")
     runner = models.CharField(max_length=16, default="in-process", help_text="in-process, thread or celery")
     celery_task_id = models.CharField(max_length=64, blank=True, default="")
+    process = models.CharField(max_length=128, blank=True, default="", help_text="host:pid running it")
     cancel_requested = models.BooleanField(default=False)
     created = models.DateTimeField(auto_now_add=True)
     started = models.DateTimeField(null=True, blank=True)

@@ -9,6 +9,8 @@ with the reason in ``error``. The kinds' service functions (``run_cartridge_job`
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import traceback
 from collections.abc import Callable
@@ -116,14 +118,44 @@ def _revoke(job_id: int) -> None:
         app.control.revoke(task_id)  # a courtesy: the task also finds the job cancelled and returns
 
 
+def _process() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 def claim(job_id: int) -> BuildJob | None:
-    """Move a queued job to running; None when it is not queued any more (cancelled, or taken by
-    another runner)."""
+    """Move a queued job to running, recording the process that runs it; None when it is not
+    queued any more (cancelled, or taken by another runner)."""
     if not BuildJob.objects.filter(pk=job_id, state=State.QUEUED).update(
-        state=State.RUNNING, started=timezone.now()
+        state=State.RUNNING, started=timezone.now(), process=_process()
     ):
         return None
     return BuildJob.objects.get(pk=job_id)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def fail_orphans() -> int:
+    """Mark failed the running jobs whose process on this host has ended (a server restarted
+    under its build thread, a killed command or worker): nothing else would ever end them.
+    Returns how many."""
+    host = socket.gethostname()
+    orphans = 0
+    for job_id, process in BuildJob.objects.filter(state=State.RUNNING).values_list("pk", "process"):
+        name, _, pid = process.rpartition(":")
+        if name == host and pid.isdigit() and not _alive(int(pid)):
+            error = f"the process running it ({process}) ended before the build did"
+            orphans += BuildJob.objects.filter(pk=job_id, state=State.RUNNING).update(
+                state=State.FAILED, error=error, finished=timezone.now()
+            )
+    return orphans
 
 
 def finish(job_id: int, state: str, *, error: str = "", result: dict | None = None, log_text=None) -> None:

@@ -4,6 +4,7 @@ seam; the loss curve picture. (The Celery path is tests/fleet/test_celery_jobs.p
 from __future__ import annotations
 
 import json
+import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -194,3 +195,24 @@ def test_build_cartridge_command_refuses_bad_input_clearly(corpus, model, tmp_pa
     args[2] = str(tmp_path / args[2])
     with pytest.raises(CommandError, match=message):
         call_command("build_cartridge", *args)
+
+
+def test_a_running_job_whose_process_ended_is_marked_failed():
+    import socket
+    import subprocess
+    import sys
+
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead_pid = int(ended.stdout)
+    host = socket.gethostname()
+    orphan, alive, elsewhere = (jobs.create_job("cartridge", {}) for _ in range(3))
+    for job in (orphan, alive, elsewhere):
+        assert jobs.claim(job.pk).process == f"{host}:{os.getpid()}"
+    BuildJob.objects.filter(pk=orphan.pk).update(process=f"{host}:{dead_pid}")
+    BuildJob.objects.filter(pk=elsewhere.pk).update(process=f"another-host:{dead_pid}")
+    assert jobs.fail_orphans() == 1
+    orphan.refresh_from_db()
+    assert orphan.state == "failed" and f"({host}:{dead_pid}) ended before the build did" in orphan.error
+    assert {j.state for j in BuildJob.objects.exclude(pk=orphan.pk)} == {"running"}
