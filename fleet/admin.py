@@ -64,3 +64,6 @@ def delete_sidecar(request: HttpRequest, name: str) -> HttpResponse:
     else:
         messages.error(request, f"no sidecar named {name}")
     return redirect("fleet:kv")
+
+
+from . import model_admin  # noqa: E402,F401  (registers the ModelAdmins of the fleet's records)

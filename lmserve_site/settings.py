@@ -5,7 +5,8 @@ serve; the default model when unset), ``LMSERVE_MODELS_DIR`` (where ``fetch_mode
 the optional models), ``LMSERVE_DATA_DIR`` (the SQLite database and the generated secret key;
 the checkout by default), ``DATABASE_URL`` (SQLite by default), ``LMSERVE_SECRET_KEY`` (else
 a key generated once per installation), ``LMSERVE_ALLOWED_HOSTS`` (comma-separated, on top of
-the localhost names; ``manage.py lmserve`` adds its --host and --allowed-hosts).
+the localhost names; ``manage.py lmserve`` adds its --host and --allowed-hosts),
+``CELERY_BROKER_URL`` (Redis for offline builds on Celery workers; unset, builds run in-process).
 """
 
 import os
@@ -104,8 +105,21 @@ CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}
 # starts) so settings stay cheap.
 LMSERVE_MODEL = os.environ.get("LMSERVE_MODEL", "")
 LMSERVE_MODELS_DIR = Path(os.environ.get("LMSERVE_MODELS_DIR", BASE_DIR / "models"))
+# Where builds started from the admin keep their uploaded corpora and write their cartridges
+# (Celery workers on other machines must see the same directory).
+LMSERVE_BUILD_DIR = Path(os.environ.get("LMSERVE_BUILD_DIR") or DATA_DIR / "builds")
 
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
+# Offline builds (cartridges, fleets) go to Celery workers only when a broker is configured
+# (Redis: ``redis://host:6379/0``); unset, every build runs in-process (the embedded default).
+# Results (the fleet builds' per-document fan-out waits on them) go to the same Redis by default.
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "")
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", "") or CELERY_BROKER_URL
+CELERY_TASK_SERIALIZER = CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+# A build runs for minutes: a worker takes one task at a time and acknowledges it when done, so a
+# worker that dies mid-build leaves the task to another.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ACKS_LATE = True
 
 LOGGING = {
     "version": 1,

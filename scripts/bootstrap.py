@@ -71,6 +71,19 @@ def ensure_nginx() -> None:
     run("apt-get", "install", "-y", "--no-install-recommends", "nginx", env=apt_env)
 
 
+def ensure_redis() -> None:
+    """Debian's redis-server for the Celery tests (tests/fleet/test_celery_jobs.py), installed
+    with apt-get when missing and this runs as root; the tests run it in the foreground on a free
+    port of their own, never as a system service."""
+    if Path(os.environ.get("LMSERVE_REDIS_SERVER", "/usr/bin/redis-server")).exists():
+        return
+    if not shutil.which("apt-get") or os.geteuid() != 0:
+        sys.exit("the Celery tests need Debian's redis-server: 'sudo apt-get install -y redis-server'")
+    apt_env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run("apt-get", "update", env=apt_env)
+    run("apt-get", "install", "-y", "--no-install-recommends", "redis-server", env=apt_env)
+
+
 def environment() -> dict[str, str]:
     env = dict(os.environ)
     # numba's compiled kernels survive restarts and fresh clones in one per-user cache.
