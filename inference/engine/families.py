@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from .gguf_file import GGUFError, GGUFFile
 from .models import DecoderModel
 from .models.gemma3 import Gemma3Model
+from .models.gemma4 import Gemma4Model
 from .models.llama import LlamaModel
 from .models.qwen2 import Qwen2Model
 from .models.qwen3 import Qwen3Model
@@ -78,6 +79,7 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3", Qwen3Model, sampling=QWEN3_SAMPLING, think=QWEN_THINK, tools=HERMES_TOOLS),
         Family("qwen3moe", Qwen3MoeModel, sampling=QWEN3_SAMPLING, think=QWEN_THINK, tools=HERMES_TOOLS),
         Family("gemma3", Gemma3Model, template_fallback="gemma"),
+        Family("gemma4", Gemma4Model, template_fallback="gemma4", stop_tokens=("<turn|>", "<eos>")),
     )
 }
 
