@@ -56,8 +56,12 @@ class Gemma4Model(DecoderModel):
     rope_style = ROPE_NEOX
 
     def __init__(self, f: GGUFFile):
-        if int(f.arch_value("embedding_length_per_layer_input", 0)) > 0 or f.has_tensor("per_layer_token_embd.weight"):
-            raise GGUFError(f"{f.path}: Gemma 4 per-layer embeddings (E2B/E4B checkpoints) are not supported yet")
+        if int(f.arch_value("embedding_length_per_layer_input", 0)) > 0 or f.has_tensor(
+            "per_layer_token_embd.weight"
+        ):
+            raise GGUFError(
+                f"{f.path}: Gemma 4 per-layer embeddings (E2B/E4B checkpoints) are not supported yet"
+            )
         n_layers = int(f.require(f"{f.architecture}.block_count"))
         self.shapes: list[LayerShape] = layer_shapes(f, n_layers)
         config = gemma4_config(
@@ -72,7 +76,9 @@ class Gemma4Model(DecoderModel):
         self.softcap = float(f.arch_value("final_logit_softcapping", 0.0))
         self.rope_factors = self.optional_vector("rope_freqs.weight")  # global layers' frequency factors
         if self.rope_factors is not None and len(self.rope_factors) < config.n_rot // 2:
-            raise GGUFError(f"{f.path}: rope_freqs has {len(self.rope_factors)} entries, the layers rotate {config.n_rot}")
+            raise GGUFError(
+                f"{f.path}: rope_freqs has {len(self.rope_factors)} entries, the layers rotate {config.n_rot}"
+            )
         self.layers = [self.load_layer(i) for i in range(n_layers)]
         self.fused = None  # see the module docstring
 

@@ -30,7 +30,8 @@ def expert_matrices(f: GGUFFile, name: str, row_range: slice | None = None) -> l
     rows = range(t.shape[1])[row_range] if row_range is not None else range(t.shape[1])
     shape = (len(rows), t.shape[2])
     return [
-        load_matrix(t.type, t.data[e][rows.start : rows.stop], shape, f"{name}[{e}]") for e in range(t.shape[0])
+        load_matrix(t.type, t.data[e][rows.start : rows.stop], shape, f"{name}[{e}]")
+        for e in range(t.shape[0])
     ]
 
 

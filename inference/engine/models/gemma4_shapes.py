@@ -52,7 +52,9 @@ def local_pattern(f: GGUFFile, n_layers: int) -> list[bool]:
     every layer but each n-th, as llama.cpp's set_swa_pattern reads a scalar."""
     value = f.arch_value("attention.sliding_window_pattern")
     if value is None:
-        raise GGUFError(f"{f.path}: required metadata key {f.architecture}.attention.sliding_window_pattern is missing")
+        raise GGUFError(
+            f"{f.path}: required metadata key {f.architecture}.attention.sliding_window_pattern is missing"
+        )
     if np.ndim(value) == 0:
         n = int(value)
         return [n == 0 or i % n < n - 1 for i in range(n_layers)]
@@ -86,7 +88,9 @@ def layer_shapes(f: GGUFFile, n_layers: int) -> list[LayerShape]:
             # llama.cpp's rule: the last own-cache layer is global, the one before it local.
             kv_layer = first_shared - (2 if local[i] else 1)
             if kv_layer < 0 or local[kv_layer] != local[i]:
-                raise GGUFError(f"{f.path}: shared-kv layer {i} would read layer {kv_layer}, not one of its kind")
+                raise GGUFError(
+                    f"{f.path}: shared-kv layer {i} would read layer {kv_layer}, not one of its kind"
+                )
         shapes.append(
             LayerShape(
                 local=local[i],
