@@ -49,6 +49,24 @@ CONVERSATION_BACKEND = "conversation"
 
 
 @dataclass(frozen=True)
+class Features:
+    """What a loaded model can do, as ``/health`` and ``/v1/models`` report it: function
+    calls, a reasoning channel, grammar-constrained output, reuse of an earlier request's KV
+    rows, a lockstep batch forward (several conversations per weight pass) and speculative
+    verification (every position's logits of a multi-token run)."""
+
+    tools: bool
+    reasoning: bool
+    grammar: bool
+    kv_reuse: bool
+    batch: bool
+    spec: bool
+
+
+FEATURE_NAMES = tuple(Features.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
 class Family:
     """One model family's facts.
 
@@ -58,7 +76,8 @@ class Family:
     the vocabulary's own end-of-generation ids; ``kv_reuse`` says whether a request may start
     from the cached rows of an earlier one (false for recurrent state, which cannot be cut back
     to a token prefix); ``backend`` names the generation loop in ``inference.generation``'s
-    backend registry."""
+    backend registry; ``grammar``, ``batch`` and ``spec`` say whether its backend constrains
+    output, and whether its forward takes several caches at once or verifies a run."""
 
     architecture: str
     model: type[DecoderModel]
@@ -69,6 +88,21 @@ class Family:
     stop_tokens: tuple[str, ...] = ()
     kv_reuse: bool = True
     backend: str = CONVERSATION_BACKEND
+    grammar: bool = True
+    batch: bool = True
+    spec: bool = True
+
+    def features(self, template_renders_tools: bool) -> Features:
+        """The family's features for a file whose chat template does (or does not) render
+        tool declarations (without them the model never sees the tools)."""
+        return Features(
+            tools=self.tools is not None and template_renders_tools,
+            reasoning=self.think is not None,
+            grammar=self.grammar,
+            kv_reuse=self.kv_reuse,
+            batch=self.batch,
+            spec=self.spec,
+        )
 
 
 FAMILIES: dict[str, Family] = {
