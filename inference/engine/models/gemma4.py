@@ -75,9 +75,10 @@ class Gemma4Model(DecoderModel):
         self.embed_scale = np.float32(np.sqrt(config.n_embd))
         self.softcap = float(f.arch_value("final_logit_softcapping", 0.0))
         self.rope_factors = self.optional_vector("rope_freqs.weight")  # global layers' frequency factors
-        if self.rope_factors is not None and len(self.rope_factors) < config.n_rot // 2:
+        global_rot = max((s.n_rot for s in self.shapes if not s.local), default=0)
+        if self.rope_factors is not None and len(self.rope_factors) < global_rot // 2:
             raise GGUFError(
-                f"{f.path}: rope_freqs has {len(self.rope_factors)} entries, the layers rotate {config.n_rot}"
+                f"{f.path}: rope_freqs has {len(self.rope_factors)} entries, global layers rotate {global_rot}"
             )
         self.layers = [self.load_layer(i) for i in range(n_layers)]
         self.fused = None  # see the module docstring

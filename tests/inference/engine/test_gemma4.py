@@ -15,6 +15,7 @@ import pytest
 
 from inference.engine.engine import Engine
 from inference.engine.gguf_file import GGUFError
+from inference.engine.models.gemma4 import Gemma4Model
 from inference.engine.models.gemma4_shapes import layer_shapes
 from tests.fixtures.synthetic_gemma4 import SPECS, gemma4_path
 from tests.inference.engine.test_invariance import (  # noqa: F401  (collected here with this module's engine)
@@ -112,6 +113,9 @@ class FakeFile:
     def arch_value(self, key, default=None):
         return self.values.get(key, default)
 
+    def has_tensor(self, name):
+        return False
+
 
 def test_metadata_errors_name_the_problem():
     with pytest.raises(GGUFError, match="sliding_window_pattern is missing"):
@@ -124,3 +128,5 @@ def test_metadata_errors_name_the_problem():
         layer_shapes(FakeFile(**{"attention.value_length": 64}), 4)
     scalar = layer_shapes(FakeFile(**{"attention.sliding_window_pattern": 2}), 4)  # every 2nd global
     assert [s.local for s in scalar] == [True, False, True, False]
+    with pytest.raises(GGUFError, match="per-layer embeddings .* not supported"):
+        Gemma4Model(FakeFile(embedding_length_per_layer_input=256))
