@@ -52,7 +52,7 @@ CONVERSATION_BACKEND = "conversation"
 class Features:
     """What a loaded model can do, as ``/health`` and ``/v1/models`` report it: function
     calls, a reasoning channel, grammar-constrained output, reuse of an earlier request's KV
-    rows, a lockstep batch forward (several conversations per weight pass) and speculative
+    rows, a lockstep batch forward (several conversations per forward call) and speculative
     verification (every position's logits of a multi-token run)."""
 
     tools: bool
