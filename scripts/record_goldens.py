@@ -38,6 +38,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from inference.engine.gguf_file import GGUFFile  # noqa: E402
+from tests.fixtures import synthetic_gemma4  # noqa: E402
 from tests.fixtures.synthetic_gguf import (  # noqa: E402
     GENERATOR_VERSION,
     SPECS,
@@ -58,6 +59,10 @@ CHATML = (
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
     "<|im_start|>user\nWhat is the capital of France? Answer in one sentence.<|im_end|>\n"
     "<|im_start|>assistant\n"
+)
+GEMMA4_CHAT = (
+    "<|turn>user\nWhat is the capital of France? Answer in one sentence.<turn|>\n"
+    "<|turn>model\n<|channel>thought\n<channel|>"
 )
 GEMMA_CHAT = (
     "<start_of_turn>user\nWhat is the capital of France? Answer in one sentence.<end_of_turn>\n"
@@ -85,13 +90,16 @@ def long_prompt() -> str:
 
 
 def chat_prompt(model_path: Path) -> str:
-    """A one-turn chat in the model's own special tokens (Gemma turns or ChatML)."""
+    """A one-turn chat in the model's own special tokens (Gemma 4 or Gemma turns, or ChatML)."""
     tokens = GGUFFile(model_path).metadata["tokenizer.ggml.tokens"]
+    if "<|turn>" in tokens[:1000]:
+        return GEMMA4_CHAT
     return GEMMA_CHAT if "<start_of_turn>" in tokens[:1000] else CHATML
 
 
 REAL_MODELS = {"smollm2": "smollm2", "gemma3-270m": "gemma3", "qwen2.5-coder-0.5b": "qwen2.5"}
-ALL_NAMES = (*REAL_MODELS, *(f"synthetic-{arch}" for arch in SYNTHETIC_ARCHS))
+SYNTHETIC_NAMES = (*SYNTHETIC_ARCHS, *synthetic_gemma4.SPECS)
+ALL_NAMES = (*REAL_MODELS, *(f"synthetic-{arch}" for arch in SYNTHETIC_NAMES))
 
 
 def locate(name: str, work_dir: Path) -> Path | None:
@@ -239,8 +247,10 @@ def record_model(name: str, path: Path, synthetic: bool) -> dict:
         prompts=[recorder.record_prompt(p_name, text, probe_ids, others) for p_name, text in prompts],
     )
     if synthetic:
-        golden["generator_version"] = GENERATOR_VERSION
-        golden["synthetic_arch"] = SPECS[name.removeprefix("synthetic-")].arch
+        key = name.removeprefix("synthetic-")
+        gemma4 = key in synthetic_gemma4.SPECS
+        golden["generator_version"] = synthetic_gemma4.GENERATOR_VERSION if gemma4 else GENERATOR_VERSION
+        golden["synthetic_arch"] = key if gemma4 else SPECS[key].arch  # what synthetic_path takes
     for r in [recorder, *others]:
         r.llm.close()
     return golden

@@ -10,8 +10,11 @@ from .base import ApiConsumer
 
 
 def model_object(service) -> dict:
-    """The one model this process serves, as OpenAI's model object."""
-    return {"id": service.model_id, "object": "model", "created": _created(service), "owned_by": "lmserve"}
+    """The one model this process serves, as OpenAI's model object, plus (once it is loaded)
+    ``capabilities``: which features it has (``families.Features``)."""
+    model = {"id": service.model_id, "object": "model", "created": _created(service), "owned_by": "lmserve"}
+    features = service.features()
+    return model if features is None else {**model, "capabilities": features}
 
 
 def anthropic_model_object(service) -> dict:

@@ -8,9 +8,11 @@ the envelope of the endpoint's dialect (OpenAI's ``{"error": {...}}``, Anthropic
 
 from __future__ import annotations
 
+from inference.engine.families import FEATURE_NAMES
+
 from .anthropic_requests import COUNT_TOKENS_REQUEST, MESSAGES_REQUEST
 from .openai_requests import CHAT_COMPLETION_REQUEST, EMBEDDINGS_REQUEST, RESPONSES_REQUEST
-from .shapes import Schema, const, enum, obj, string
+from .shapes import Schema, boolean, const, enum, obj, string
 
 NULLABLE_STRING = {"type": ["string", "null"]}
 INTEGER = {"type": "integer"}
@@ -127,6 +129,11 @@ SCHEMAS: dict[str, Schema] = {
             "object": const("model"),
             "created": INTEGER,
             "owned_by": string(nullable=False),
+            "capabilities": obj(
+                {name: boolean(nullable=False) for name in FEATURE_NAMES},
+                FEATURE_NAMES,
+                "What the loaded model can do (absent while it loads)",
+            ),
         },
         ("id", "object", "created", "owned_by"),
     ),
@@ -149,12 +156,11 @@ SCHEMAS: dict[str, Schema] = {
             "tokens_generated": INTEGER,
             "capabilities": obj(
                 {
-                    "reasoning": {"type": "boolean"},
-                    "tools": {"type": "boolean"},
+                    **{name: {"type": "boolean"} for name in FEATURE_NAMES},
                     "ctx": {"type": ["integer", "null"]},
                     "kv_slots": INTEGER,
                 },
-                ("reasoning", "tools", "ctx", "kv_slots"),
+                (*FEATURE_NAMES, "ctx", "kv_slots"),
             ),
         },
         ("status", "model", "queued", "in_flight", "connections", "tokens_generated"),

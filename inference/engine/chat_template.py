@@ -18,6 +18,12 @@ Fallback when the file has no template (``ChatTemplate.is_fallback``), as the fa
   leading system message is folded into the first turn as ``{system}\\n\\n`` before its
   content (or becomes a user turn of its own when nothing follows it); the generation prompt
   is ``<start_of_turn>model\\n``. Role alternation is not enforced.
+- ``gemma4``: Gemma 4's turns, as its released template renders them without tools or
+  thinking: ``bos_token``; leading system messages (trimmed, joined by a blank line) as one
+  ``<|turn>system\\n...<turn|>\\n`` turn, a later system message an error; each message
+  ``<|turn>{role}\\n{content}<turn|>\\n`` with ``assistant`` spelled ``model``; the
+  generation prompt ``<|turn>model\\n`` and an empty thought channel
+  (``<|channel>thought\\n<channel|>``), so the model answers without reasoning.
 - ``chatml`` (every other family): ChatML, ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per
   message and ``<|im_start|>assistant\\n`` as the generation prompt, without a default system
   prompt.
@@ -66,6 +72,26 @@ GEMMA_FALLBACK = (
 {%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}
 """
 )
+GEMMA4_FALLBACK = (
+    _CONTENT_MACRO
+    + """
+{{- bos_token -}}
+{%- set ns = namespace(system=[], first=0) -%}
+{%- for message in messages -%}
+  {%- if message.role == 'system' and loop.index0 == ns.first -%}
+    {%- set ns.system = ns.system + [text_of(message.content) | trim] -%}
+    {%- set ns.first = ns.first + 1 -%}
+  {%- endif -%}
+{%- endfor -%}
+{%- if ns.first -%}{{- '<|turn>system\\n' + ns.system | join('\\n\\n') + '<turn|>\\n' -}}{%- endif -%}
+{%- for message in messages[ns.first:] -%}
+  {%- if message.role == 'system' -%}{{- raise_exception('system messages must come first') -}}{%- endif -%}
+  {{- '<|turn>' + ('model' if message.role == 'assistant' else message.role) + '\\n' -}}
+  {{- (text_of(message.content) | trim) + '<turn|>\\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|turn>model\\n<|channel>thought\\n<channel|>' -}}{%- endif -%}
+"""
+)
 CHATML_FALLBACK = (
     _CONTENT_MACRO
     + """
@@ -76,7 +102,7 @@ CHATML_FALLBACK = (
 """
 )
 # The documented fallbacks for a GGUF without a template, by the name a family gives.
-FALLBACKS = {"chatml": CHATML_FALLBACK, "gemma": GEMMA_FALLBACK}
+FALLBACKS = {"chatml": CHATML_FALLBACK, "gemma": GEMMA_FALLBACK, "gemma4": GEMMA4_FALLBACK}
 
 
 class ChatTemplateError(ValueError):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from .gguf_file import GGUFError, GGUFFile
 from .models import DecoderModel
 from .models.gemma3 import Gemma3Model
+from .models.gemma4 import Gemma4Model
 from .models.llama import LlamaModel
 from .models.qwen2 import Qwen2Model
 from .models.qwen3 import Qwen3Model
@@ -48,6 +49,24 @@ CONVERSATION_BACKEND = "conversation"
 
 
 @dataclass(frozen=True)
+class Features:
+    """What a loaded model can do, as ``/health`` and ``/v1/models`` report it: function
+    calls, a reasoning channel, grammar-constrained output, reuse of an earlier request's KV
+    rows, a lockstep batch forward (several conversations per forward call) and speculative
+    verification (every position's logits of a multi-token run)."""
+
+    tools: bool
+    reasoning: bool
+    grammar: bool
+    kv_reuse: bool
+    batch: bool
+    spec: bool
+
+
+FEATURE_NAMES = tuple(Features.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
 class Family:
     """One model family's facts.
 
@@ -57,7 +76,8 @@ class Family:
     the vocabulary's own end-of-generation ids; ``kv_reuse`` says whether a request may start
     from the cached rows of an earlier one (false for recurrent state, which cannot be cut back
     to a token prefix); ``backend`` names the generation loop in ``inference.generation``'s
-    backend registry."""
+    backend registry; ``grammar``, ``batch`` and ``spec`` say whether its backend constrains
+    output, and whether its forward takes several caches at once or verifies a run."""
 
     architecture: str
     model: type[DecoderModel]
@@ -68,6 +88,21 @@ class Family:
     stop_tokens: tuple[str, ...] = ()
     kv_reuse: bool = True
     backend: str = CONVERSATION_BACKEND
+    grammar: bool = True
+    batch: bool = True
+    spec: bool = True
+
+    def features(self, template_renders_tools: bool) -> Features:
+        """The family's features for a file whose chat template does (or does not) render
+        tool declarations (without them the model never sees the tools)."""
+        return Features(
+            tools=self.tools is not None and template_renders_tools,
+            reasoning=self.think is not None,
+            grammar=self.grammar,
+            kv_reuse=self.kv_reuse,
+            batch=self.batch,
+            spec=self.spec,
+        )
 
 
 FAMILIES: dict[str, Family] = {
@@ -78,6 +113,7 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3", Qwen3Model, sampling=QWEN3_SAMPLING, think=QWEN_THINK, tools=HERMES_TOOLS),
         Family("qwen3moe", Qwen3MoeModel, sampling=QWEN3_SAMPLING, think=QWEN_THINK, tools=HERMES_TOOLS),
         Family("gemma3", Gemma3Model, template_fallback="gemma"),
+        Family("gemma4", Gemma4Model, template_fallback="gemma4", stop_tokens=("<turn|>", "<eos>")),
     )
 }
 

@@ -9,6 +9,7 @@ this module, Django's settings or the URL conf never loads a model.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import threading
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from inference.engine.families import FEATURE_NAMES
 from inference.model_files import resolve_model
 from inference.runtime.pipe import StreamPipe
 from inference.runtime.queue import Job, JobQueue, QueueClosed, QueueFull
@@ -212,13 +214,22 @@ class InferenceService:
             "capabilities": self.capabilities(),
         }
 
+    def features(self) -> dict | None:
+        """The loaded model's family features (``families.Features``) by name; None until loaded."""
+        backend = self.worker.backend
+        if backend is None:
+            return None
+        engine = backend.engine
+        return dataclasses.asdict(engine.family.features(engine.chat_template.supports_tools))
+
     def capabilities(self) -> dict:
-        """What the loaded model can do, for clients choosing features (the chat page)."""
+        """What the loaded model can do, for clients choosing features (the chat page): the
+        family's features (all false until the model is loaded), the context and warm slots."""
         backend = self.worker.backend
         slots = getattr(backend, "slots", None)  # None for a backend that keeps no KV rows
+        features = self.features() or dict.fromkeys(FEATURE_NAMES, False)
         return {
-            "reasoning": self.supports_reasoning,
-            "tools": self.supports_tools,
+            **features,
             "ctx": getattr(backend, "n_ctx", None),
             "kv_slots": len(slots.slots) if slots is not None else 0,
         }

@@ -6,7 +6,14 @@ import dataclasses
 
 from inference.engine.chat_template import FALLBACKS
 from inference.engine.engine import Engine
-from inference.engine.families import FAMILIES, LLAMA_CPP_SAMPLING, QWEN3_SAMPLING, family_of
+from inference.engine.families import (
+    FAMILIES,
+    FEATURE_NAMES,
+    LLAMA_CPP_SAMPLING,
+    QWEN3_SAMPLING,
+    Features,
+    family_of,
+)
 from inference.engine.gguf_file import GGUFFile
 from inference.engine.sampler import SamplingParams
 from inference.engine.tokenizer import load_tokenizer
@@ -53,3 +60,16 @@ def test_family_stop_token_ends_a_generation():
     stopping = Engine(engine.path, engine.file, engine.model, engine.tokenizer, family)
     cut = list(stopping.generate(stopping.new_cache(256), prompt, SamplingParams(), 6, ignore_eos=False))
     assert cut == free[: free.index(free[1])]
+
+
+def test_features_follow_the_family_and_the_template():
+    qwen3 = FAMILIES["qwen3"].features(template_renders_tools=True)
+    assert qwen3 == Features(tools=True, reasoning=True, grammar=True, kv_reuse=True, batch=True, spec=True)
+    assert FAMILIES["qwen3"].features(template_renders_tools=False).tools is False  # no declarations
+    gemma4 = FAMILIES["gemma4"].features(template_renders_tools=True)
+    assert (gemma4.tools, gemma4.reasoning, gemma4.kv_reuse) == (False, False, True)
+    recurrent = dataclasses.replace(FAMILIES["qwen3"], kv_reuse=False, batch=False, spec=False)
+    assert dataclasses.astuple(recurrent.features(True)) == (True, True, True, False, False, False)
+    assert FEATURE_NAMES == ("tools", "reasoning", "grammar", "kv_reuse", "batch", "spec")
+    assert FAMILIES["gemma4"].template_fallback == "gemma4"
+    assert FAMILIES["gemma4"].stop_tokens == ("<turn|>", "<eos>")

@@ -68,7 +68,7 @@ def engine_for(model_file: str, synthetic_arch: str | None, synthetic_dir: Path)
 @pytest.fixture(params=GOLDENS, ids=golden_id)
 def case(request, synthetic_dir):
     golden = load_golden(request.param)
-    arch = golden["architecture"] if golden["synthetic"] else None
+    arch = golden.get("synthetic_arch", golden["architecture"]) if golden["synthetic"] else None
     return golden, engine_for(golden["model_file"], arch, synthetic_dir)
 
 
@@ -79,6 +79,11 @@ def _bounds(golden: dict, spread: dict) -> tuple[float, float, float]:
     factor = NOISE_FACTOR if golden["synthetic"] else REAL_FACTOR
     max_bound = factor * spread["max_abs"] + NOISE_FLOOR
     return max_bound, factor * spread["mean_abs"] + NOISE_FLOOR, max_bound
+
+
+def model_spread(golden: dict) -> float:
+    """The largest of llama.cpp's batch-size spreads over the model's prompts."""
+    return max(p["prompt_logits"]["self_spread"]["max_abs"] for p in golden["prompts"])
 
 
 def run_prompt(engine: Engine, tokens: list[int], steps: int) -> tuple[np.ndarray, list[int], list]:
@@ -108,6 +113,10 @@ def test_prompt_logits_and_greedy_tokens_match_llama_cpp(case):
         ids = np.array(ref["top_ids"] + golden["probe_ids"])
         diff = np.abs(logits[ids] - np.array(ref["top_values"] + ref["probe_values"]))
         max_bound, mean_bound, tie = _bounds(golden, spread)
+        if golden["synthetic"]:
+            # llama.cpp's greedy steps run its one-row kernels, whose distance from its batch
+            # kernels varies by position: one prompt's spread may be 0 where another's is not.
+            tie = max(tie, NOISE_FACTOR * model_spread(golden) + NOISE_FLOOR)
         assert diff.max() <= max_bound, f"{name}: max |logit diff| {diff.max():.3f} > {max_bound:.3f}"
         assert diff.mean() <= mean_bound, f"{name}: mean |logit diff| {diff.mean():.3f} > {mean_bound:.3f}"
         expected, margins = prompt["greedy"]["tokens"], prompt["greedy"]["margins"]
