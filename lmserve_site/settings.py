@@ -105,6 +105,10 @@ CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}
 LMSERVE_MODEL = os.environ.get("LMSERVE_MODEL", "")
 LMSERVE_MODELS_DIR = Path(os.environ.get("LMSERVE_MODELS_DIR", BASE_DIR / "models"))
 
+# KV prefix sources by flag (`lmserve --cartridge F` calls the "cartridge" factory with F): the
+# fleet app implements them, and `inference` reaches them only through this setting.
+LMSERVE_PREFIX_SOURCES = {"cartridge": "fleet.sources.CartridgeSource"}
+
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
 
 LOGGING = {

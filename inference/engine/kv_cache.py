@@ -53,7 +53,7 @@ class KVCache:
         self.v = np.zeros((g.n_layers, g.n_kv_heads, n_ctx, g.head_dim_v), np.float16)  # (L, kvh, ctx, hd)
         self.tokens: list[int] = []
         self.prefix_rows = 0  # rows [0, prefix_rows) hold a prefix with no token shadow
-        self.prefix_key = ""  # names the installed prefix ("" when none): rows are shared only under equal keys
+        self.prefix_key = ""  # names the installed prefix ("" for none): rows are shared under equal keys
         # The logits after the last prefill, keyed by its length: a request whose whole prompt is
         # already cached starts from these instead of re-running its last token, so repeating a
         # request reproduces its reply exactly (a 1-token re-run rounds differently).

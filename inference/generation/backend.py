@@ -4,6 +4,10 @@ Two halves, as every backend has: ``validate`` runs on the connection side befor
 queued (render the chat template, tokenize, check the context: cheap, and a failure here is a
 plain 400 before any model work), and ``generate`` runs on the worker thread (pick a warm KV
 slot, prefill, decode, stream text through the emitter into the request's sink).
+
+With a prefix source (``--cartridge``, a fleet), the worker side first asks it which KV prefix
+the conversation runs behind (PrefixChoice); the prefix's rows take room in the context but are
+never prompt tokens: usage and ``cached_tokens`` count the real tokens past them.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from inference.generation.constraints import (
 from inference.generation.emitter import ReplyEmitter
 from inference.generation.toolcall import resolve_forced_call
 from inference.kv.disk import SidecarStore
+from inference.kv.prefix_source import PrefixChoice, PrefixSource
 from inference.kv.slots import SlotPool
 from inference.types import (
     ContextOverflow,
@@ -60,6 +65,9 @@ class Sink(Protocol):
 
     def close(self, final: Finish | Error | Embeddings) -> None: ...
 
+    def prefix_chosen(self, documents: tuple[str, ...]) -> None:
+        """The prefix is chosen (before any event): the fleet documents it composes."""
+
 
 def dead_end_error(request: GenerationRequest, generated: int, exc: ConstraintDeadEnd) -> Error:
     """The answer when the request's grammar let no token through: a 400 naming its field."""
@@ -88,8 +96,16 @@ class ConversationBackend:
     generic backend (``backends.BACKENDS["conversation"]``), for every family whose cache can
     be cut back to a token prefix."""
 
-    def __init__(self, engine: Engine, n_ctx: int, kv_slots: int = 1, disk: SidecarStore | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        n_ctx: int,
+        kv_slots: int = 1,
+        disk: SidecarStore | None = None,
+        prefix_source: PrefixSource | None = None,
+    ):
         self.engine = engine
+        self.prefix_source = prefix_source
         self.family = engine.family
         self.n_ctx = n_ctx
         self.defaults = engine.recommended_sampling()
@@ -161,6 +177,28 @@ class ConversationBackend:
         return PreparedPrompt(tokens, min(wanted, room))
 
     # -- worker side -----------------------------------------------------------------------
+    def _choose_prefix(
+        self, request: GenerationRequest, prompt: PreparedPrompt, sink: Sink
+    ) -> tuple[PrefixChoice | None, PreparedPrompt] | Error:
+        """The prefix the request runs behind (None without a source) and its prompt with the
+        reply budget cut to the room the prefix leaves; an Error when it leaves none."""
+        if self.prefix_source is None:
+            return None, prompt
+        try:
+            choice = self.prefix_source.choose(self.engine, request)
+        except Exception as exc:  # a broken source fails this request, not the server
+            logger.exception("choosing the KV prefix failed")
+            message = f"choosing the KV prefix failed: {type(exc).__name__}: {exc}"
+            return Error(500, message, code="internal_error")
+        sink.prefix_chosen(choice.documents)
+        limit = self.n_ctx - choice.prefix.rows  # the context left for real tokens
+        room = limit - len(prompt.tokens)
+        if room < 1:
+            overflow = ContextOverflow(len(prompt.tokens), max(limit, 0))
+            message = openai_overflow_message(overflow)
+            return Error(400, message, code="context_length_exceeded", param="messages", overflow=overflow)
+        return choice, PreparedPrompt(prompt.tokens, min(prompt.max_tokens, room))
+
     def generate(self, request: GenerationRequest, prompt: PreparedPrompt, sink: Sink) -> int:
         """Stream the reply into ``sink`` and close it with Finish (or Error on a failure).
         Returns the number of tokens generated. Stops at the next token once ``sink`` is
@@ -174,7 +212,12 @@ class ConversationBackend:
             # the client's text: neither has a think head.
             think=self.family.think if request.constraint is None and not request.prefill else None,
         )
-        cache = self.slots.acquire(prompt.tokens)
+        chosen = self._choose_prefix(request, prompt, sink)
+        if isinstance(chosen, Error):
+            sink.close(chosen)
+            return 0
+        choice, prompt = chosen
+        cache = self.slots.acquire(prompt.tokens, choice)
         if not self.kv_reuse:  # the family's state cannot be cut back to a prefix: start clean
             self.slots.reset(cache)
         try:

@@ -17,6 +17,7 @@ from typing import Protocol
 from inference.engine.engine import Engine
 from inference.generation.backend import ConversationBackend, Sink
 from inference.kv.disk import SidecarStore
+from inference.kv.prefix_source import PrefixSource
 from inference.kv.slots import SlotPool
 from inference.types import Error, GenerationRequest, PreparedPrompt
 
@@ -56,10 +57,11 @@ class BackendSetup:
     n_ctx: int
     kv_slots: int = 1
     disk: SidecarStore | None = None
+    prefix_source: PrefixSource | None = None  # the KV prefix of every conversation, if any
 
 
 def _conversation(setup: BackendSetup) -> GenerationBackend:
-    return ConversationBackend(setup.engine, setup.n_ctx, setup.kv_slots, setup.disk)
+    return ConversationBackend(setup.engine, setup.n_ctx, setup.kv_slots, setup.disk, setup.prefix_source)
 
 
 BACKENDS: dict[str, Callable[[BackendSetup], GenerationBackend]] = {

@@ -109,7 +109,8 @@ def read_header(data: bytes) -> SidecarHeader:
         raise SidecarError("not a sidecar (bad magic)")
     (count,) = struct.unpack_from("<I", data, COUNT_OFFSET)
     fingerprint = bytes(data[STATIC_OFFSET : STATIC_OFFSET + FINGERPRINT_BYTES])
-    n_layers, dtype, prefix_rows, key_len = struct.unpack_from("<IIII", data, STATIC_OFFSET + FINGERPRINT_BYTES)
+    fields = struct.unpack_from("<IIII", data, STATIC_OFFSET + FINGERPRINT_BYTES)
+    n_layers, dtype, prefix_rows, key_len = fields
     dims_start = HEADER_PREFIX
     dims_end = dims_start + 12 * n_layers
     static_end = dims_end + key_len

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from inference.kv.prefix_source import PrefixSource
 from inference.model_files import resolve_model
 from inference.runtime.pipe import StreamPipe
 from inference.runtime.queue import Job, JobQueue, QueueClosed, QueueFull
@@ -68,10 +69,15 @@ class InferenceService:
     """Everything a connection needs to get a request generated."""
 
     def __init__(
-        self, config: ServeConfig, model_path: Path, on_failure: Callable[[str], None] | None = None
+        self,
+        config: ServeConfig,
+        model_path: Path,
+        on_failure: Callable[[str], None] | None = None,
+        prefix_source: PrefixSource | None = None,
     ):
         self.config = config
         self.model_path = model_path
+        self.prefix_source = prefix_source
         self.queue = JobQueue(config.queue)
         self.worker = InferenceWorker(
             model_path,
@@ -82,6 +88,7 @@ class InferenceService:
             kv_cache_dir=Path(config.kv_cache_dir) if config.kv_cache_dir else None,
             kv_disk_slots=config.kv_disk_slots,
             on_failure=on_failure,
+            prefix_source=prefix_source,
         )
         self.connections = ConnectionGate(config.conns)
         self.stopping = False
@@ -196,8 +203,8 @@ class InferenceService:
         return len(self.queue) == 0 and self.worker.in_flight == 0
 
     def health(self) -> dict:
-        """What GET /health reports."""
-        return {
+        """What GET /health reports (and what the prefix source says of itself, if any)."""
+        health = {
             "status": "ok" if self.ready else self.state,
             "model": self.model_id,
             "queued": len(self.queue),
@@ -207,6 +214,15 @@ class InferenceService:
             "kv_reuse": self.kv_reuse,
             "capabilities": self.capabilities(),
         }
+        describe = getattr(self.prefix_source, "describe", None)
+        if describe is not None:
+            health.update(describe())
+        return health
+
+    @property
+    def chooses_prefix(self) -> bool:
+        """Whether the worker picks a KV prefix per request (and may name fleet documents)."""
+        return self.prefix_source is not None
 
     def capabilities(self) -> dict:
         """What the loaded model can do, for clients choosing features (the chat page)."""

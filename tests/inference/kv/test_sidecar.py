@@ -191,7 +191,8 @@ def behind_prefix(tokens: list[int], key: str, rows: int = 3, seed: int = 7) -> 
 
     rng = np.random.default_rng(seed)
     shape = (GEOMETRY.n_layers, GEOMETRY.n_kv_heads, rows, GEOMETRY.head_dim_k)
-    prefix = KVPrefix(rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32))
+    k, v = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
+    prefix = KVPrefix(k, v)
     cache = KVCache(GEOMETRY, 64)
     cache.install_prefix(prefix, key)
     for layer in range(GEOMETRY.n_layers):
