@@ -1,7 +1,8 @@
 """``python manage.py generate [MODEL] --prompt TEXT``: one generation on the command line.
 
 The generated text streams to stdout (only the text); the last stderr line is exactly
-``prefill: N tokens, X tok/s; decode: M tokens, Y tok/s``.
+``prefill: N tokens, X tok/s; decode: M tokens, Y tok/s``. With ``--cartridge F`` the prompt
+runs behind the cartridge's KV prefix (its rows are not counted as prefill tokens).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import codecs
 import sys
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.engine.chat_template import ChatTemplateError
@@ -16,7 +18,9 @@ from inference.engine.engine import Engine, GenerationStats
 from inference.engine.gguf_file import GGUFError
 from inference.engine.kv_cache import ContextFullError
 from inference.engine.sampler import SamplingParams
+from inference.kv.prefix_source import PrefixChoice, load_prefix_source
 from inference.model_files import ModelFileError, resolve_model
+from inference.types import GenerationRequest, Message
 
 
 class Command(BaseCommand):
@@ -33,6 +37,9 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=None, help="RNG seed for sampling")
         parser.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-generation")
         parser.add_argument("--ctx", type=int, default=4096, help="context length (default 4096)")
+        parser.add_argument(
+            "--cartridge", default=None, metavar="FILE", help="run the prompt behind this cartridge"
+        )
 
     def handle(self, *args, **opts):
         if opts["max_tokens"] < 1:
@@ -47,15 +54,18 @@ class Command(BaseCommand):
             prompt = engine.encode_prompt(text)
         except (ModelFileError, GGUFError, ChatTemplateError) as exc:
             raise CommandError(str(exc)) from exc
-        n_ctx = max(opts["ctx"], len(prompt) + 1)
+        choice = cartridge_choice(engine, opts["cartridge"], text)
+        rows = choice.prefix.rows if choice is not None else 0
+        cache = engine.new_cache(rows + max(opts["ctx"], len(prompt) + 1))
+        if choice is not None:
+            cache.install_prefix(choice.prefix, choice.key)
         params = SamplingParams(temperature=opts["temperature"], seed=opts["seed"])
         stats = GenerationStats()
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         out = sys.stdout
         try:
-            for token in engine.generate(
-                engine.new_cache(n_ctx), prompt, params, opts["max_tokens"], opts["ignore_eos"], stats
-            ):
+            tokens = engine.generate(cache, prompt, params, opts["max_tokens"], opts["ignore_eos"], stats)
+            for token in tokens:
                 out.write(decoder.decode(engine.tokenizer.token_bytes(token)))
                 out.flush()
         except ContextFullError as exc:
@@ -63,6 +73,19 @@ class Command(BaseCommand):
         out.write(decoder.decode(b"", final=True) + "\n")
         out.flush()
         sys.stderr.write(stats_line(stats) + "\n")
+
+
+def cartridge_choice(engine: Engine, path: str | None, text: str) -> PrefixChoice | None:
+    """The prefix ``--cartridge`` names (the server's cartridge source), checked against the
+    model; None without the flag."""
+    if not path:
+        return None
+    try:
+        source = load_prefix_source(settings.LMSERVE_PREFIX_SOURCES["cartridge"], path)
+        source.check(engine)
+    except (OSError, ValueError) as exc:  # CartridgeFormatError, PrefixMismatchError
+        raise CommandError(str(exc)) from exc
+    return source.choose(engine, GenerationRequest(messages=(Message("user", text),)))
 
 
 def stats_line(stats: GenerationStats) -> str:
