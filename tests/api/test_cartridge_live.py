@@ -48,6 +48,7 @@ class Prepared:
         self.secret = save_cartridge(root / "secret.safetensors", initial_cartridge(engine, secret))
         whole = initial_cartridge(engine, self.head([ALPHA, BETA]))
         a = len(self.head([ALPHA]))
+        self.doc_rows = {"alpha": a, "beta": whole.rows - a}
         self.docs = root / "docs"
         self.docs.mkdir()
         for name, rows in (("alpha", slice(0, a)), ("beta", slice(a, None))):
@@ -259,6 +260,5 @@ def test_conversations_keep_their_selection_and_rows_until_a_switch(docs_server)
     assert docs_x == "beta" and cached_x > 10
 
 
-def test_the_slots_report_their_prefix(docs_server):
-    _turn(docs_server, [], "alpha and beta")
-    assert np.isscalar(docs_server.health()["documents"]["alpha"])
+def test_health_carries_what_the_source_says_of_itself(prepared, docs_server):
+    assert docs_server.health()["documents"] == prepared.doc_rows
