@@ -121,6 +121,10 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_LATE = True
 
+# KV prefix sources by flag (`lmserve --cartridge F` calls the "cartridge" factory with F): the
+# fleet app implements them, and `inference` reaches them only through this setting.
+LMSERVE_PREFIX_SOURCES = {"cartridge": "fleet.sources.CartridgeSource"}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -10,6 +10,11 @@ bad grammar) is still a plain JSON error. A streamed request that waits longer t
 ``--stream-start-after`` (in the queue or in prefill) starts its stream anyway, and any open
 stream sends a keep-alive every ``--keepalive`` seconds without events: clients with idle
 timeouts (Claude Code, proxies) then wait instead of giving up and retrying.
+
+A reply served behind a fleet's composed KV prefix names the documents it used in the
+``x-lmserve-documents`` header (comma-separated, selection order), streamed or not. The worker
+picks them before the first event; a stream with a prefix source therefore opens early only
+once they are known, so its headers can carry them.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import quote
 
 from api.errors import ApiError
 from api.metrics import MeteredPipe, endpoint_label
@@ -56,6 +62,19 @@ def failure(event: Event | None) -> ApiError:
     if isinstance(event, Error):
         return ApiError.from_event(event)
     return ApiError(500, "the reply ended without a finish event", None, "internal_error")
+
+
+DOCUMENTS_HEADER = b"x-lmserve-documents"
+# A document name is sent as is when it is printable ASCII; anything else (and the comma that
+# separates names) is percent-encoded, as header values are ASCII.
+NAME_SAFE = " !\"#$&'()*+-./:;<=>?@[\\]^_`{|}~"
+
+
+def documents_header(documents: tuple[str, ...]) -> list[tuple[bytes, bytes]]:
+    """The header naming the fleet documents a reply used (none when it used none)."""
+    if not documents:
+        return []
+    return [(DOCUMENTS_HEADER, ",".join(quote(name, safe=NAME_SAFE) for name in documents).encode("ascii"))]
 
 
 class GenerationConsumer(ApiConsumer):
@@ -109,6 +128,18 @@ class GenerationConsumer(ApiConsumer):
         if self.job is not None:
             self.service.cancel(self.job)
 
+    # -- the documents header ----------------------------------------------------------------
+    def reply_headers(self) -> list[tuple[bytes, bytes]]:
+        """Headers of a successful reply: the fleet documents its prefix composed, if any."""
+        return documents_header(self.job.pipe.documents) if self.job is not None else []
+
+    async def send_json(self, status: int, payload: dict, headers: list[tuple[bytes, bytes]] = ()) -> None:
+        extra = self.reply_headers() if status == 200 else []
+        await super().send_json(status, payload, [*headers, *extra])
+
+    async def start_stream(self, headers: list[tuple[bytes, bytes]]) -> None:
+        await super().start_stream([*headers, *self.reply_headers()])
+
     # -- streams ---------------------------------------------------------------------------
     def opening_frames(self, request: Any) -> bytes:
         """The frames a stream starts with (before any reply text)."""
@@ -140,7 +171,7 @@ class GenerationConsumer(ApiConsumer):
                     return waiting.result()
                 if self._headers_sent:
                     await self.send_chunk(self.keepalive_frame())
-                else:
+                elif not self.service.chooses_prefix or pipe.prefix_known:
                     await self.open_stream(request)
         finally:
             waiting.cancel()  # the request itself was cancelled (no-op once done)

@@ -261,7 +261,7 @@ class Engine:
             history.append(token)
             completed = constraint is not None and constraint.accept(token)
             yield token
-            if completed or stats.generated_tokens >= max_tokens or cache.n_tokens >= cache.n_ctx:
+            if completed or stats.generated_tokens >= max_tokens or cache.n_positions >= cache.n_ctx:
                 break
             if should_stop is not None and should_stop():
                 break

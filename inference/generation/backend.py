@@ -4,10 +4,15 @@ Two halves, as every backend has: ``validate`` runs on the connection side befor
 queued (render the chat template, tokenize, check the context: cheap, and a failure here is a
 plain 400 before any model work), and ``generate`` runs on the worker thread (pick a warm KV
 slot, prefill, decode, stream text through the emitter into the request's sink).
+
+With a prefix source (``--cartridge``, a fleet), the worker side first asks it which KV prefix
+the conversation runs behind (PrefixChoice); the prefix's rows take room in the context but are
+never prompt tokens: usage and ``cached_tokens`` count the real tokens past them.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -17,6 +22,7 @@ from inference.generation.speculative import Speculator
 from inference.generation.stream import BatchItem, DecodeStream
 from inference.generation.toolcall import resolve_forced_call
 from inference.kv.disk import SidecarStore
+from inference.kv.prefix_source import PrefixChoice, PrefixSource
 from inference.kv.slots import SlotPool
 from inference.types import (
     ContextOverflow,
@@ -29,6 +35,7 @@ from inference.types import (
 )
 
 DEFAULT_MAX_TOKENS = 1024
+logger = logging.getLogger("lmserve.backend")
 
 
 def openai_overflow_message(overflow: ContextOverflow) -> str:
@@ -51,6 +58,9 @@ class Sink(Protocol):
 
     def close(self, final: Finish | Error | Embeddings) -> None: ...
 
+    def prefix_chosen(self, documents: tuple[str, ...]) -> None:
+        """The prefix is chosen (before any event): the fleet documents it composes."""
+
 
 class ConversationBackend:
     """Chat-template prompting, slot reuse and plain per-token decoding over an Engine: the
@@ -63,11 +73,14 @@ class ConversationBackend:
         n_ctx: int,
         kv_slots: int = 1,
         disk: SidecarStore | None = None,
+        prefix_source: PrefixSource | None = None,
         spec: bool = False,
     ):
-        """``spec``: decode a request served alone speculatively (the same reply, faster where
-        drafts hit); a lockstep batch of two or more decodes plain."""
+        """``prefix_source``: the KV prefix (cartridge, fleet composition) every conversation
+        runs behind. ``spec``: decode a request served alone speculatively (the same reply,
+        faster where drafts hit); a lockstep batch of two or more decodes plain."""
         self.engine = engine
+        self.prefix_source = prefix_source
         self.family = engine.family
         self.n_ctx = n_ctx
         self.defaults = engine.recommended_sampling()
@@ -141,15 +154,45 @@ class ConversationBackend:
         return PreparedPrompt(tokens, min(wanted, room))
 
     # -- worker side -----------------------------------------------------------------------
-    def open_stream(self, request: GenerationRequest, prompt: PreparedPrompt, sink: Sink) -> DecodeStream:
+    def open_stream(
+        self, request: GenerationRequest, prompt: PreparedPrompt, sink: Sink
+    ) -> DecodeStream | None:
         """The request's decoding state in the slot that fits its prompt best (a slot no other
-        open stream is writing), prefilled, its first token taken (see DecodeStream.begin)."""
-        cache = self.slots.acquire(prompt.tokens)
+        open stream is writing) behind its KV prefix, prefilled, its first token taken (see
+        DecodeStream.begin); None when choosing the prefix failed (the sink has the Error)."""
+        chosen = self._choose_prefix(request, prompt, sink)
+        if isinstance(chosen, Error):
+            sink.close(chosen)
+            return None
+        choice, prompt = chosen
+        cache = self.slots.acquire(prompt.tokens, choice)
         if not self.kv_reuse:  # the family's state cannot be cut back to a prefix: start clean
             self.slots.reset(cache)
         stream = DecodeStream(self, request, prompt, sink, cache)
         stream.begin()
         return stream
+
+    def _choose_prefix(
+        self, request: GenerationRequest, prompt: PreparedPrompt, sink: Sink
+    ) -> tuple[PrefixChoice | None, PreparedPrompt] | Error:
+        """The prefix the request runs behind (None without a source) and its prompt with the
+        reply budget cut to the room the prefix leaves; an Error when it leaves none."""
+        if self.prefix_source is None:
+            return None, prompt
+        try:
+            choice = self.prefix_source.choose(self.engine, request)
+        except Exception as exc:  # a broken source fails this request, not the server
+            logger.exception("choosing the KV prefix failed")
+            message = f"choosing the KV prefix failed: {type(exc).__name__}: {exc}"
+            return Error(500, message, code="internal_error")
+        sink.prefix_chosen(choice.documents)
+        limit = self.n_ctx - choice.prefix.rows  # the context left for real tokens
+        room = limit - len(prompt.tokens)
+        if room < 1:
+            overflow = ContextOverflow(len(prompt.tokens), max(limit, 0))
+            message = openai_overflow_message(overflow)
+            return Error(400, message, code="context_length_exceeded", param="messages", overflow=overflow)
+        return choice, PreparedPrompt(prompt.tokens, min(prompt.max_tokens, room))
 
     def generate(self, request: GenerationRequest, prompt: PreparedPrompt, sink: Sink) -> int:
         """Stream the reply into ``sink`` and close it with Finish (or Error on a failure).
@@ -157,6 +200,8 @@ class ConversationBackend:
         cancelled, then pushes nothing more."""
         try:
             stream = self.open_stream(request, prompt, sink)
+            if stream is None:
+                return 0
             if self.speculator is not None:
                 self.speculator.drive(stream)
                 return stream.generated

@@ -17,6 +17,7 @@ from typing import Protocol
 from inference.engine.engine import Engine
 from inference.generation.backend import ConversationBackend, Sink
 from inference.kv.disk import SidecarStore
+from inference.kv.prefix_source import PrefixSource
 from inference.kv.slots import SlotPool
 from inference.types import Error, GenerationRequest, PreparedPrompt
 
@@ -59,11 +60,14 @@ class BackendSetup:
     n_ctx: int
     kv_slots: int = 1
     disk: SidecarStore | None = None
+    prefix_source: PrefixSource | None = None  # the KV prefix of every conversation, if any
     spec: bool = False  # speculative decoding (--spec)
 
 
 def _conversation(setup: BackendSetup) -> GenerationBackend:
-    return ConversationBackend(setup.engine, setup.n_ctx, setup.kv_slots, setup.disk, spec=setup.spec)
+    return ConversationBackend(
+        setup.engine, setup.n_ctx, setup.kv_slots, setup.disk, setup.prefix_source, spec=setup.spec
+    )
 
 
 BACKENDS: dict[str, Callable[[BackendSetup], GenerationBackend]] = {

@@ -115,7 +115,7 @@ class Speculator:
         while stream.live:
             carried = stream.token
             draft = turn._draft(stream.prompt.max_tokens - stats.generated_tokens)
-            before = cache.n_tokens  # row j's input sits at position before + j
+            before = cache.n_tokens  # row j's input is token before + j of the cache
             try:
                 rows = self.engine.verify(cache, [carried, *draft]) if draft else None
                 if rows is None:
@@ -127,7 +127,7 @@ class Speculator:
             accepted = judged = 0
             for i in range(rows.shape[0]):
                 judged = i + 1
-                stream.advance(rows[i], rows=before + judged)
+                stream.advance(rows[i], rows=cache.prefix_rows + before + judged)
                 if not stream.live:
                     break
                 turn.cascade.observe(stream.token)
@@ -186,7 +186,11 @@ class _Turn:
                     self.stats.spec_accepted += matched
                     self._commit(token)
                     yield token
-                    if self.completed or stats.generated_tokens >= max_tokens or keep >= cache.n_ctx:
+                    if (
+                        self.completed
+                        or stats.generated_tokens >= max_tokens
+                        or cache.prefix_rows + keep >= cache.n_ctx
+                    ):
                         return
                     if should_stop is not None and should_stop():
                         return
@@ -219,7 +223,7 @@ class _Turn:
         """The tokens to verify after the carried one; [] for a plain step. At most as many
         as the reply budget and the context leave room for (the bonus token included)."""
         cache = self.cache
-        room = min(MAX_DRAFT, remaining - 1, cache.n_ctx - cache.n_tokens - 1)
+        room = min(MAX_DRAFT, remaining - 1, cache.n_ctx - cache.n_positions - 1)
         if room < 1 or not self.gate.open:
             self.gate.plain_step()
             return []

@@ -125,15 +125,15 @@ class DecodeStream:
 
     def advance(self, logits: np.ndarray, rows: int | None = None) -> None:
         """The forward appended :attr:`token`; ``logits`` (vocab,) follow it. ``rows``: the
-        cache rows that hold committed tokens once :attr:`token` is (a speculative verify has
-        appended drafted rows past them, which do not count against the context); default
-        every row of the cache."""
+        cache rows (prefix included) that count once :attr:`token` is committed (a speculative
+        verify has appended drafted rows past them, which do not count against the context);
+        default every row of the cache."""
         self.stats.decode_forwards += 1
         self.stats.decoded_tokens += 1
         self.stats.decode_seconds = time.perf_counter() - self._decode_started
         self.token = None
         try:
-            self._take(logits, self.cache.n_tokens if rows is None else rows)
+            self._take(logits, rows)
         except Exception as exc:
             self.fail(exc)
 
@@ -188,7 +188,7 @@ class DecodeStream:
             self.sink.push(event)
         if self.emitter.stopped or completed or stats.generated_tokens >= self.prompt.max_tokens:
             return self._finish()
-        rows = self.cache.n_tokens if rows is None else rows
+        rows = self.cache.n_positions if rows is None else rows
         if rows >= self.cache.n_ctx or self.sink.cancelled:
             return self._finish()
         self.token = token

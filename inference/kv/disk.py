@@ -5,6 +5,8 @@ later request that matches a file better than every resident slot restores it wi
 re-prefill. Files are reused least recently used first (their modification time is their last
 use, so the order survives a restart) and a conversation is never stored twice: a slot whose
 tokens a file already holds is skipped, and a slot that continues a file extends it in place.
+A slot behind a KV prefix stores the prefix's rows and key with it (see sidecar.py) and matches
+only requests behind the prefix of the same key.
 """
 
 from __future__ import annotations
@@ -37,10 +39,14 @@ class StoredSlot:
     """One sidecar file this server may restore."""
 
     path: Path
-    tokens: list[int]
+    tokens: list[int]  # the real tokens, past the prefix rows
     last_used: float
+    prefix_key: str = ""  # the key of the prefix the tokens follow
 
-    def common_prefix(self, prompt: list[int]) -> int:
+    def common_prefix(self, prompt: list[int], key: str = "") -> int:
+        """Tokens shared with ``prompt`` behind the prefix ``key`` (0 behind another)."""
+        if key != self.prefix_key:
+            return 0
         n = min(len(self.tokens), len(prompt))
         for i in range(n):
             if self.tokens[i] != prompt[i]:
@@ -63,7 +69,9 @@ def scan_sidecars(directory: Path) -> list[dict]:
             g = header.geometry
             entry["geometry"] = f"{g.n_layers}x{g.n_kv_heads}x{g.head_dim_k}/{g.head_dim_v}"
             entry["dtype"] = DTYPE_NAMES[header.dtype]
-            entry["tokens"] = header.count
+            entry["tokens"] = max(0, header.count - header.prefix_rows)
+            entry["prefix_rows"] = header.prefix_rows
+            entry["prefix_key"] = header.prefix_key
             entry["model"] = header.fingerprint.hex()
             del records
         found.append(entry)
@@ -114,29 +122,34 @@ class SidecarStore:
         if records is None:
             logger.info("ignoring KV sidecar %s: no complete record", path.name)
             return None
-        return StoredSlot(path, sidecar_tokens(records), path.stat().st_mtime)
+        tokens = sidecar_tokens(records, header)
+        return StoredSlot(path, tokens, path.stat().st_mtime, header.prefix_key)
 
-    def best_match(self, prompt: list[int]) -> tuple[StoredSlot | None, int]:
-        """The file sharing the longest token prefix with ``prompt``, and that length."""
+    def best_match(self, prompt: list[int], key: str = "") -> tuple[StoredSlot | None, int]:
+        """The file behind the prefix ``key`` sharing the longest token prefix with ``prompt``,
+        and that length."""
         best, shared = None, 0
         for stored in self.files:
-            n = stored.common_prefix(prompt)
+            n = stored.common_prefix(prompt, key)
             if n > shared:
                 best, shared = stored, n
         return best, shared
 
-    def holds(self, tokens: list[int]) -> bool:
-        """Whether some file already contains ``tokens`` as a prefix of its own."""
-        return any(s.common_prefix(tokens) == len(tokens) for s in self.files)
+    def holds(self, tokens: list[int], key: str = "") -> bool:
+        """Whether some file behind the prefix ``key`` already contains ``tokens`` as a prefix
+        of its own."""
+        return any(s.common_prefix(tokens, key) == len(tokens) for s in self.files)
 
     def spill(self, cache: KVCache, keep: StoredSlot | None = None) -> Path | None:
         """Store ``cache``'s positions unless a file already holds them; the file written.
         ``keep`` (a file about to be restored) is never evicted to make room: when it is the
         only candidate, nothing is spilled."""
-        tokens = cache.tokens
-        if not tokens or self.holds(tokens):
+        tokens, key = cache.tokens, cache.prefix_key
+        if not tokens or self.holds(tokens, key):
             return None
-        extended = next((s for s in self.files if s.tokens == tokens[: len(s.tokens)]), None)
+        extended = next(
+            (s for s in self.files if s.prefix_key == key and s.tokens == tokens[: len(s.tokens)]), None
+        )
         if extended is not None:
             append_sidecar(extended.path, cache)
             extended.tokens = list(tokens)
@@ -150,7 +163,7 @@ class SidecarStore:
             self.delete(min(evictable, key=lambda s: s.last_used).path)
         path = self.directory / f"{uuid.uuid4().hex}{SUFFIX}"
         write_sidecar(path, cache, self.fingerprint, self.dtype)
-        stored = StoredSlot(path, list(tokens), 0.0)
+        stored = StoredSlot(path, list(tokens), 0.0, key)
         self._touch(stored)
         self.files.append(stored)
         logger.info("spilled a %d-token KV slot to %s", len(tokens), path.name)

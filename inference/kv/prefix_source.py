@@ -32,7 +32,10 @@ class PrefixChoice:
 
 
 class PrefixSource(Protocol):
-    """Supplies the prefix of every conversation the worker serves."""
+    """Supplies the prefix of every conversation the worker serves.
+
+    A source may also have ``describe() -> dict``: entries merged into GET /health (the
+    cartridge source reports ``{"cartridge": {"path": ..., "rows": ...}}``)."""
 
     def check(self, engine: Engine) -> None:
         """Called once after the model loads: raise PrefixMismatchError (a clear message naming
@@ -40,3 +43,12 @@ class PrefixSource(Protocol):
 
     def choose(self, engine: Engine, request: GenerationRequest) -> PrefixChoice:
         """The prefix for this request (runs on the worker thread: it may embed with the engine)."""
+
+
+def load_prefix_source(factory: str, argument: str) -> PrefixSource:
+    """``factory`` (a dotted path to a callable, e.g. a PrefixSource class) called with
+    ``argument`` (a file or directory). Raises ImportError for a factory that cannot be found,
+    and whatever the factory raises for an argument it refuses (OSError, ValueError)."""
+    from django.utils.module_loading import import_string
+
+    return import_string(factory)(argument)

@@ -2,11 +2,16 @@
 
 Little-endian, append-only::
 
-    magic "LMSKV002" | record count u32 | model fingerprint 16 bytes | layer count u32
-    | dtype u32 (0 f16, 1 q8_0) | per layer: kv heads u32, key head dim u32, value head dim u32
+    magic "LMSKV003" | record count u32 | model fingerprint 16 bytes | layer count u32
+    | dtype u32 (0 f16, 1 q8_0) | prefix rows u32 | prefix key length u32
+    | per layer: kv heads u32, key head dim u32, value head dim u32 | prefix key (utf-8)
     | crc32 of the header u32
-    then per position: token id i32, for each layer that position's K row and V row, and the
-    crc32 of the record's own bytes u32.
+    then per position: token id i32 (-1 for a prefix row), for each layer that position's K row
+    and V row, and the crc32 of the record's own bytes u32.
+
+A cache behind a KV prefix (a cartridge, a fleet composition) stores the prefix's rows as its
+first records, with the prefix's key in the header: the file is self-describing, and a restore
+brings back the very prefix the conversation was saved with.
 
 The record count is rewritten last, so an interrupted append leaves a valid shorter file, and a
 torn tail (a record cut short) is dropped on load. The header CRC covers every field but the
@@ -23,21 +28,23 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from inference.engine.kv_cache import KVCache, KVGeometry
 
-MAGIC = b"LMSKV002"
-OLD_MAGICS = (b"LMSKV001",)  # formats this version no longer reads
+MAGIC = b"LMSKV003"
+OLD_MAGICS = (b"LMSKV001", b"LMSKV002")  # formats this version no longer reads
 F16, Q8_0 = 0, 1
 DTYPE_NAMES = {F16: "f16", Q8_0: "q8_0"}
 Q8_BLOCK = 32
 COUNT_OFFSET = len(MAGIC)
 FINGERPRINT_BYTES = 16
 STATIC_OFFSET = COUNT_OFFSET + 4  # the checksummed part of the header starts here
+PREFIX_ROW_TOKEN = -1  # the token id of a prefix row's record: no token stands behind it
+MAX_KEY_BYTES = 4096
 
 
 class SidecarError(ValueError):
@@ -50,12 +57,15 @@ class SidecarHeader:
 
     geometry: KVGeometry
     dtype: int
-    count: int
+    count: int  # records: prefix rows and tokens
     fingerprint: bytes  # the model that wrote the rows
+    prefix_rows: int = 0  # the first records are a prefix's rows, with no token behind them
+    prefix_key: str = ""  # the prefix's key (PrefixChoice.key)
 
     @property
     def size(self) -> int:
-        return STATIC_OFFSET + FINGERPRINT_BYTES + 8 + 12 * self.geometry.n_layers + 4
+        key = len(self.prefix_key.encode())
+        return STATIC_OFFSET + FINGERPRINT_BYTES + 16 + 12 * self.geometry.n_layers + key + 4
 
     def row_bytes(self, n_values: int) -> int:
         if self.dtype == F16:
@@ -72,18 +82,22 @@ class SidecarHeader:
         return np.dtype([("token", "<i4"), ("layers", layer, (g.n_layers,)), ("crc", "<u4")])
 
     def with_count(self, count: int) -> SidecarHeader:
-        return SidecarHeader(self.geometry, self.dtype, count, self.fingerprint)
+        return replace(self, count=count)
 
     def encode(self) -> bytes:
         g = self.geometry
         if len(self.fingerprint) != FINGERPRINT_BYTES:
             raise ValueError(f"a model fingerprint is {FINGERPRINT_BYTES} bytes, got {len(self.fingerprint)}")
-        static = self.fingerprint + struct.pack("<II", g.n_layers, self.dtype)
+        key = self.prefix_key.encode()
+        if len(key) > MAX_KEY_BYTES:
+            raise ValueError(f"a prefix key is at most {MAX_KEY_BYTES} bytes, got {len(key)}")
+        static = self.fingerprint + struct.pack("<IIII", g.n_layers, self.dtype, self.prefix_rows, len(key))
         static += struct.pack("<III", g.n_kv_heads, g.head_dim_k, g.head_dim_v) * g.n_layers
+        static += key
         return MAGIC + struct.pack("<I", self.count) + static + struct.pack("<I", zlib.crc32(static))
 
 
-HEADER_PREFIX = STATIC_OFFSET + FINGERPRINT_BYTES + 8  # the fields before the per-layer dims
+HEADER_PREFIX = STATIC_OFFSET + FINGERPRINT_BYTES + 16  # the fields before the per-layer dims
 MAX_LAYERS = 4096
 
 
@@ -95,28 +109,35 @@ def read_header(data: bytes) -> SidecarHeader:
         raise SidecarError("not a sidecar (bad magic)")
     (count,) = struct.unpack_from("<I", data, COUNT_OFFSET)
     fingerprint = bytes(data[STATIC_OFFSET : STATIC_OFFSET + FINGERPRINT_BYTES])
-    n_layers, dtype = struct.unpack_from("<II", data, STATIC_OFFSET + FINGERPRINT_BYTES)
+    fields = struct.unpack_from("<IIII", data, STATIC_OFFSET + FINGERPRINT_BYTES)
+    n_layers, dtype, prefix_rows, key_len = fields
     dims_start = HEADER_PREFIX
-    static_end = dims_start + 12 * n_layers
-    if n_layers < 1 or n_layers > MAX_LAYERS or len(data) < static_end + 4:
-        raise SidecarError(f"corrupted header (layer count {n_layers})")
+    dims_end = dims_start + 12 * n_layers
+    static_end = dims_end + key_len
+    if n_layers < 1 or n_layers > MAX_LAYERS or key_len > MAX_KEY_BYTES or len(data) < static_end + 4:
+        raise SidecarError(f"corrupted header (layer count {n_layers}, key length {key_len})")
     static = data[STATIC_OFFSET:static_end]
     (crc,) = struct.unpack_from("<I", data, static_end)
     if crc != zlib.crc32(static):
         raise SidecarError("corrupted header (checksum mismatch)")
     if dtype not in DTYPE_NAMES:
         raise SidecarError(f"unknown row dtype {dtype}")
-    dims = set(struct.iter_unpack("<III", data[dims_start:static_end]))
+    dims = set(struct.iter_unpack("<III", data[dims_start:dims_end]))
     if len(dims) != 1:
         raise SidecarError("per-layer geometries differ; this server's caches are uniform")
     kv_heads, head_dim_k, head_dim_v = dims.pop()
-    return SidecarHeader(KVGeometry(n_layers, kv_heads, head_dim_k, head_dim_v), dtype, count, fingerprint)
+    try:
+        key = bytes(data[dims_end:static_end]).decode()
+    except UnicodeDecodeError as exc:
+        raise SidecarError("corrupted header (prefix key is not UTF-8)") from exc
+    geometry = KVGeometry(n_layers, kv_heads, head_dim_k, head_dim_v)
+    return SidecarHeader(geometry, dtype, count, fingerprint, prefix_rows, key)
 
 
 def open_sidecar(path: Path) -> tuple[SidecarHeader, np.memmap | None]:
     """The header and the complete records (a torn tail dropped); None when it has none."""
     with path.open("rb") as f:
-        header = read_header(f.read(HEADER_PREFIX + 12 * MAX_LAYERS + 4))
+        header = read_header(f.read(HEADER_PREFIX + 12 * MAX_LAYERS + MAX_KEY_BYTES + 4))
     record = header.record_dtype
     complete = (path.stat().st_size - header.size) // record.itemsize
     count = max(0, min(header.count, complete))
@@ -152,11 +173,13 @@ def decode_rows(data: np.ndarray, dtype: int) -> np.ndarray:
 
 
 def _records(cache: KVCache, start: int, end: int, header: SidecarHeader) -> np.ndarray:
-    """Cache positions [start, end) as sidecar records."""
+    """Cache positions [start, end) (prefix rows included) as sidecar records."""
     g = cache.geometry
     n = end - start
     out = np.zeros(n, dtype=header.record_dtype)  # (n,) records
-    out["token"] = cache.tokens[start:end]
+    p = cache.prefix_rows
+    shadow = [PREFIX_ROW_TOKEN] * p + cache.tokens  # (positions,) a token id per row
+    out["token"] = shadow[start:end]
     for layer in range(g.n_layers):
         # The cache holds float16; the Q8 encoding computes its scales in float32.
         k = cache.k[layer, :, start:end].transpose(1, 0, 2).reshape(n, -1).astype(np.float32)  # (n, kvh * hd)
@@ -180,51 +203,59 @@ def first_damaged(records: np.ndarray) -> int | None:
 
 # -- writing -------------------------------------------------------------------------------
 def write_sidecar(path: Path, cache: KVCache, fingerprint: bytes, dtype: int = F16) -> None:
-    """Store every committed position of ``cache`` (rows of the model ``fingerprint`` names) at
-    ``path``. Written under a temporary name and renamed into place, so no half-written file
-    ever carries a loadable name."""
-    header = SidecarHeader(cache.geometry, dtype, cache.n_tokens, fingerprint)
+    """Store every committed position of ``cache`` (its prefix rows and its tokens, rows of the
+    model ``fingerprint`` names) at ``path``. Written under a temporary name and renamed into
+    place, so no half-written file ever carries a loadable name."""
+    n = cache.n_positions
+    header = SidecarHeader(cache.geometry, dtype, n, fingerprint, cache.prefix_rows, cache.prefix_key)
     temp = path.with_name(f".{path.name}.tmp")
     with temp.open("wb") as f:
         f.write(header.encode())
-        f.write(_records(cache, 0, cache.n_tokens, header).tobytes())
+        f.write(_records(cache, 0, n, header).tobytes())
         f.flush()
         os.fsync(f.fileno())
     os.replace(temp, path)
 
 
 def append_sidecar(path: Path, cache: KVCache) -> int:
-    """Extend a sidecar whose tokens ``cache`` continues with the positions it lacks; the count
-    is rewritten only after the new records are on disk. Returns the new record count."""
+    """Extend a sidecar whose tokens ``cache`` continues (behind the same prefix) with the
+    positions it lacks; the count is rewritten only after the new records are on disk. Returns
+    the new record count."""
     header, records = open_sidecar(path)
     old = header.count
     del records
+    if (header.prefix_rows, header.prefix_key) != (cache.prefix_rows, cache.prefix_key):
+        raise SidecarError("the cache runs behind another prefix than the file's")
     with path.open("r+b") as f:
         f.seek(header.size + old * header.record_dtype.itemsize)
         f.truncate()  # a torn tail from an earlier interrupted append
-        f.write(_records(cache, old, cache.n_tokens, header).tobytes())
+        f.write(_records(cache, old, cache.n_positions, header).tobytes())
         f.flush()
         os.fsync(f.fileno())
         f.seek(COUNT_OFFSET)
-        f.write(struct.pack("<I", cache.n_tokens))
+        f.write(struct.pack("<I", cache.n_positions))
         f.flush()
         os.fsync(f.fileno())
-    return cache.n_tokens
+    return cache.n_positions
 
 
 # -- reading -------------------------------------------------------------------------------
-def sidecar_tokens(records: np.ndarray | None) -> list[int]:
-    return [] if records is None else records["token"].tolist()
+def sidecar_tokens(records: np.ndarray | None, header: SidecarHeader) -> list[int]:
+    """The real tokens of a sidecar's records (its prefix rows skipped)."""
+    return [] if records is None else records["token"][header.prefix_rows :].tolist()
 
 
 def load_into(records: np.ndarray, header: SidecarHeader, cache: KVCache) -> None:
-    """Replace ``cache``'s contents with the sidecar's positions (no logits: the engine re-runs
-    the last prompt token when a request is wholly cached). Raises SidecarError, the cache
-    untouched, when a record fails its checksum."""
+    """Replace ``cache``'s contents with the sidecar's positions, its prefix and the prefix's key
+    included (no logits: the engine re-runs the last prompt token when a request is wholly
+    cached). Raises SidecarError, the cache untouched, when a record fails its checksum or the
+    file holds no token past its prefix."""
     g = cache.geometry
     if header.geometry != g:
         raise ValueError(f"sidecar geometry {header.geometry} does not fit the cache's {g}")
     n = min(len(records), cache.n_ctx)
+    if n <= header.prefix_rows:
+        raise SidecarError(f"{n} records hold no token past the {header.prefix_rows} prefix rows")
     damaged = first_damaged(records[:n])
     if damaged is not None:
         raise SidecarError(f"record {damaged} of {n} fails its checksum (damaged rows)")
@@ -233,5 +264,6 @@ def load_into(records: np.ndarray, header: SidecarHeader, cache: KVCache) -> Non
         v = decode_rows(records["layers"]["v"][:n, layer], header.dtype)  # (n, kvh * hd)
         cache.k[layer, :, :n] = k.reshape(n, g.n_kv_heads, g.head_dim_k).transpose(1, 0, 2)
         cache.v[layer, :, :n] = v.reshape(n, g.n_kv_heads, g.head_dim_v).transpose(1, 0, 2)
-    cache.tokens = records["token"][:n].tolist()
+    cache.prefix_rows, cache.prefix_key = header.prefix_rows, header.prefix_key
+    cache.tokens = records["token"][header.prefix_rows : n].tolist()
     cache.prefill_logits = None

@@ -8,6 +8,10 @@ recently used slot. A request that only shares a prefix with a slot (same system
 different dialogue) copies those rows into another slot, leaving the donor intact for its own
 continuation. A request continues a slot when it repeats the slot's whole previous prompt (its
 divergence, if any, lies in the reply the slot generated, which the client may re-tokenize).
+
+A request may run behind a KV prefix (a cartridge, a fleet's composition: PrefixChoice). A slot
+remembers the key of the prefix its rows follow and shares them only with a request of the same
+key; a slot taken under another key gets the request's prefix installed (its old tokens gone).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 
 from inference.engine.kv_cache import KVCache
 from inference.kv.disk import SidecarStore, StoredSlot
+from inference.kv.prefix_source import PrefixChoice
 
 logger = logging.getLogger("lmserve.slots")
 
@@ -55,6 +60,21 @@ class Slot:
     def tokens(self) -> list[int]:
         return self.cache.tokens if self.cache is not None else []
 
+    @property
+    def prefix_key(self) -> str:
+        """The key of the prefix this slot's rows follow ("" for none)."""
+        return self.cache.prefix_key if self.cache is not None else ""
+
+    def shared(self, prompt: list[int], key: str) -> int:
+        """The tokens of ``prompt`` this slot holds behind the prefix ``key`` (0 under another)."""
+        if self.cache is None or self.cache.prefix_key != key:
+            return 0
+        return self.cache.common_prefix(prompt)
+
+
+def choice_key(choice: PrefixChoice | None) -> str:
+    return "" if choice is None else choice.key
+
 
 class SlotPool:
     """``n_slots`` caches of ``n_ctx`` positions each. Used only by the worker thread."""
@@ -69,16 +89,20 @@ class SlotPool:
         # The worker thread owns the caches; the admin inspects and evicts from other threads.
         self.lock = threading.Lock()
 
-    def acquire(self, prompt: list[int]) -> KVCache:
-        """The cache to generate ``prompt`` in; its rows past the shared prefix are stale and
-        will be overwritten (Engine.generate keeps only the common prefix)."""
+    def acquire(self, prompt: list[int], choice: PrefixChoice | None = None) -> KVCache:
+        """The cache to generate ``prompt`` in, behind ``choice``'s prefix (None: no prefix);
+        its rows past the shared tokens are stale and will be overwritten (Engine.generate
+        keeps only the common prefix)."""
         with self.lock:
-            chosen = self.choose(prompt)
+            chosen = self.choose(prompt, choice)
             chosen.last_used = next(_ticks)
             chosen.used_at = time.time()
             chosen.prompt_len = len(prompt)
             chosen.busy = True
-            return self._ensure_cache(chosen)
+            cache = self._ensure_cache(chosen)
+            if cache.prefix_key != choice_key(choice):
+                cache.install_prefix(None if choice is None else choice.prefix, choice_key(choice))
+            return cache
 
     def release(self) -> None:
         """The generation ended: slots may be evicted now (and pending evictions happen)."""
@@ -108,6 +132,8 @@ class SlotPool:
                 {
                     "index": s.index,
                     "tokens": len(s.tokens),
+                    "prefix_key": s.prefix_key,
+                    "prefix_rows": s.cache.prefix_rows if s.cache is not None else 0,
                     "last_used": s.used_at or None,
                     "bytes": s.cache.nbytes if s.cache is not None else 0,
                     "busy": s.busy,
@@ -121,36 +147,38 @@ class SlotPool:
         with self.lock:
             return self.disk is not None and self.disk.delete(self.disk.directory / name)
 
-    def choose(self, prompt: list[int]) -> Slot:
-        """The slot ``prompt`` will be generated in, with any shared prefix copied into it.
+    def choose(self, prompt: list[int], choice: PrefixChoice | None = None) -> Slot:
+        """The slot ``prompt`` will be generated in, with any shared tokens copied into it.
         Slots busy with another stream of a lockstep batch may lend their rows but are never
         chosen: each stream writes its own cache."""
         if not any(not s.busy for s in self.slots):
             raise RuntimeError(f"every KV slot is busy ({len(self.slots)}): a batch needs one per stream")
-        best, shared = self.best_match(prompt)
-        restored = self._restore(prompt, shared)
+        key = choice_key(choice)
+        best, shared = self.best_match(prompt, key)
+        restored = self._restore(prompt, shared, key)
         if restored is not None:
             self.stats.disk_hits += 1
             return restored
         if best is None or shared < SIMILARITY_GATE * len(prompt):
             self.stats.misses += 1
-            return self._take(self.least_recent(), prompt)
+            return self._take(self.least_recent(), prompt, key)
         self.stats.resident_hits += 1
         free = [s for s in self.slots if not s.busy]
         if not best.busy and (shared >= best.prompt_len or free == [best]):
-            return self._take(best, prompt)  # a continuation (or nowhere else to go): adopt it whole
+            return self._take(best, prompt, key)  # a continuation (or nowhere else to go): adopt it whole
         # A shared prefix only: copy it elsewhere and keep the donor for its own follow-up.
-        target = self._take(self.least_recent(exclude=best), prompt)
+        target = self._take(self.least_recent(exclude=best), prompt, key)
         self._ensure_cache(target).copy_rows_from(best.cache, shared)
         return target
 
-    def _take(self, slot: Slot, prompt: list[int], restoring: StoredSlot | None = None) -> Slot:
-        """``slot``, its contents spilled to disk first when ``prompt`` keeps under half of them
-        (never evicting ``restoring``, the file about to be loaded into it)."""
+    def _take(self, slot: Slot, prompt: list[int], key: str, restoring: StoredSlot | None = None) -> Slot:
+        """``slot``, its contents spilled to disk first when ``prompt`` (behind the prefix
+        ``key``) keeps under half of them (never evicting ``restoring``, the file about to be
+        loaded into it)."""
         cache = slot.cache
         if self.disk is None or cache is None or not cache.tokens:
             return slot
-        if cache.common_prefix(prompt) * 2 < cache.n_tokens:
+        if slot.shared(prompt, key) * 2 < cache.n_tokens:
             try:
                 self.disk.spill(cache, keep=restoring)
                 self.stats.disk_spills += 1
@@ -158,14 +186,14 @@ class SlotPool:
                 logger.exception("could not spill a KV slot to %s", self.disk.directory)
         return slot
 
-    def _restore(self, prompt: list[int], resident_shared: int) -> Slot | None:
+    def _restore(self, prompt: list[int], resident_shared: int, key: str) -> Slot | None:
         """A slot loaded from the sidecar that beats every resident slot, if one does."""
         if self.disk is None:
             return None
-        stored, shared = self.disk.best_match(prompt)
+        stored, shared = self.disk.best_match(prompt, key)
         if stored is None or shared <= resident_shared or shared < SIMILARITY_GATE * len(prompt):
             return None
-        target = self._take(self.least_recent(), prompt, restoring=stored)
+        target = self._take(self.least_recent(), prompt, key, restoring=stored)
         return target if self.disk.restore(stored, self._ensure_cache(target)) else None
 
     def least_recent(self, exclude: Slot | None = None) -> Slot:
@@ -173,16 +201,16 @@ class SlotPool:
         return min((s for s in self.slots if s is not exclude and not s.busy), key=lambda s: s.last_used)
 
     def reset(self, cache: KVCache) -> None:
-        """Forget a cache's contents (after a failed generation left them undefined)."""
+        """Forget a cache's tokens (after a failed generation left them undefined); its prefix
+        rows, written before the generation, stay."""
         cache.truncate(0)
 
-    def best_match(self, prompt: list[int]) -> tuple[Slot | None, int]:
-        """The resident slot sharing the longest token prefix with ``prompt``, and that length."""
+    def best_match(self, prompt: list[int], key: str = "") -> tuple[Slot | None, int]:
+        """The resident slot behind the prefix ``key`` sharing the longest token prefix with
+        ``prompt``, and that length."""
         best, shared = None, 0
         for slot in self.slots:
-            if slot.cache is None:
-                continue
-            n = slot.cache.common_prefix(prompt)
+            n = slot.shared(prompt, key)
             if n > shared:
                 best, shared = slot, n
         return best, shared

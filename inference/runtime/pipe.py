@@ -24,6 +24,10 @@ class StreamPipe:
         self._closed = False
         self._cancelled = threading.Event()
         self._wakeup = asyncio.Event()
+        # The fleet documents whose cartridges the worker composed as this request's KV
+        # prefix (set before any event; read by the connection for the response headers).
+        self.documents: tuple[str, ...] = ()
+        self.prefix_known = False
 
     # -- producer side (worker thread) -------------------------------------------------------
     @property
@@ -44,6 +48,12 @@ class StreamPipe:
             if isinstance(event, (Finish, Error, Embeddings)):
                 self._closed = True
         self._wake()
+
+    def prefix_chosen(self, documents: tuple[str, ...]) -> None:
+        """The worker chose the request's KV prefix, composed of ``documents`` (maybe none)."""
+        with self._lock:
+            self.documents = tuple(documents)
+            self.prefix_known = True
 
     def close(self, final: Finish | Error | Embeddings) -> None:
         """Push the terminal event; later pushes are dropped."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference.engine.families import FEATURE_NAMES
+from inference.kv.prefix_source import PrefixSource
 from inference.model_files import resolve_model
 from inference.runtime.pipe import StreamPipe
 from inference.runtime.queue import Job, JobQueue, QueueClosed, QueueFull
@@ -72,10 +73,15 @@ class InferenceService:
     """Everything a connection needs to get a request generated."""
 
     def __init__(
-        self, config: ServeConfig, model_path: Path, on_failure: Callable[[str], None] | None = None
+        self,
+        config: ServeConfig,
+        model_path: Path,
+        on_failure: Callable[[str], None] | None = None,
+        prefix_source: PrefixSource | None = None,
     ):
         self.config = config
         self.model_path = model_path
+        self.prefix_source = prefix_source
         self.queue = JobQueue(config.queue)
         self.worker = InferenceWorker(
             model_path,
@@ -88,6 +94,7 @@ class InferenceService:
             kv_disk_slots=config.kv_disk_slots,
             on_failure=on_failure,
             spec=config.spec,
+            prefix_source=prefix_source,
         )
         self.connections = ConnectionGate(config.conns)
         self.stopping = False
@@ -202,8 +209,8 @@ class InferenceService:
         return len(self.queue) == 0 and self.worker.in_flight == 0
 
     def health(self) -> dict:
-        """What GET /health reports."""
-        return {
+        """What GET /health reports (and what the prefix source says of itself, if any)."""
+        health = {
             "status": "ok" if self.ready else self.state,
             "model": self.model_id,
             "queued": len(self.queue),
@@ -213,6 +220,15 @@ class InferenceService:
             "kv_reuse": self.kv_reuse,
             "capabilities": self.capabilities(),
         }
+        describe = getattr(self.prefix_source, "describe", None)
+        if describe is not None:
+            health.update(describe())
+        return health
+
+    @property
+    def chooses_prefix(self) -> bool:
+        """Whether the worker picks a KV prefix per request (and may name fleet documents)."""
+        return self.prefix_source is not None
 
     def features(self) -> dict | None:
         """The loaded model's family features (``families.Features``) by name; None until loaded."""

@@ -17,9 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from inference.engine.prefix import PrefixMismatchError
 from inference.generation.backends import BackendSetup, GenerationBackend, backend_for
 from inference.generation.embeddings import embed_all
 from inference.generation.stream import BatchItem
+from inference.kv.prefix_source import PrefixSource
 from inference.runtime.queue import Job, JobQueue
 from inference.types import EmbeddingRequest, Error
 
@@ -58,6 +60,7 @@ class InferenceWorker:
         kv_disk_slots: int = 8,
         on_failure: Callable[[str], None] | None = None,
         spec: bool = False,
+        prefix_source: PrefixSource | None = None,
     ):
         self.model_path = model_path
         self.queue = queue
@@ -69,6 +72,7 @@ class InferenceWorker:
         self.batch = batch
         self.batches = BatchStats()
         self.spec = spec
+        self.prefix_source = prefix_source
         self.on_failure = on_failure
         self.state = LOADING
         self.error: str | None = None
@@ -122,6 +126,8 @@ class InferenceWorker:
                 logger.warning(
                     "--ctx %d exceeds the model's training context; using %d", self.requested_ctx, n_ctx
                 )
+            if self.prefix_source is not None:  # a source made for another model is refused here
+                self.prefix_source.check(engine)
             self.kv_slots = self._guard_kv_slots(engine, n_ctx)
             if self.kv_slots < self.batch:
                 logger.warning(
@@ -131,23 +137,31 @@ class InferenceWorker:
                 )
                 self.batch = self.kv_slots
             disk = self._disk_tier(engine)
-            backend = backend_for(BackendSetup(engine, n_ctx, self.kv_slots, disk, spec=self.spec))
+            setup = BackendSetup(engine, n_ctx, self.kv_slots, disk, self.prefix_source, spec=self.spec)
+            backend = backend_for(setup)
             backend.warm_up()
             backend.release()
+        except PrefixMismatchError as exc:  # the user's mistake, named: no traceback
+            logger.error("%s", exc)
+            return self._failed(f"refusing to serve {self.model_path.name}: {exc}")
         except Exception as exc:
             logger.exception("loading %s failed", self.model_path)
-            self.error = f"loading {self.model_path.name} failed: {type(exc).__name__}: {exc}"
-            self.state = FAILED
-            for job in self.queue.close():
-                job.pipe.close(Error(503, self.error, code="model_load_failed"))
-            if self.on_failure is not None:
-                self.on_failure(self.error)
-            return False
+            return self._failed(f"loading {self.model_path.name} failed: {type(exc).__name__}: {exc}")
         self.backend = backend
         self.state = READY
         self.ready.set()
         logger.info("model %s ready in %.1f s (ctx %d)", engine.model_id, time.perf_counter() - t0, n_ctx)
         return True
+
+    def _failed(self, message: str) -> bool:
+        """The model cannot be served: fail waiting jobs and report ``message``."""
+        self.error = message
+        self.state = FAILED
+        for job in self.queue.close():
+            job.pipe.close(Error(503, self.error, code="model_load_failed"))
+        if self.on_failure is not None:
+            self.on_failure(self.error)
+        return False
 
     def _guard_kv_slots(self, engine, n_ctx: int) -> int:
         """The slot count the RAM guard allows, its arithmetic logged."""

@@ -25,6 +25,9 @@ class Collect:
     def close(self, final) -> None:
         self.final = final
 
+    def prefix_chosen(self, documents) -> None:
+        self.documents = documents
+
 
 @pytest.fixture
 def live_service(tmp_path):
@@ -80,3 +83,33 @@ def test_evict_slot_and_delete_sidecar(admin_client, live_service):
     assert live_service.worker.backend.slots.disk.files == []
     assert admin_client.post("/admin/kv/sidecars/nothing.kv/delete/", follow=True).status_code == 200
     assert admin_client.get("/admin/kv/slots/0/evict/").status_code == 405
+
+
+def test_slots_and_sidecars_behind_a_cartridge_show_its_key_and_rows(admin_client, tmp_path):
+    from fleet.cartridges.file import save_cartridge
+    from fleet.cartridges.init import initial_cartridge
+    from fleet.sources import CartridgeSource
+    from inference.engine.engine import Engine
+    from inference.model_files import default_model_path
+
+    cartridge = initial_cartridge(Engine.load(default_model_path()), [1, 9690, 198, 504, 3330, 2])
+    source = CartridgeSource(save_cartridge(tmp_path / "c.safetensors", cartridge))
+    config = ServeConfig(ctx=512, kv_slots=1, kv_cache_dir=str(tmp_path / "kv"))
+    service = InferenceService.from_config(config, prefix_source=source)
+    service.start()
+    previous = services._current
+    try:
+        assert service.worker.ready.wait(600), service.worker.error
+        backend = service.worker.backend
+        request = GenerationRequest(messages=(Message("user", "Say hello."),), max_tokens=4)
+        backend.generate(request, backend.validate(request), Collect())
+        backend.slots.release()
+        backend.slots.disk.spill(backend.slots.slots[0].cache)
+        services.install(service)
+        page = admin_client.get("/admin/kv/").content.decode()
+        assert page.count(f"<td>{source.key} (6)</td>") == 2  # the slot and its sidecar
+    finally:
+        services.install(previous)
+        service.shutdown()
+        service.queue.close()
+        service.worker.join(30)

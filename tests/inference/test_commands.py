@@ -59,6 +59,31 @@ def test_generate_rejects_bad_input_with_a_clear_message(tmp_path):
     assert done.returncode != 0 and "--max-tokens must be at least 1" in done.stderr
 
 
+@pytest.mark.slow  # manage.py processes loading the model
+def test_generate_behind_a_cartridge_equals_the_text_in_the_prompt(tmp_path):
+    from fleet.cartridges.file import Cartridge, save_cartridge
+    from fleet.cartridges.init import initial_cartridge
+    from inference.engine.engine import Engine
+    from inference.model_files import default_model_path
+
+    engine = Engine.load(default_model_path())
+    text, prompt = "The secret code is 4821.", " The secret code is"
+    head = engine.encode_prompt(text)
+    assert engine.encode_prompt(text + prompt) == head + engine.encode_prompt(prompt)  # a clean cut
+    cartridge = initial_cartridge(engine, head)
+    path = save_cartridge(tmp_path / "secret.safetensors", cartridge)
+    behind = generate("--prompt", prompt, "--cartridge", str(path), "--max-tokens", "6", "--ignore-eos")
+    inline = generate("--prompt", text + prompt, "--max-tokens", "6", "--ignore-eos")
+    assert behind.returncode == 0, behind.stderr
+    assert behind.stdout == inline.stdout and "4821" in behind.stdout
+    prefill, _ = STATS_LINE.match(behind.stderr.strip().splitlines()[-1]).groups()
+    assert int(prefill) == len(engine.encode_prompt(prompt))  # the cartridge rows are no prefill
+    foreign = save_cartridge(tmp_path / "foreign.safetensors", Cartridge(cartridge.k, cartridge.v, bytes(16)))
+    refused = generate("--prompt", prompt, "--cartridge", str(foreign))
+    assert refused.returncode != 0
+    assert "foreign.safetensors: built for the model with fingerprint" in refused.stderr
+
+
 def test_resolve_model_names_what_is_missing(tmp_path):
     with pytest.raises(ModelFileError, match="fetch_models gemma3-270m"):
         resolve_model("gemma3-270m", directory=tmp_path)

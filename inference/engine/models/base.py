@@ -128,7 +128,7 @@ class DecoderModel(ABC):
         back (every row of an all-logits run, else its last)."""
         caches, positions, head_rows = [], [], []
         for run in runs:
-            start, first_row = run.cache.n_tokens, len(positions)
+            start, first_row = run.cache.n_positions, len(positions)
             caches += [run.cache] * len(run.tokens)
             positions += range(start, start + len(run.tokens))
             last = first_row + len(run.tokens)
@@ -191,7 +191,7 @@ class DecoderModel(ABC):
 
     def _residual_layers(self, tokens: list[int], cache: KVCache) -> np.ndarray:
         """The numpy layers' residual stream after the last layer (n, n_embd); commits tokens."""
-        start = cache.n_tokens
+        start = cache.n_positions
         x = self.embed(np.asarray(tokens, dtype=np.int64))  # (n, n_embd)
         for layer in range(self.config.n_layers):
             x = self.block(layer, x, cache, start)

@@ -2,7 +2,8 @@
 
 The generated text streams to stdout (only the text); the last stderr line is exactly
 ``prefill: N tokens, X tok/s; decode: M tokens, Y tok/s``, followed by ``; spec: A/D accepted``
-with ``--spec`` (A of D drafted tokens accepted).
+with ``--spec`` (A of D drafted tokens accepted). With ``--cartridge F`` the prompt runs behind
+the cartridge's KV prefix (its rows are not counted as prefill tokens).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import codecs
 import sys
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.engine.chat_template import ChatTemplateError
@@ -18,7 +20,9 @@ from inference.engine.gguf_file import GGUFError
 from inference.engine.kv_cache import ContextFullError
 from inference.engine.sampler import SamplingParams
 from inference.generation.speculative import Speculator
+from inference.kv.prefix_source import PrefixChoice, load_prefix_source
 from inference.model_files import ModelFileError, resolve_model
+from inference.types import GenerationRequest, Message
 
 
 class Command(BaseCommand):
@@ -40,6 +44,9 @@ class Command(BaseCommand):
             action="store_true",
             help="speculative decoding (the same text; verify costs are measured first)",
         )
+        parser.add_argument(
+            "--cartridge", default=None, metavar="FILE", help="run the prompt behind this cartridge"
+        )
 
     def handle(self, *args, **opts):
         if opts["max_tokens"] < 1:
@@ -54,16 +61,19 @@ class Command(BaseCommand):
             prompt = engine.encode_prompt(text)
         except (ModelFileError, GGUFError, ChatTemplateError) as exc:
             raise CommandError(str(exc)) from exc
-        n_ctx = max(opts["ctx"], len(prompt) + 1)
+        choice = cartridge_choice(engine, opts["cartridge"], text)
+        rows = choice.prefix.rows if choice is not None else 0
+        cache = engine.new_cache(rows + max(opts["ctx"], len(prompt) + 1))
+        if choice is not None:
+            cache.install_prefix(choice.prefix, choice.key)
         params = SamplingParams(temperature=opts["temperature"], seed=opts["seed"])
         stats = GenerationStats()
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         out = sys.stdout
         decode = Speculator(engine).generate if opts["spec"] else engine.generate
         try:
-            for token in decode(
-                engine.new_cache(n_ctx), prompt, params, opts["max_tokens"], opts["ignore_eos"], stats
-            ):
+            tokens = decode(cache, prompt, params, opts["max_tokens"], opts["ignore_eos"], stats)
+            for token in tokens:
                 out.write(decoder.decode(engine.tokenizer.token_bytes(token)))
                 out.flush()
         except ContextFullError as exc:
@@ -72,6 +82,19 @@ class Command(BaseCommand):
         out.flush()
         spec = f"; spec: {stats.spec_accepted}/{stats.spec_drafted} accepted" if opts["spec"] else ""
         sys.stderr.write(stats_line(stats) + spec + "\n")
+
+
+def cartridge_choice(engine: Engine, path: str | None, text: str) -> PrefixChoice | None:
+    """The prefix ``--cartridge`` names (the server's cartridge source), checked against the
+    model; None without the flag."""
+    if not path:
+        return None
+    try:
+        source = load_prefix_source(settings.LMSERVE_PREFIX_SOURCES["cartridge"], path)
+        source.check(engine)
+    except (OSError, ValueError) as exc:  # CartridgeFormatError, PrefixMismatchError
+        raise CommandError(str(exc)) from exc
+    return source.choose(engine, GenerationRequest(messages=(Message("user", text),)))
 
 
 def stats_line(stats: GenerationStats) -> str:

@@ -9,6 +9,7 @@ import os
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, DjangoHelpFormatter
 
+from inference.kv.prefix_source import PrefixSource, load_prefix_source
 from inference.model_files import ModelFileError
 from inference.runtime.service import DEFAULT_MAX_BODY_BYTES, InferenceService, ServeConfig, install
 
@@ -73,6 +74,23 @@ def prepare_database(stdout) -> None:
         call_command("migrate", interactive=False, verbosity=0, stdout=stdout)
     except Exception as exc:
         raise CommandError(f"cannot prepare the database {connection.settings_dict['NAME']}: {exc}") from exc
+
+
+def prefix_source_from(options: dict) -> PrefixSource | None:
+    """The KV prefix source the flags name (--cartridge, --prefix-source), read now so that a
+    missing or malformed file stops the command before anything starts; None without one."""
+    if options.get("cartridge"):
+        factory, argument = settings.LMSERVE_PREFIX_SOURCES["cartridge"], options["cartridge"]
+    elif options.get("prefix_source"):
+        factory, _, argument = options["prefix_source"].partition(":")
+    else:
+        return None
+    try:
+        return load_prefix_source(factory, argument)
+    except ImportError as exc:
+        raise CommandError(f"cannot load the prefix source {factory!r}: {exc}") from exc
+    except (OSError, ValueError) as exc:
+        raise CommandError(str(exc)) from exc
 
 
 SERVED = """\
@@ -201,6 +219,23 @@ class Command(BaseCommand):
             "off where it would lose time",
         )
 
+        prefix = parser.add_mutually_exclusive_group()
+        prefix.add_argument(
+            "--cartridge",
+            default=None,
+            metavar="FILE",
+            help="serve every conversation behind this cartridge (a trained KV prefix, built by "
+            "build_cartridge): its rows take cache rows [0, p) and are never prompt tokens; refused "
+            "at start-up when it was built for another model (default: none)",
+        )
+        prefix.add_argument(
+            "--prefix-source",
+            default=None,
+            metavar="FACTORY:ARG",
+            help="advanced: a PrefixSource of your own, as a dotted path to its factory and the "
+            "one argument it is called with (default: none)",
+        )
+
         parser.add_argument(
             "--stream-start-after",
             type=positive_seconds,
@@ -248,7 +283,7 @@ class Command(BaseCommand):
             spec=options["spec"],
         )
         try:
-            service = InferenceService.from_config(config)
+            service = InferenceService.from_config(config, prefix_source=prefix_source_from(options))
         except ModelFileError as exc:
             raise CommandError(str(exc)) from exc
         install(service)

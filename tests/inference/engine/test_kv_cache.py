@@ -56,3 +56,48 @@ def test_copy_rows_refuses_a_foreign_geometry():
     other = KVCache(KVGeometry(2, 1, 4, 4), 16)
     with pytest.raises(ValueError, match="geometr"):
         KVCache(GEOMETRY, 16).copy_rows_from(other, 0)
+
+
+def _prefix(rows: int, seed: int = 5):
+    from inference.engine.prefix import KVPrefix
+
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((2, 2, rows, 4)).astype(np.float32)  # (L, kvh, rows, hd)
+    return KVPrefix(k, -k)
+
+
+def test_a_prefix_takes_the_first_rows_rounded_to_f16_and_tokens_follow_it():
+    cache = filled([1, 2, 3])
+    prefix = _prefix(3)
+    cache.install_prefix(prefix, "cart")
+    assert (cache.prefix_rows, cache.prefix_key, cache.tokens) == (3, "cart", [])
+    assert np.array_equal(cache.k[:, :, :3], prefix.k.astype(np.float16))
+    assert cache.n_tokens == 0 and cache.n_positions == 3
+    cache.commit([7, 8])
+    assert cache.n_tokens == 2 and cache.n_positions == 5 and cache.common_prefix([7, 9]) == 1
+
+
+def test_truncation_never_cuts_into_the_prefix_and_room_counts_it():
+    cache = KVCache(GEOMETRY, 8)
+    cache.install_prefix(_prefix(5), "p")
+    cache.commit([1, 2])
+    cache.truncate(0)
+    assert cache.prefix_rows == 5 and cache.n_positions == 5
+    cache.commit([1, 2, 3])
+    with pytest.raises(ContextFullError, match="after 5 prefix rows"):
+        cache.check_room(1)
+    with pytest.raises(ContextFullError, match="no room"):
+        KVCache(GEOMETRY, 4).install_prefix(_prefix(4))
+
+
+def test_copy_rows_carries_the_prefix_and_its_key():
+    donor = KVCache(GEOMETRY, 16)
+    donor.install_prefix(_prefix(2), "fleet:a")
+    donor.write(0, 2, np.ones((3, 2, 4), np.float32), np.ones((3, 2, 4), np.float32))
+    donor.commit([4, 5, 6])
+    copy = filled([9])
+    copy.copy_rows_from(donor, 2)
+    assert (copy.prefix_rows, copy.prefix_key, copy.tokens) == (2, "fleet:a", [4, 5])
+    assert np.array_equal(copy.k[:, :, :4], donor.k[:, :, :4])
+    copy.install_prefix(None)
+    assert (copy.prefix_rows, copy.prefix_key, copy.n_positions) == (0, "", 0)

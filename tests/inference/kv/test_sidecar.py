@@ -106,9 +106,9 @@ def test_a_corrupted_header_is_rejected(tmp_path):
 def test_store_ignores_corrupt_and_foreign_files_with_a_log_line(tmp_path, caplog):
     write_sidecar(tmp_path / "good.kv", cache_with([1, 2, 3]), MODEL)
     write_sidecar(tmp_path / "foreign.kv", cache_with([1, 2], geometry=KVGeometry(1, 1, 32, 32)), MODEL)
-    (tmp_path / "junk.kv").write_bytes(b"LMSKV002" + b"\x07" * 40)
+    (tmp_path / "junk.kv").write_bytes(b"LMSKV003" + b"\x07" * 40)
     (tmp_path / "old.kv").write_bytes(b"LMSKV001" + b"\x02" * 40)
-    (tmp_path / ".half.kv.tmp").write_bytes(b"LMSKV002")
+    (tmp_path / ".half.kv.tmp").write_bytes(b"LMSKV003")
     with caplog.at_level(logging.INFO, logger="lmserve.kv_disk"):
         store = SidecarStore(tmp_path, 4, GEOMETRY, MODEL)
     assert [s.path.name for s in store.files] == ["good.kv"]
@@ -147,7 +147,7 @@ def test_pool_spills_a_destroyed_slot_and_restores_it_with_no_reprefill(tmp_path
     back = slots.acquire(list(range(1, 16)) + [77])
     assert back.tokens == list(range(1, 16)) and np.array_equal(back.k[:, :, :15], original_k)
     assert len(store.files) == 2  # the unrelated slot spilled in turn
-    assert SidecarHeader(GEOMETRY, F16, 0, MODEL).size == 8 + 4 + 16 + 8 + 24 + 4
+    assert SidecarHeader(GEOMETRY, F16, 0, MODEL).size == 8 + 4 + 16 + 16 + 24 + 4
 
 
 def test_overwritten_rows_fail_their_checksum_and_the_file_is_dropped(tmp_path, caplog):
@@ -205,3 +205,52 @@ def test_a_full_disk_tier_never_evicts_the_file_being_restored(tmp_path):
     back = slots.acquire(list(range(1, 16)) + [77])
     assert back.tokens == list(range(1, 16)) and np.array_equal(back.k[:, :, :15], original_k)
     assert slots.stats.disk_hits == 1
+
+
+def behind_prefix(tokens: list[int], key: str, rows: int = 3, seed: int = 7) -> KVCache:
+    from inference.engine.prefix import KVPrefix
+
+    rng = np.random.default_rng(seed)
+    shape = (GEOMETRY.n_layers, GEOMETRY.n_kv_heads, rows, GEOMETRY.head_dim_k)
+    k, v = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
+    prefix = KVPrefix(k, v)
+    cache = KVCache(GEOMETRY, 64)
+    cache.install_prefix(prefix, key)
+    for layer in range(GEOMETRY.n_layers):
+        k = rng.standard_normal((len(tokens), GEOMETRY.n_kv_heads, GEOMETRY.head_dim_k)).astype(np.float32)
+        cache.write(layer, rows, k, -k)
+    cache.commit(tokens)
+    return cache
+
+
+def test_a_sidecar_records_its_prefix_and_a_restore_brings_it_back(tmp_path):
+    source = behind_prefix([5, 6, 7, 8], "docs:alpha,beta")
+    write_sidecar(tmp_path / "p.kv", source, MODEL)
+    header, _ = open_sidecar(tmp_path / "p.kv")
+    assert (header.count, header.prefix_rows, header.prefix_key) == (7, 3, "docs:alpha,beta")
+    back = KVCache(GEOMETRY, 64)
+    back.commit([1, 1])  # whatever it held before is replaced, prefix included
+    header, records = open_sidecar(tmp_path / "p.kv")
+    load_into(records, header, back)
+    assert (back.prefix_rows, back.prefix_key, back.tokens) == (3, "docs:alpha,beta", [5, 6, 7, 8])
+    assert np.array_equal(back.k[:, :, :7], source.k[:, :, :7])
+    assert np.array_equal(back.v[:, :, :7], source.v[:, :, :7])
+    entry = scan_sidecars(tmp_path)[0]
+    assert (entry["tokens"], entry["prefix_rows"], entry["prefix_key"]) == (4, 3, "docs:alpha,beta")
+    # Appending a continuation behind the same prefix keeps the prefix rows where they were.
+    source.write(0, 7, np.ones((1, 2, 16), np.float32), np.ones((1, 2, 16), np.float32))
+    source.commit([9])
+    assert append_sidecar(tmp_path / "p.kv", source) == 8
+    assert restored(tmp_path / "p.kv").tokens == [5, 6, 7, 8, 9]
+
+
+def test_the_disk_tier_matches_a_prompt_only_behind_the_same_prefix_key(tmp_path):
+    store = SidecarStore(tmp_path, 4, GEOMETRY, MODEL)
+    store.spill(behind_prefix([1, 2, 3, 4], "alpha"))
+    store.spill(cache_with([1, 2, 3, 4]))  # the same tokens with no prefix: another conversation
+    assert len(store.files) == 2
+    stored, shared = store.best_match([1, 2, 3, 4, 5], "alpha")
+    assert shared == 4 and stored.prefix_key == "alpha"
+    assert store.best_match([1, 2, 3], "beta") == (None, 0)
+    again = SidecarStore(tmp_path, 4, GEOMETRY, MODEL)  # found again after a restart
+    assert sorted(s.prefix_key for s in again.files) == ["", "alpha"]

@@ -97,6 +97,8 @@ def test_evicting_a_busy_slot_waits_for_its_generation_to_end():
     assert slots.status()[0] == {
         "index": 0,
         "tokens": 0,
+        "prefix_key": "",
+        "prefix_rows": 0,
         "last_used": slots.slots[0].used_at,
         "bytes": 0,
         "busy": False,
@@ -130,3 +132,50 @@ def test_the_only_free_slot_is_taken_when_the_best_match_is_busy():
     busy = filled(slots.acquire([5] * 10), [5] * 10)
     other = slots.acquire([5] * 10 + [6])
     assert other is not busy and other.tokens == [5] * 10
+
+
+def _choice(key: str, rows: int, value: float = 1.0):
+    import numpy as np
+
+    from inference.engine.prefix import KVPrefix
+    from inference.kv.prefix_source import PrefixChoice
+
+    k = np.full((1, 1, rows, 2), value, np.float32)  # (L, kvh, rows, hd)
+    return PrefixChoice(key, KVPrefix(k, k), (key,))
+
+
+def test_a_slot_is_reused_only_under_the_same_prefix_key():
+    slots = pool(2)
+    alpha, beta = _choice("alpha", 3, 1.0), _choice("beta", 2, 2.0)
+    a = filled(slots.acquire([1, 2, 3], alpha), [1, 2, 3])
+    assert (a.prefix_key, a.prefix_rows, a.n_positions) == ("alpha", 3, 6)
+    assert (a.k[0, 0, :3] == 1.0).all()
+    slots.release()
+    # The same tokens behind another prefix share nothing: another slot, the prefix installed.
+    b = slots.acquire([1, 2, 3, 4], beta)
+    assert b is not a and (b.prefix_key, b.prefix_rows, b.tokens) == ("beta", 2, [])
+    assert (b.k[0, 0, :2] == 2.0).all()
+    filled(b, [1, 2, 3])
+    slots.release()
+    assert slots.acquire([1, 2, 3, 4], alpha) is a and a.tokens == [1, 2, 3]
+    assert [s["prefix_key"] for s in slots.status()] == ["alpha", "beta"]
+
+
+def test_a_slot_taken_under_another_key_gets_the_new_prefix_and_loses_its_tokens():
+    slots = pool(1)
+    a = filled(slots.acquire([1, 2, 3], _choice("alpha", 3)), [1, 2, 3])
+    slots.release()
+    assert slots.acquire([1, 2, 3], _choice("beta", 4, 3.0)) is a
+    assert (a.prefix_key, a.prefix_rows, a.tokens) == ("beta", 4, [])
+    slots.release()
+    assert slots.acquire([1, 2, 3]) is a and (a.prefix_key, a.prefix_rows) == ("", 0)
+
+
+def test_a_shared_prefix_copy_carries_the_prefix_rows():
+    slots = pool(2)
+    alpha = _choice("alpha", 3, 5.0)
+    donor = filled(slots.acquire([1, 2, 3, 4, 5], alpha), [1, 2, 3, 4, 5])
+    slots.release()
+    other = slots.acquire([1, 2, 3, 9, 9], alpha)
+    assert other is not donor and other.tokens == [1, 2, 3]
+    assert (other.prefix_key, other.prefix_rows) == ("alpha", 3) and (other.k[0, 0, :3] == 5.0).all()
