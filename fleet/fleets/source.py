@@ -83,6 +83,11 @@ class FleetSource:
         self.switches = 0
 
     # -- start-up ----------------------------------------------------------------------------
+    def composed_rows_max(self) -> int:
+        """The most prefix rows a composition can take (the rag_docs longest cartridges)."""
+        rows = sorted((doc.rows for doc in self.fleet.manifest.documents), reverse=True)
+        return sum(rows[: self.rag_docs])
+
     def check_model_file(self, model_path: str | os.PathLike) -> None:
         """Refuse a model other than the one the fleet was built for, from the GGUF file alone
         (before the server starts loading it)."""
@@ -138,8 +143,9 @@ class FleetSource:
         best = self.retriever.document_best(query, len(self.names))
         if not should_switch(best, selection, self.margin):
             return selection
-        self.switches += 1
-        return self.retriever.select(query, self.rag_chunks, self.rag_docs).documents
+        fresh = self.retriever.select(query, self.rag_chunks, self.rag_docs).documents
+        self.switches += fresh != selection
+        return fresh
 
     def choice(self, engine: Engine, selection: tuple[int, ...]) -> PrefixChoice:
         """The composed prefix of ``selection``; its key names the documents."""

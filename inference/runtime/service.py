@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from inference.kv.prefix_source import PrefixSource
 from inference.model_files import resolve_model
 from inference.runtime.pipe import StreamPipe
 from inference.runtime.queue import Job, JobQueue, QueueClosed, QueueFull
@@ -68,9 +69,14 @@ class InferenceService:
     """Everything a connection needs to get a request generated."""
 
     def __init__(
-        self, config: ServeConfig, model_path: Path, on_failure: Callable[[str], None] | None = None
+        self,
+        config: ServeConfig,
+        model_path: Path,
+        on_failure: Callable[[str], None] | None = None,
+        prefix_source: PrefixSource | None = None,
     ):
         self.config = config
+        self.prefix_source = prefix_source
         self.model_path = model_path
         self.queue = JobQueue(config.queue)
         self.worker = InferenceWorker(
@@ -82,6 +88,7 @@ class InferenceService:
             kv_cache_dir=Path(config.kv_cache_dir) if config.kv_cache_dir else None,
             kv_disk_slots=config.kv_disk_slots,
             on_failure=on_failure,
+            prefix_source=prefix_source,
         )
         self.connections = ConnectionGate(config.conns)
         self.stopping = False

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from inference.generation.backends import BackendSetup, GenerationBackend, backend_for
 from inference.generation.embeddings import embed_all
+from inference.kv.prefix_source import PrefixSource
 from inference.runtime.queue import Job, JobQueue
 from inference.types import EmbeddingRequest, Error
 
@@ -39,6 +40,7 @@ class InferenceWorker:
         kv_cache_dir: Path | None = None,
         kv_disk_slots: int = 8,
         on_failure: Callable[[str], None] | None = None,
+        prefix_source: PrefixSource | None = None,
     ):
         self.model_path = model_path
         self.queue = queue
@@ -49,6 +51,9 @@ class InferenceWorker:
         self.kv_disk_slots = kv_disk_slots
         self.batch = batch
         self.on_failure = on_failure
+        # Where conversations' KV prefixes come from (a cartridge, a fleet); checked against
+        # the model once it loads, so a foreign one fails the start-up with its own message.
+        self.prefix_source = prefix_source
         self.state = LOADING
         self.error: str | None = None
         self.backend: GenerationBackend | None = None
@@ -96,6 +101,8 @@ class InferenceWorker:
         t0 = time.perf_counter()
         try:
             engine = Engine.load(self.model_path)
+            if self.prefix_source is not None:
+                self.prefix_source.check(engine)
             n_ctx = min(self.requested_ctx, engine.config.n_ctx_train)
             if n_ctx < self.requested_ctx:
                 logger.warning(

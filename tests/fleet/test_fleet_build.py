@@ -112,13 +112,11 @@ def test_the_per_document_function_runs_on_plain_arguments_like_a_celery_task(tm
 
     build_fleet(spec(docs_dir, engine, tmp_path / "b"), engine=engine, mapper=json_mapper)
     assert calls == ["fleet.fleets.build.prepare_document"]
-    a, b = read_manifest(tmp_path / "fleet"), read_manifest(tmp_path / "b")
+    a, b = read_manifest(root / "fleet"), read_manifest(tmp_path / "b")
     assert a == b
-    assert np.array_equal(
-        read_index(tmp_path / "fleet", a).embeddings, read_index(tmp_path / "b", b).embeddings
-    )
+    assert np.array_equal(read_index(root / "fleet", a).embeddings, read_index(tmp_path / "b", b).embeddings)
     for doc in a.documents:
-        ka = load_cartridge(tmp_path / "fleet" / doc.cartridge).k
+        ka = load_cartridge(root / "fleet" / doc.cartridge).k
         assert np.array_equal(ka, load_cartridge(tmp_path / "b" / doc.cartridge).k)
 
 

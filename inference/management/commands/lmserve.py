@@ -9,7 +9,7 @@ import os
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, DjangoHelpFormatter
 
-from inference.model_files import ModelFileError
+from inference.model_files import ModelFileError, resolve_model
 from inference.runtime.service import DEFAULT_MAX_BODY_BYTES, InferenceService, ServeConfig, install
 
 
@@ -27,6 +27,16 @@ def positive_seconds(text: str) -> float:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def non_negative_margin(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a non-negative cosine margin, got {text!r}")
     return value
 
 
@@ -196,9 +206,15 @@ class Command(BaseCommand):
             "and timings only, never text); 'key' needs --api-key; 'off' answers 404 "
             "(default: %(default)s)",
         )
+        self.add_fleet_arguments(parser)
 
     def handle(self, *args, **options):
         settings.ALLOWED_HOSTS = allowed_hosts(options["host"], options["allowed_hosts"])
+        try:
+            model_path = resolve_model(options["model"] or "")
+        except ModelFileError as exc:
+            raise CommandError(str(exc)) from exc
+        prefix_source = self.fleet_source(options, model_path)  # refusals before anything else
         prepare_database(self.stdout)
         config = ServeConfig(
             model=options["model"] or "",
@@ -215,10 +231,7 @@ class Command(BaseCommand):
             keepalive_every=options["keepalive"],
             metrics=options["metrics"],
         )
-        try:
-            service = InferenceService.from_config(config)
-        except ModelFileError as exc:
-            raise CommandError(str(exc)) from exc
+        service = InferenceService(config, model_path, prefix_source=prefix_source)
         install(service)
 
         from api.server import serve
@@ -227,3 +240,83 @@ class Command(BaseCommand):
         status = serve(application, service, options["host"], options["port"])
         if status != 0:
             raise CommandError("the server stopped with an error", returncode=status)
+
+    # -- fleets (issue 18): --fleet and the retrieval knobs --------------------------------
+    def add_fleet_arguments(self, parser) -> None:
+        parser.add_argument(
+            "--fleet",
+            default=None,
+            metavar="DIR",
+            help="serve a fleet (manage.py build_fleet): each conversation's user messages pick "
+            "--rag-docs documents through the model's own embeddings and their cartridges compose "
+            "as its KV prefix; a conversation (known by its first user message) keeps its documents. "
+            "Excludes --cartridge, --kv-cache-dir and --batch > 1 (default: no fleet)",
+        )
+        parser.add_argument(
+            "--rag-docs",
+            type=positive_int,
+            default=2,
+            help="fleet: documents composed per conversation (default: %(default)s)",
+        )
+        parser.add_argument(
+            "--rag-chunks",
+            type=positive_int,
+            default=8,
+            help="fleet: the top chunks by cosine that documents are picked from (default: %(default)s)",
+        )
+        parser.add_argument(
+            "--rag-adaptive",
+            action="store_true",
+            help="fleet: every follow-up re-embeds all the user messages and switches documents when "
+            "one outside the selection beats every selected document's best chunk by --rag-margin",
+        )
+        parser.add_argument(
+            "--rag-margin",
+            type=non_negative_margin,
+            default=0.05,
+            help="fleet: the --rag-adaptive switch margin, in cosine units (default: %(default)s)",
+        )
+
+    def fleet_source(self, options: dict, model_path):
+        """The fleet's PrefixSource, or None without --fleet; every refusal a CommandError
+        before anything is served."""
+        directory = options.get("fleet")
+        if not directory:
+            return None
+        clashes = [
+            flag
+            for flag, clash in (
+                ("--cartridge", options.get("cartridge")),
+                ("--kv-cache-dir", options.get("kv_cache_dir")),
+                ("--batch > 1", (options.get("batch") or 1) > 1),
+            )
+            if clash
+        ]
+        if clashes:
+            raise CommandError(
+                f"--fleet excludes {', '.join(clashes)}: a fleet picks each conversation's cartridges "
+                "itself (not one --cartridge), KV sidecars do not record the documents a slot ran "
+                "behind, and retrieval with sticky slots is single-stream"
+            )
+        from fleet.fleets.format import FleetFormatError
+        from fleet.fleets.source import FleetSource
+        from inference.engine.prefix import PrefixMismatchError
+
+        try:
+            source = FleetSource(
+                directory,
+                rag_docs=options["rag_docs"],
+                rag_chunks=options["rag_chunks"],
+                adaptive=options["rag_adaptive"],
+                margin=options["rag_margin"],
+            )
+            source.check_model_file(model_path)
+        except (FleetFormatError, PrefixMismatchError) as exc:
+            raise CommandError(str(exc)) from exc
+        rows = source.composed_rows_max()
+        if rows >= options["ctx"]:
+            raise CommandError(
+                f"--ctx {options['ctx']} leaves no room for the conversation behind up to {rows} "
+                f"prefix rows (--rag-docs {options['rag_docs']} cartridges of this fleet)"
+            )
+        return source
