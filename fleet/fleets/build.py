@@ -112,7 +112,13 @@ def _prepare(engine: Engine, item: dict) -> dict:
     step = item["embed_chunk"]
     texts = [engine.tokenizer.decode(body[i : i + step]) for i in range(0, len(body), step)]
     vectors = [embed_text(engine, t).tolist() for t in texts if t.strip()]
-    return {"name": item["name"], "tokens": len(tokens), "rows": rows, "embeddings": vectors}
+    return {
+        "name": item["name"],
+        "tokens": len(tokens),
+        "rows": rows,
+        "embeddings": vectors,
+        "fingerprint": engine.fingerprint.hex(),
+    }
 
 
 def _check_spec(spec: FleetBuildSpec) -> list[Path]:
@@ -204,7 +210,10 @@ def build_fleet(
 def _write_fleet(directory: Path, engine: Engine, spec: FleetBuildSpec, results: list[dict]) -> FleetManifest:
     """The index (centred chunk embeddings) and the manifest of the prepared documents."""
     documents, rows, owners = [], [], []
+    fingerprint = engine.fingerprint.hex()
     for i, result in enumerate(results):
+        if result["fingerprint"] != fingerprint:
+            raise ValueError(f"document {result['name']} was prepared with another model than {spec.model}")
         vectors = np.asarray(result["embeddings"], np.float32).reshape(-1, engine.config.n_embd)
         if not len(vectors):
             raise ValueError(f"document {result['name']} has no text to index")
@@ -216,7 +225,6 @@ def _write_fleet(directory: Path, engine: Engine, spec: FleetBuildSpec, results:
             )
         )
     embeddings, centroid = centre(np.concatenate(rows))
-    fingerprint = engine.fingerprint.hex()
     write_index(directory, FleetIndex(embeddings, centroid, np.asarray(owners, np.int64)), fingerprint)
     manifest = FleetManifest(
         model_fingerprint=fingerprint,

@@ -208,3 +208,14 @@ def test_unreadable_fleet_directories_are_named(tmp_path, docs_dir, built):
     (out / "fleet.json").write_text('{"format": "something-else"}')
     with pytest.raises(FleetFormatError, match="not a fleet manifest"):
         read_manifest(out)
+
+
+def test_documents_prepared_with_another_model_are_refused(tmp_path, docs_dir, engine):
+    from fleet.fleets.build import prepare_document
+
+    def foreign(fn_name, items):
+        return [{**prepare_document(item), "fingerprint": "00" * 16} for item in items]
+
+    with pytest.raises(ValueError, match="alpine was prepared with another model"):
+        build_fleet(spec(docs_dir, engine, tmp_path / "f"), engine=engine, mapper=foreign)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs"]
