@@ -27,7 +27,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fleet.fleets.build import FleetBuildSpec, build_fleet  # noqa: E402
+from fleet.fleets.build import FleetBuildSpec, build_fleet, chunk_texts  # noqa: E402
+from fleet.fleets.format import FleetIndex  # noqa: E402
+from fleet.fleets.retrieval import Retriever, embed_text, unit_rows  # noqa: E402
 from fleet.fleets.source import FleetSource  # noqa: E402
 from inference.engine.engine import Engine  # noqa: E402
 from inference.engine.prefix import KVPrefix  # noqa: E402
@@ -72,6 +74,24 @@ def build(engine: Engine, args, out: Path) -> dict:
     return {**result.as_dict(), "seconds_per_document": (time.perf_counter() - t0) / result.documents}
 
 
+def uncentred_top1(engine: Engine, source: FleetSource, questions: dict, embed_chunk: int) -> float:
+    """The ablation: retrieval top-1 over the raw (not centred) chunk embeddings."""
+    rows, owners = [], []
+    for i, name in enumerate(source.names):
+        for text in chunk_texts(engine, (DATA / "docs" / f"{name}.txt").read_text(), embed_chunk):
+            rows.append(embed_text(engine, text))
+            owners.append(i)
+    dim = len(rows[0])
+    raw = Retriever(FleetIndex(unit_rows(np.stack(rows)), np.zeros(dim, np.float32), np.array(owners)))
+    hits = n = 0
+    for doc, pairs in questions.items():
+        for question, _ in pairs:
+            picked = raw.select(embed_text(engine, question), 8, 1).documents[0]
+            hits += source.names[picked] == doc
+            n += 1
+    return hits / n
+
+
 def measure(args) -> dict:
     engine = Engine.load(args.model)
     questions = json.loads((DATA / "questions.json").read_text())
@@ -112,6 +132,9 @@ def measure(args) -> dict:
             "seconds": time.perf_counter() - t0,
             "misses": misses,
         }
+        if args.ablation:
+            ablation = uncentred_top1(engine, source, questions, args.embed_chunk)
+            report["retrieval"]["top1_uncentred"] = ablation
         if args.answers:
             report["answers"] = {kind: hits / n for kind, hits in answers.items()}
     return report
@@ -129,6 +152,7 @@ def main() -> None:
     parser.add_argument("--answers", action="store_true", help="also measure answer accuracy (slow)")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--ablation", action="store_true", help="also top-1 without centring")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = parser.parse_args()
     report = measure(args)

@@ -94,6 +94,13 @@ def prepare_document(item: dict) -> dict:
     return _prepare(_engine_for(item["model"]), item)
 
 
+def chunk_texts(engine: Engine, text: str, chunk_tokens: int) -> list[str]:
+    """The text cut into retrieval chunks of ``chunk_tokens`` tokens (blank ones dropped)."""
+    body = engine.tokenizer.encode(text, add_bos=False, parse_special=False)
+    texts = [engine.tokenizer.decode(body[i : i + chunk_tokens]) for i in range(0, len(body), chunk_tokens)]
+    return [t for t in texts if t.strip()]
+
+
 def _prepare(engine: Engine, item: dict) -> dict:
     path = Path(item["document"])
     try:
@@ -108,10 +115,8 @@ def _prepare(engine: Engine, item: dict) -> dict:
         {"document": item["name"], "tokens": len(tokens)},
     )
     save_cartridge(item["cartridge"], cartridge)
-    body = engine.tokenizer.encode(path.read_text(encoding="utf-8"), add_bos=False, parse_special=False)
-    step = item["embed_chunk"]
-    texts = [engine.tokenizer.decode(body[i : i + step]) for i in range(0, len(body), step)]
-    vectors = [embed_text(engine, t).tolist() for t in texts if t.strip()]
+    texts = chunk_texts(engine, path.read_text(encoding="utf-8"), item["embed_chunk"])
+    vectors = [embed_text(engine, t).tolist() for t in texts]
     return {
         "name": item["name"],
         "tokens": len(tokens),
