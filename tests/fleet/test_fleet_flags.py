@@ -106,3 +106,22 @@ def test_the_worker_refuses_a_foreign_fleet_once_the_model_loads(fleet_dir, synt
     worker.start()
     assert worker.join(120)
     assert worker.state == FAILED and "built for another model" in worker.error
+
+
+def test_the_command_line_refuses_a_foreign_fleet_with_its_message_and_status(fleet_dir, synthetic_dir):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    other = synthetic_path("qwen3", synthetic_dir)
+    command = [sys.executable, str(root / "manage.py"), "lmserve", str(other), "--fleet", str(fleet_dir)]
+    run = subprocess.run(
+        [*command, "--port", "0"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 1 and "built for another model" in run.stderr
+    assert "serving" not in run.stdout

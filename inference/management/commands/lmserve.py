@@ -283,20 +283,19 @@ class Command(BaseCommand):
         directory = options.get("fleet")
         if not directory:
             return None
-        clashes = [
-            flag
-            for flag, clash in (
-                ("--cartridge", options.get("cartridge")),
-                ("--kv-cache-dir", options.get("kv_cache_dir")),
-                ("--batch > 1", (options.get("batch") or 1) > 1),
-            )
-            if clash
-        ]
+        reasons = {
+            "--cartridge": (options.get("cartridge"), "a fleet picks each conversation's cartridges itself"),
+            "--kv-cache-dir": (
+                options.get("kv_cache_dir"),
+                "KV sidecars do not record the documents a slot ran behind",
+            ),
+            "--batch > 1": ((options.get("batch") or 1) > 1, "retrieval with sticky slots is single-stream"),
+        }
+        clashes = [(flag, why) for flag, (given, why) in reasons.items() if given]
         if clashes:
             raise CommandError(
-                f"--fleet excludes {', '.join(clashes)}: a fleet picks each conversation's cartridges "
-                "itself (not one --cartridge), KV sidecars do not record the documents a slot ran "
-                "behind, and retrieval with sticky slots is single-stream"
+                f"--fleet excludes {', '.join(flag for flag, _ in clashes)}: "
+                + "; ".join(why for _, why in clashes)
             )
         from fleet.fleets.format import FleetFormatError
         from fleet.fleets.source import FleetSource
