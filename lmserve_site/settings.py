@@ -121,9 +121,13 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_LATE = True
 
-# KV prefix sources by flag (`lmserve --cartridge F` calls the "cartridge" factory with F): the
+# KV prefix sources by flag (`lmserve --cartridge F` calls the "cartridge" factory with F,
+# `--fleet DIR` the "fleet" factory with DIR and the --rag-* options): the
 # fleet app implements them, and `inference` reaches them only through this setting.
-LMSERVE_PREFIX_SOURCES = {"cartridge": "fleet.sources.CartridgeSource"}
+LMSERVE_PREFIX_SOURCES = {
+    "cartridge": "fleet.sources.CartridgeSource",
+    "fleet": "fleet.fleets.source.FleetSource",
+}
 
 LOGGING = {
     "version": 1,

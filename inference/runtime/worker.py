@@ -72,8 +72,10 @@ class InferenceWorker:
         self.batch = batch
         self.batches = BatchStats()
         self.spec = spec
-        self.prefix_source = prefix_source
         self.on_failure = on_failure
+        # Where conversations' KV prefixes come from (a cartridge, a fleet); checked against
+        # the model once it loads, so a foreign one fails the start-up with its own message.
+        self.prefix_source = prefix_source
         self.state = LOADING
         self.error: str | None = None
         self.backend: GenerationBackend | None = None
@@ -121,6 +123,8 @@ class InferenceWorker:
         t0 = time.perf_counter()
         try:
             engine = Engine.load(self.model_path)
+            if self.prefix_source is not None:
+                self.prefix_source.check(engine)
             n_ctx = min(self.requested_ctx, engine.config.n_ctx_train)
             if n_ctx < self.requested_ctx:
                 logger.warning(

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, DjangoHelpFormatter
 
 from inference.kv.prefix_source import PrefixSource, load_prefix_source
-from inference.model_files import ModelFileError
+from inference.model_files import ModelFileError, resolve_model
 from inference.runtime.service import DEFAULT_MAX_BODY_BYTES, InferenceService, ServeConfig, install
 
 
@@ -28,6 +28,16 @@ def positive_seconds(text: str) -> float:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def non_negative_margin(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a non-negative cosine margin, got {text!r}")
     return value
 
 
@@ -260,10 +270,17 @@ class Command(BaseCommand):
             "and timings only, never text); 'key' needs --api-key; 'off' answers 404 "
             "(default: %(default)s)",
         )
+        self.add_fleet_arguments(parser)
 
     def handle(self, *args, **options):
         refuse_batch_with_fleet(options["batch"], options.get("fleet"))
         settings.ALLOWED_HOSTS = allowed_hosts(options["host"], options["allowed_hosts"])
+        try:
+            model_path = resolve_model(options["model"] or "")
+        except ModelFileError as exc:
+            raise CommandError(str(exc)) from exc
+        # Refusals before anything else: a fleet's flags, then a cartridge file that cannot be read.
+        prefix_source = self.fleet_source(options, model_path) or prefix_source_from(options)
         prepare_database(self.stdout)
         config = ServeConfig(
             model=options["model"] or "",
@@ -282,10 +299,7 @@ class Command(BaseCommand):
             metrics=options["metrics"],
             spec=options["spec"],
         )
-        try:
-            service = InferenceService.from_config(config, prefix_source=prefix_source_from(options))
-        except ModelFileError as exc:
-            raise CommandError(str(exc)) from exc
+        service = InferenceService(config, model_path, prefix_source=prefix_source)
         install(service)
 
         from api.server import serve
@@ -294,3 +308,80 @@ class Command(BaseCommand):
         status = serve(application, service, options["host"], options["port"])
         if status != 0:
             raise CommandError("the server stopped with an error", returncode=status)
+
+    # -- fleets (issue 18): --fleet and the retrieval knobs --------------------------------
+    def add_fleet_arguments(self, parser) -> None:
+        parser.add_argument(
+            "--fleet",
+            default=None,
+            metavar="DIR",
+            help="serve a fleet (manage.py build_fleet): each conversation's user messages pick "
+            "--rag-docs documents through the model's own embeddings and their cartridges compose "
+            "as its KV prefix; a conversation (known by its first user message) keeps its documents. "
+            "Excludes --cartridge, --kv-cache-dir and --batch > 1 (default: no fleet)",
+        )
+        parser.add_argument(
+            "--rag-docs",
+            type=positive_int,
+            default=2,
+            help="fleet: documents composed per conversation (default: %(default)s)",
+        )
+        parser.add_argument(
+            "--rag-chunks",
+            type=positive_int,
+            default=8,
+            help="fleet: the top chunks by cosine that documents are picked from (default: %(default)s)",
+        )
+        parser.add_argument(
+            "--rag-adaptive",
+            action="store_true",
+            help="fleet: every follow-up re-embeds all the user messages and switches documents when "
+            "one outside the selection beats every selected document's best chunk by --rag-margin",
+        )
+        parser.add_argument(
+            "--rag-margin",
+            type=non_negative_margin,
+            default=0.05,
+            help="fleet: the --rag-adaptive switch margin, in cosine units (default: %(default)s)",
+        )
+
+    def fleet_source(self, options: dict, model_path):
+        """The fleet's PrefixSource, or None without --fleet; every refusal a CommandError
+        before anything is served."""
+        directory = options.get("fleet")
+        if not directory:
+            return None
+        reasons = {
+            "--cartridge": (options.get("cartridge"), "a fleet picks each conversation's cartridges itself"),
+            "--kv-cache-dir": (
+                options.get("kv_cache_dir"),
+                "KV sidecars do not record the documents a slot ran behind",
+            ),
+            "--batch > 1": ((options.get("batch") or 1) > 1, "retrieval with sticky slots is single-stream"),
+        }
+        clashes = [(flag, why) for flag, (given, why) in reasons.items() if given]
+        if clashes:
+            raise CommandError(
+                f"--fleet excludes {', '.join(flag for flag, _ in clashes)}: "
+                + "; ".join(why for _, why in clashes)
+            )
+        from django.utils.module_loading import import_string
+
+        try:  # the fleet app's source, named in settings: inference never imports fleet
+            source = import_string(settings.LMSERVE_PREFIX_SOURCES["fleet"])(
+                directory,
+                rag_docs=options["rag_docs"],
+                rag_chunks=options["rag_chunks"],
+                adaptive=options["rag_adaptive"],
+                margin=options["rag_margin"],
+            )
+            source.check_model_file(model_path)
+        except (OSError, ValueError) as exc:  # FleetFormatError, PrefixMismatchError
+            raise CommandError(str(exc)) from exc
+        rows = source.composed_rows_max()
+        if rows >= options["ctx"]:
+            raise CommandError(
+                f"--ctx {options['ctx']} leaves no room for the conversation behind up to {rows} "
+                f"prefix rows (--rag-docs {options['rag_docs']} cartridges of this fleet)"
+            )
+        return source
