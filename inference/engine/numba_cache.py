@@ -71,3 +71,16 @@ def use_keyed_cache_dir() -> Path | None:
 
     config.CACHE_DIR = str(keyed)
     return keyed
+
+
+def warm_up_notice() -> str:
+    """One line for a server log before the first forward compiles (or loads) the kernels."""
+    directory = os.environ.get("NUMBA_CACHE_DIR")
+    if not directory:
+        return "compiling the engine's kernels (NUMBA_CACHE_DIR is unset: numba caches beside the sources)"
+    if any(Path(directory).glob("*/*.nbi")):
+        return f"loading the engine's compiled kernels from {directory}"
+    return (
+        f"compiling the engine's kernels for this CPU into {directory}: the first start on a CPU, "
+        "and after an engine update, takes a minute or two; later starts load them in seconds"
+    )

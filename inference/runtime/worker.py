@@ -92,6 +92,7 @@ class InferenceWorker:
 
     def _load(self) -> bool:
         from inference.engine.engine import Engine
+        from inference.engine.numba_cache import warm_up_notice
 
         t0 = time.perf_counter()
         try:
@@ -103,6 +104,7 @@ class InferenceWorker:
                 )
             self.kv_slots = self._guard_kv_slots(engine, n_ctx)
             backend = backend_for(BackendSetup(engine, n_ctx, self.kv_slots, self._disk_tier(engine)))
+            logger.info("%s", warm_up_notice())
             backend.warm_up()
             backend.release()
         except Exception as exc:

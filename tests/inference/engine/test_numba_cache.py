@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from inference.engine.numba_cache import BASE_VARIABLE, cache_key, host_cpu, source_digest
+from inference.engine.numba_cache import BASE_VARIABLE, cache_key, host_cpu, source_digest, warm_up_notice
 
 ROOT = Path(__file__).resolve().parents[3]
 FEATURES = "+avx2,+fma,-avx512f,-avx512vnni"
@@ -57,3 +57,11 @@ def test_kernels_are_cached_under_the_keyed_directory_and_children_do_not_nest(t
     assert any(keyed.rglob("quantize.round_f16*.nbi"))
     # A child inherits the keyed directory and the base, and keys from the base again.
     assert Path(_child({**env, "NUMBA_CACHE_DIR": str(keyed), BASE_VARIABLE: str(tmp_path)})) == keyed
+
+
+def test_the_warm_up_notice_says_whether_kernels_will_be_compiled(tmp_path, monkeypatch):
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    assert warm_up_notice().startswith("compiling the engine's kernels for this CPU")
+    (tmp_path / "models_abc").mkdir()
+    (tmp_path / "models_abc" / "step_region.forward_rows-1.py311.nbi").write_bytes(b"")
+    assert warm_up_notice() == f"loading the engine's compiled kernels from {tmp_path}"
