@@ -33,9 +33,9 @@ import numpy as np
 from ..intrinsics import prefetch, uint16_pointer
 from ..layers import silu_one
 from ..quants.intdot import (
-    QUAD, ROW_BLOCK, dot_quad_int, dot_row_int, dot_rows_int, min_sums_rows, min_sums_tile,
+    ROW_BLOCK, dot_pair_int, dot_row_int, dot_rows_int, min_sum, min_sums_pair, min_sums_tile,
 )  # fmt: skip
-from ..quants.nibbles import dot_quad_nib, dot_row_nib, dot_rows_nib
+from ..quants.nibbles import dot_pair_nib, dot_row_nib, dot_rows_nib
 from ..quants.quantize import round_row, round_row_int
 from ..worksharing import claim, mark_done, wait_done
 from .kernels import attend_head, rope_inplace, round_f16_inplace, store_half
@@ -76,9 +76,8 @@ Rounded = namedtuple("Rounded", ["values", "ints", "int_scales", "sums"])
 
 
 @numba.njit(cache=True)
-def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_terms):
-    """One activation row: weight rows QUAD at a time (independent FMA chains in flight: a
-    one-token product is latency-bound), the min terms of the whole tile advanced together."""
+def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_block):
+    """One activation row: weight rows two at a time (two independent sums in flight)."""
     q, scales, mins = weights.q, weights.scales, weights.mins
     cols, shift = lin[COLS], lin[SHIFT]
     groups = cols >> shift
@@ -88,30 +87,29 @@ def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, 
     ahead = max(1, PREFETCH_BYTES // row_bytes) * row_bytes
     end = lin[Q_OFF] + lin[ROWS] * row_bytes
     has_mins, has_bias, b_first = lin[M_OFF] >= 0, lin[B_OFF] >= 0, lin[B_OFF]
-    if has_mins:
-        min_sums_rows(mins, lin[M_OFF] + r0 * groups, r1 - r0, group_sums, groups, min_terms)
-    for r in range(r0, r1, QUAD):
-        n = min(QUAD, r1 - r)
-        row_start, s_start = lin[Q_OFF] + r * row_bytes, lin[S_OFF] + r * groups
+    for r in range(r0, r1, 2):
+        pair = r + 1 < r1
+        row_start, s_start, m_start = lin[Q_OFF] + r * row_bytes, lin[S_OFF] + r * groups, lin[M_OFF] + r * groups
         # Prefetch ~3 KB ahead: the hardware prefetcher alone left single-thread reads of short
         # rows at ~12 GB/s, against ~15 with this (measured on 576-4864 column rows).
-        for i in range(row_start + ahead, min(row_start + ahead + n * row_bytes, end), 64):
+        for i in range(row_start + ahead, min(row_start + ahead + 2 * row_bytes, end), 64):
             prefetch(q, i)
-        if n == QUAD and nib >= 0:
-            dot_quad_nib(q, row_start, row_bytes, codes, scales, s_start, code_scales, groups, nib, block)
-        elif n == QUAD:
-            dot_quad_int(q, row_start, row_bytes, codes, scales, s_start, code_scales, groups, shift, block)
+        if pair and nib >= 0:
+            dot_pair_nib(q, row_start, row_start + row_bytes, codes, scales, s_start, s_start + groups, code_scales, groups, nib, block)
+        elif pair:
+            dot_pair_int(q, row_start, row_start + cols, codes, scales, s_start, s_start + groups, code_scales, groups, shift, block)
+        elif nib >= 0:
+            block[0] = dot_row_nib(q, row_start, codes, scales, s_start, code_scales, groups, nib)
         else:
-            for i in range(n):
-                at, s_at = row_start + i * row_bytes, s_start + i * groups
-                if nib >= 0:
-                    block[i] = dot_row_nib(q, at, codes, scales, s_at, code_scales, groups, nib)
-                else:
-                    block[i] = dot_row_int(q, at, codes, scales, s_at, code_scales, groups, shift)
-        for i in range(n):
+            block[0] = dot_row_int(q, row_start, codes, scales, s_start, code_scales, groups, shift)
+        if has_mins and pair:
+            min_sums_pair(mins, m_start, m_start + groups, group_sums, groups, min_block)
+        elif has_mins:
+            min_block[0] = min_sum(mins, m_start, group_sums, groups)
+        for i in range(2 if pair else 1):
             acc = block[i]
             if has_mins:
-                acc += min_terms[r - r0 + i]
+                acc += min_block[i]
             if has_bias:
                 acc += weights.bias[b_first + r + i]
             if accumulate:
@@ -187,7 +185,7 @@ def dot_tile(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch)
         for n in range(n_rows):
             _dot_rows_float(weights, lin, rounded.values[k, n], r0, r1, out[n], accumulate)
     elif n_rows == 1:
-        _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, scratch[0], scratch[1:, 0])
+        _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, scratch[0], scratch[1])
     else:
         _dot_tile_rows(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch)
 
@@ -256,18 +254,7 @@ def rows_stage(weights, linears, rounded, n_rows, out, accumulate, counters, sta
         for k in range(linears.shape[0]):
             lo, hi = max(a, offset), min(b, offset + linears[k, ROWS])
             if lo < hi:
-                dot_tile(
-                    weights,
-                    linears[k],
-                    rounded,
-                    k,
-                    n_rows,
-                    lo - offset,
-                    hi - offset,
-                    out[:, lo:hi],
-                    accumulate,
-                    scratch,
-                )
+                dot_tile(weights, linears[k], rounded, k, n_rows, lo - offset, hi - offset, out[:, lo:hi], accumulate, scratch)
             offset += linears[k, ROWS]
         mark_done(done, stage)
         item = claim(claimed, stage)
@@ -308,9 +295,7 @@ def kv_stage(qkv, qk_norm, eps, rows, rope, dims, layer, n_layers, counters, sta
 
 
 @numba.njit(cache=True)
-def attend_stage(
-    qkv, q_norm, eps, rows, rope, dims, layer, n_layers, window, scale, q_buf, scores, out, counters, stage
-):
+def attend_stage(qkv, q_norm, eps, rows, rope, dims, layer, n_layers, window, scale, q_buf, scores, out, counters, stage):
     """Per (row, q head): norm, rotate and f16-round q, attend over the row's cache up to its
     position (the last ``window`` only, if > 0) and write the head's output."""
     claimed, done = counters
@@ -327,9 +312,7 @@ def attend_stage(
         round_f16_inplace(q_buf)
         cache_k, cache_v = cache_arrays(rows.caches, n, n_layers, dims)
         keys, values = cache_k[layer, h // group], cache_v[layer, h // group]
-        attend_head(
-            q_buf, keys, values, rows.positions[n], window, scale, scores, out[n, h * hd : (h + 1) * hd]
-        )
+        attend_head(q_buf, keys, values, rows.positions[n], window, scale, scores, out[n, h * hd : (h + 1) * hd])
         mark_done(done, stage)
         item = claim(claimed, stage)
     wait_done(done, stage, n_items)

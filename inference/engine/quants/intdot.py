@@ -29,7 +29,6 @@ from ..intrinsics import element_pointer, fma32
 from .intdot_ir import row_dots
 
 ROW_BLOCK = 4  # activation rows per weight pass in dot_rows_int
-QUAD = 4  # weight rows per pass of dot_quad_int (one activation row)
 # The instruction selection of the host (intdot_ir.py); both give the same bits.
 HOST_SIMD = "avx2" if "+avx2" in llvm_binding.get_host_cpu_features().flatten() else "generic"
 
@@ -104,52 +103,6 @@ def _group_dot_pair_intrinsic(group: int, simd: str, nibble_offset: int | None =
     return group_dot_pair
 
 
-def _group_dot_quad_intrinsic(group: int, simd: str, nibble_offset: int | None = None):
-    """An intrinsic ``f(q, q_start, row_bytes, ints, scales, s_start, n_groups, int_scales, out)``:
-    out[i] = the group_dot of the weight row at q_start + i * row_bytes (scales from s_start +
-    i * n_groups) with one activation row, for i < QUAD: four independent sums in flight for
-    one token (a one-token product is latency-bound on its FMA chain)."""
-
-    @intrinsic
-    def group_dot_quad(typingctx, q, q_start, row_bytes, ints, scales, s_start, n_groups, int_scales, out):
-        sig = types.void(q, q_start, row_bytes, ints, scales, s_start, n_groups, int_scales, out)
-
-        def codegen(context, builder, signature, args):
-            q_type, qs_type, rb_type, ints_type, scales_type, ss_type, ng_type, int_scales_type, out_type = (
-                signature.args
-            )
-            q_arr, q_start, row_bytes, ints_arr, scales_arr, s_start, n_groups, int_scales_arr, out_arr = args
-            i64 = ir.IntType(64)
-            q_start, row_bytes = (
-                context.cast(builder, v, t, types.int64)
-                for v, t in ((q_start, qs_type), (row_bytes, rb_type))
-            )
-            s_start = context.cast(builder, s_start, ss_type, types.int64)
-            groups64 = context.cast(builder, n_groups, ng_type, types.int64)
-            weight_rows = []
-            for i in range(QUAD):
-                qs = builder.add(q_start, builder.mul(row_bytes, ir.Constant(i64, i)))
-                ss = builder.add(s_start, builder.mul(groups64, ir.Constant(i64, i)))
-                weight_rows.append(
-                    (
-                        element_pointer(context, builder, q_type, q_arr, qs),
-                        element_pointer(context, builder, scales_type, scales_arr, ss),
-                    )
-                )
-            zero = ir.Constant(i64, 0)
-            a0 = element_pointer(context, builder, ints_type, ints_arr, zero)
-            d0 = element_pointer(context, builder, int_scales_type, int_scales_arr, zero)
-            sums = row_dots(builder, simd, group, weight_rows, [(a0, d0)], n_groups, nibble_offset)
-            for i, row in enumerate(sums):
-                index = ir.Constant(i64, i)
-                builder.store(row[0], element_pointer(context, builder, out_type, out_arr, index))
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return group_dot_quad
-
-
 def _row_pointer(context, builder, array_type, array, row):
     """A pointer to array[row, 0] of a 2-D array."""
     view = context.make_array(array_type)(context, builder, array)
@@ -198,30 +151,6 @@ _generic_pair_16, _generic_pair_32 = (
     _group_dot_pair_intrinsic(32, "generic"),
 )
 _avx2_pair_16, _avx2_pair_32 = _group_dot_pair_intrinsic(16, "avx2"), _group_dot_pair_intrinsic(32, "avx2")
-
-
-_generic_quad_16, _generic_quad_32 = (_group_dot_quad_intrinsic(g, "generic") for g in (16, 32))
-_avx2_quad_16, _avx2_quad_32 = (_group_dot_quad_intrinsic(g, "avx2") for g in (16, 32))
-
-
-@numba.njit(cache=True)
-def generic_dot_quad_int(
-    q, q_start, row_bytes, ints, scales, s_start, int_scales, n_groups, group_shift, out
-):
-    """dot_quad_int through the generic instruction selection."""
-    if group_shift == 4:
-        _generic_quad_16(q, q_start, row_bytes, ints, scales, s_start, n_groups, int_scales, out)
-    else:
-        _generic_quad_32(q, q_start, row_bytes, ints, scales, s_start, n_groups, int_scales, out)
-
-
-@numba.njit(cache=True)
-def avx2_dot_quad_int(q, q_start, row_bytes, ints, scales, s_start, int_scales, n_groups, group_shift, out):
-    """dot_quad_int through AVX2 (only where the CPU has AVX2)."""
-    if group_shift == 4:
-        _avx2_quad_16(q, q_start, row_bytes, ints, scales, s_start, n_groups, int_scales, out)
-    else:
-        _avx2_quad_32(q, q_start, row_bytes, ints, scales, s_start, n_groups, int_scales, out)
 
 
 @numba.njit(cache=True)
@@ -292,10 +221,6 @@ dot_rows_int = avx2_dot_rows_int if HOST_SIMD == "avx2" else generic_dot_rows_in
 # group_shift, out): out[0], out[1] = dot_row_int of the weight rows at q_start and q_next with
 # one activation row (bitwise the same values; two sums in flight).
 dot_pair_int = avx2_dot_pair_int if HOST_SIMD == "avx2" else generic_dot_pair_int
-# dot_quad_int(q, q_start, row_bytes, ints, scales, s_start, int_scales, n_groups, group_shift,
-# out): out[i] = dot_row_int of the weight row at q_start + i * row_bytes (its scales from
-# s_start + i * n_groups) with one activation row, i < QUAD (bitwise the same values).
-dot_quad_int = avx2_dot_quad_int if HOST_SIMD == "avx2" else generic_dot_quad_int
 
 
 @numba.njit(cache=True)
@@ -316,17 +241,6 @@ def min_sums_pair(mins, m_start, m_next, group_sums, n_groups, out):
     for g in range(n_groups):
         s0, s1 = fma32(mins[m_start + g], group_sums[g], s0), fma32(mins[m_next + g], group_sums[g], s1)
     out[0], out[1] = s0, s1
-
-
-@numba.njit(cache=True)
-def min_sums_rows(mins, m_first, n_weight_rows, group_sums, n_groups, out):
-    """out[r] = min_sum of weight row r (mins from m_first + r * n_groups) with one activation
-    row's group sums, r < n_weight_rows: the same in-order chains, all advanced together."""
-    out[:n_weight_rows] = 0.0
-    for g in range(n_groups):
-        s = group_sums[g]
-        for r in range(n_weight_rows):
-            out[r] = fma32(mins[m_first + r * n_groups + g], s, out[r])
 
 
 @numba.njit(cache=True)

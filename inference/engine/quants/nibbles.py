@@ -10,8 +10,7 @@ unpacked integer lanes are those of the int8 copy, so every product has the same
 the bytes read per weight halve. Q4_0's codes are stored plus 8 (``NIBBLE_OFFSET``) and the
 kernel subtracts it.
 
-The functions mirror intdot.py's ``dot_row_int``, ``dot_rows_int``, ``dot_pair_int`` and
-``dot_quad_int`` with
+The functions mirror intdot.py's ``dot_row_int``, ``dot_rows_int`` and ``dot_pair_int`` with
 ``offset`` (0 or 8) in place of the group shift (groups are 32 weights).
 """
 
@@ -25,7 +24,6 @@ from .intdot import (
     ROW_BLOCK,
     _group_dot_intrinsic,
     _group_dot_pair_intrinsic,
-    _group_dot_quad_intrinsic,
     _group_dot_rows_intrinsic,
 )
 
@@ -71,27 +69,6 @@ _generic_rows_0, _generic_rows_8 = (
 _avx2_rows_0, _avx2_rows_8 = (_group_dot_rows_intrinsic(GROUP, ROW_BLOCK, "avx2", o) for o in OFFSETS)
 _generic_pair_0, _generic_pair_8 = (_group_dot_pair_intrinsic(GROUP, "generic", o) for o in OFFSETS)
 _avx2_pair_0, _avx2_pair_8 = (_group_dot_pair_intrinsic(GROUP, "avx2", o) for o in OFFSETS)
-
-_generic_quad_0, _generic_quad_8 = (_group_dot_quad_intrinsic(GROUP, "generic", o) for o in OFFSETS)
-_avx2_quad_0, _avx2_quad_8 = (_group_dot_quad_intrinsic(GROUP, "avx2", o) for o in OFFSETS)
-
-
-@numba.njit(cache=True)
-def generic_dot_quad_nib(q, q_start, row_bytes, ints, scales, s_start, int_scales, n_groups, offset, out):
-    """dot_quad_nib through the generic instruction selection."""
-    if offset == 0:
-        _generic_quad_0(q, q_start, row_bytes, ints, scales, s_start, n_groups, int_scales, out)
-    else:
-        _generic_quad_8(q, q_start, row_bytes, ints, scales, s_start, n_groups, int_scales, out)
-
-
-@numba.njit(cache=True)
-def avx2_dot_quad_nib(q, q_start, row_bytes, ints, scales, s_start, int_scales, n_groups, offset, out):
-    """dot_quad_nib through AVX2 (only where the CPU has AVX2)."""
-    if offset == 0:
-        _avx2_quad_0(q, q_start, row_bytes, ints, scales, s_start, n_groups, int_scales, out)
-    else:
-        _avx2_quad_8(q, q_start, row_bytes, ints, scales, s_start, n_groups, int_scales, out)
 
 
 @numba.njit(cache=True)
@@ -153,4 +130,3 @@ def avx2_dot_pair_nib(q, q_start, q_next, ints, scales, s_start, s_next, int_sca
 dot_row_nib = avx2_dot_row_nib if HOST_SIMD == "avx2" else generic_dot_row_nib
 dot_rows_nib = avx2_dot_rows_nib if HOST_SIMD == "avx2" else generic_dot_rows_nib
 dot_pair_nib = avx2_dot_pair_nib if HOST_SIMD == "avx2" else generic_dot_pair_nib
-dot_quad_nib = avx2_dot_quad_nib if HOST_SIMD == "avx2" else generic_dot_quad_nib

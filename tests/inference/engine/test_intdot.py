@@ -9,25 +9,19 @@ import pytest
 
 from inference.engine.quants.intdot import (
     HOST_SIMD,
-    avx2_dot_quad_int,
     avx2_dot_row_int,
     avx2_dot_rows_int,
     dot_row_int,
     dot_row_reference,
-    generic_dot_quad_int,
     generic_dot_row_int,
     generic_dot_rows_int,
-    min_sum,
-    min_sums_rows,
 )
 from inference.engine.quants.nibbles import (
     NIBBLE_OFFSET,
     avx2_dot_pair_nib,
-    avx2_dot_quad_nib,
     avx2_dot_row_nib,
     avx2_dot_rows_nib,
     generic_dot_pair_nib,
-    generic_dot_quad_nib,
     generic_dot_row_nib,
     generic_dot_rows_nib,
     pack_nibbles,
@@ -172,49 +166,3 @@ def test_only_four_bit_groups_of_32_are_packed():
     assert packable_offset(np.arange(0, 16, dtype=np.int8), 16) is None  # groups of 16 stay int8
     assert packable_offset(np.arange(-8, 9, dtype=np.int8), 32) is None  # needs five bits
     assert packable_offset(np.arange(-1, 15, dtype=np.int8), 32) is None
-
-
-@numba.njit(cache=True)
-def _quads(q, packed, ints, scales, int_scales, n_groups, offset, int_quad, nib_quad):
-    """[row by row, int8 quad, nibble quad] for weight rows 1..4 of q (rows of cols codes)."""
-    cols = q.shape[1]
-    out = np.zeros((3, 4), np.float32)
-    flat_q, flat_packed, flat_scales = q.ravel(), packed.ravel(), scales.ravel()
-    for i in range(4):
-        out[0, i] = dot_row_int(
-            flat_q, (1 + i) * cols, ints, flat_scales, (1 + i) * n_groups, int_scales, n_groups, 5
-        )
-    int_quad(flat_q, cols, cols, ints, flat_scales, n_groups, int_scales, n_groups, 5, out[1])
-    nib_quad(
-        flat_packed, cols // 2, cols // 2, ints, flat_scales, n_groups, int_scales, n_groups, offset, out[2]
-    )
-    return out
-
-
-@pytest.mark.parametrize("simd", ["generic", HOST_SIMD])
-@pytest.mark.parametrize("offset", [0, NIBBLE_OFFSET])
-def test_four_weight_rows_in_flight_give_each_rows_bits(offset, simd):
-    rng = np.random.default_rng(offset + 3)
-    cols, n_groups = 768, 768 // 32
-    q = (rng.integers(0, 16, (6, cols)) - offset).astype(np.int8)
-    ints = rng.integers(-127, 128, cols).astype(np.int8)
-    scales = rng.standard_normal((6, n_groups)).astype(np.float32)
-    int_scales = rng.random(n_groups, dtype=np.float32)
-    quads = {
-        "generic": (generic_dot_quad_int, generic_dot_quad_nib),
-        "avx2": (avx2_dot_quad_int, avx2_dot_quad_nib),
-    }[simd]
-    packed = pack_nibbles(q, offset).view(np.int8)
-    out = _quads(q, packed, ints, scales, int_scales, n_groups, offset, *quads)
-    np.testing.assert_array_equal(out[1], out[0])
-    np.testing.assert_array_equal(out[2], out[0])
-
-
-def test_min_sums_of_a_tile_equal_each_rows_chain():
-    rng = np.random.default_rng(7)
-    mins = rng.standard_normal(5 * 18).astype(np.float32)
-    sums = rng.standard_normal(18).astype(np.float32)
-    out = np.empty(8, np.float32)
-    min_sums_rows(mins, 18, 4, sums, 18, out)
-    for r in range(4):
-        assert out[r] == min_sum(mins, 18 * (1 + r), sums, 18)
