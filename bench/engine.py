@@ -79,7 +79,10 @@ class Ours:
     def bytes_per_token(self) -> tuple[int, int]:
         """(bytes our kernels read, bytes of the same tensors in the file) per decoded token."""
         model, file = self.engine.model, self.engine.file
-        ours = sum(m.nbytes for m in _decode_matrices(model))
+        if model.fused is not None:  # the step's arenas: packed nibbles where codes fit
+            ours = model.fused.weight_bytes
+        else:
+            ours = sum(m.nbytes for m in _decode_matrices(model))
         head = "output.weight" if file.has_tensor("output.weight") else "token_embd.weight"
         in_file = sum(t.data.nbytes for name, t in file.tensors.items() if name != "token_embd.weight")
         if head == "token_embd.weight":
@@ -132,11 +135,14 @@ def find_llama_python(explicit: str | None) -> str | None:
     return sys.executable
 
 
-def run_tests(runners: dict, vocab: int, reps: int) -> dict[str, dict[str, float]]:
+def run_tests(
+    runners: dict, vocab: int, reps: int, only: set[str] | None = None
+) -> dict[str, dict[str, float]]:
     """Median tok/s per test and runner name, repetitions interleaved across runners."""
     rng = np.random.default_rng(0)
     tokens = [int(t) for t in rng.integers(100, min(vocab, 20000), max(PREFILL_SIZES))]
     tests = [(f"pp{n}", n) for n in PREFILL_SIZES] + [(f"tg{DECODE_STEPS}", DECODE_STEPS)]
+    tests = [(t, n) for t, n in tests if only is None or t in only]
     samples: dict[str, dict[str, list[float]]] = {t: {r: [] for r in runners} for t, _ in tests}
     for runner in runners.values():  # warm-up: compile, page in the weights
         runner.prefill(tokens[:16])
@@ -167,6 +173,7 @@ def startup_seconds(path: Path, cache_dir: str | None) -> tuple[float, float]:
     env = dict(os.environ)
     if cache_dir is not None:
         env["NUMBA_CACHE_DIR"] = cache_dir
+        env.pop("LMSERVE_NUMBA_CACHE_BASE", None)  # else the engine keys from the inherited base
     script = STARTUP_SCRIPT.format(root=str(ROOT), path=str(path))
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     loaded, ready = (float(v) for v in out.stdout.split())
@@ -178,16 +185,26 @@ def llama_env(policy: str) -> dict[str, str]:
     return dict(os.environ) if policy == "same" else dict(USER_ENV)
 
 
-def report_model(path: Path, llama_python: str | None, threads: int, reps: int, llama_omp: str) -> str:
-    with tempfile.TemporaryDirectory() as empty_cache:
-        cold = startup_seconds(path, empty_cache)
-    warm = startup_seconds(path, None)
+def report_model(
+    path: Path,
+    llama_python: str | None,
+    threads: int,
+    reps: int,
+    llama_omp: str,
+    startup: bool,
+    only: set[str] | None = None,
+) -> str:
+    cold = warm = (float("nan"), float("nan"))
+    if startup:
+        with tempfile.TemporaryDirectory() as empty_cache:
+            cold = startup_seconds(path, empty_cache)
+        warm = startup_seconds(path, None)
     ours = Ours(path)
     runners = {"ours": ours}
     if llama_python:
         runners["llama.cpp"] = LlamaWorker(llama_python, path, threads, llama_env(llama_omp))
     try:
-        medians = run_tests(runners, ours.engine.config.vocab_size, reps)
+        medians = run_tests(runners, ours.engine.config.vocab_size, reps, only)
     finally:
         if "llama.cpp" in runners:
             runners["llama.cpp"].close()
@@ -206,7 +223,7 @@ def report_model(path: Path, llama_python: str | None, threads: int, reps: int, 
             else f"| {test} | {by_runner['ours']:.1f} | - | - |"
         )
     touched, in_file = ours.bytes_per_token()
-    tg = medians[f"tg{DECODE_STEPS}"]["ours"]
+    tg = medians.get(f"tg{DECODE_STEPS}", {}).get("ours", float("nan"))
     lines += [
         "",
         f"- decode bandwidth: {touched * tg / 1e9:.1f} GB/s read by our kernels "
@@ -236,6 +253,10 @@ def main() -> None:
         default="default",
         help="llama.cpp under the environment before our import (default) or under our OpenMP settings",
     )
+    parser.add_argument(
+        "--no-startup", action="store_true", help="skip the cold/warm start-up timings (minutes)"
+    )
+    parser.add_argument("--tests", help="comma-separated subset, e.g. pp16,tg64")
     args = parser.parse_args()
     import numba
 
@@ -250,7 +271,11 @@ def main() -> None:
         f"load average {os.getloadavg()[0]:.1f}\n"
     )
     for path in models:
-        print(report_model(path, llama_python, args.threads, args.reps, args.llama_omp), flush=True)
+        only = set(args.tests.split(",")) if args.tests else None
+        report = report_model(
+            path, llama_python, args.threads, args.reps, args.llama_omp, not args.no_startup, only
+        )
+        print(report, flush=True)
 
 
 if __name__ == "__main__":

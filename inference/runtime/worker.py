@@ -119,6 +119,7 @@ class InferenceWorker:
 
     def _load(self) -> bool:
         from inference.engine.engine import Engine
+        from inference.engine.numba_cache import warm_up_notice
 
         t0 = time.perf_counter()
         try:
@@ -143,6 +144,7 @@ class InferenceWorker:
             disk = self._disk_tier(engine)
             setup = BackendSetup(engine, n_ctx, self.kv_slots, disk, self.prefix_source, spec=self.spec)
             backend = backend_for(setup)
+            logger.info("%s", warm_up_notice())
             backend.warm_up()
             backend.release()
         except PrefixMismatchError as exc:  # the user's mistake, named: no traceback

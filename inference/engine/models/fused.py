@@ -19,6 +19,7 @@ import numpy as np
 from ..kv_cache import KVCache
 from ..quants.layout import GroupLayout
 from ..quants.matrix import FloatMatrix, GroupedMatrix, QuantMatrix
+from ..quants.nibbles import pack_nibbles, packable_offset
 from . import step_kernels as sk
 from . import step_region
 from .rowops import gelu_table
@@ -42,13 +43,16 @@ class LayerWeights:
 
 class _Arena:
     """Flat arrays holding every matrix of the step; matrices are re-pointed at their slices
-    so the weights are held once."""
+    so the weights are held once. 4-bit codes go in as packed nibbles (quants/nibbles.py):
+    those matrices keep their int8 copy for their own products (the numpy path, tests)."""
 
     def __init__(self, matrices: list[QuantMatrix]):
         unique = list({id(m): m for m in matrices}.values())
         grouped = [m for m in unique if isinstance(m, GroupedMatrix)]
         floating = [m for m in unique if isinstance(m, FloatMatrix)]
-        self.q = np.empty(sum(m.layout.q.size for m in grouped), np.int8)  # (quantized weights,)
+        self.nibble_offsets = {id(m): packable_offset(m.layout.q, m.layout.group_size) for m in grouped}
+        q_bytes = sum(m.layout.q.size // (1 if self.nibble_offsets[id(m)] is None else 2) for m in grouped)
+        self.q = np.empty(q_bytes, np.int8)  # (int8 codes and packed nibbles of every matrix,)
         self.scales = np.empty(sum(m.layout.scales.size for m in grouped), np.float32)  # (groups,)
         n_mins = sum(m.layout.mins.size for m in grouped if m.layout.mins is not None)
         self.mins = np.empty(max(n_mins, 1), np.float32)  # (groups with mins,)
@@ -60,7 +64,7 @@ class _Arena:
             view = self.floats[at : at + m.weights.size].reshape(m.weights.shape)
             view[...] = m.weights
             m.weights = view
-            self.rows[id(m)] = [at, m.rows, m.cols, -1, -1, sk.FLOAT_SHIFT, m.activation_kind, -1]
+            self.rows[id(m)] = [at, m.rows, m.cols, -1, -1, sk.FLOAT_SHIFT, m.activation_kind, -1, -1]
             at += m.weights.size
         self.biases: list[np.ndarray] = []
         self.bias_at = 0
@@ -68,23 +72,31 @@ class _Arena:
     def _place_grouped(self, matrices: list[GroupedMatrix]) -> None:
         q_at = s_at = m_at = 0
         for m in matrices:
-            lay = m.layout
-            q_view = self.q[q_at : q_at + lay.q.size].reshape(lay.q.shape)
+            lay, nib = m.layout, self.nibble_offsets[id(m)]
             s_view = self.scales[s_at : s_at + lay.scales.size].reshape(lay.scales.shape)
-            q_view[...], s_view[...] = lay.q, lay.scales
+            s_view[...] = lay.scales
+            if nib is None:
+                q_view = self.q[q_at : q_at + lay.q.size].reshape(lay.q.shape)
+                q_view[...] = lay.q
+            else:
+                packed = pack_nibbles(lay.q, nib).view(np.int8)  # (rows, cols // 2)
+                self.q[q_at : q_at + packed.size] = packed.ravel()
+                q_view = lay.q
             m_view, m_off = None, -1
             if lay.mins is not None:
                 m_view, m_off = self.mins[m_at : m_at + lay.mins.size].reshape(lay.mins.shape), m_at
                 m_view[...] = lay.mins
                 m_at += lay.mins.size
             m.layout = GroupLayout(q_view, s_view, m_view, lay.group_size)
-            self.rows[id(m)] = [q_at, m.rows, m.cols, s_at, m_off, lay.group_shift, m.activation_kind, -1]
-            q_at, s_at = q_at + lay.q.size, s_at + lay.scales.size
+            self.rows[id(m)] = [
+                q_at, m.rows, m.cols, s_at, m_off, lay.group_shift, m.activation_kind, -1, -1 if nib is None else nib
+            ]  # fmt: skip
+            q_at, s_at = q_at + lay.q.size // (1 if nib is None else 2), s_at + lay.scales.size
 
     def row(self, matrix: GroupedMatrix | None, bias: np.ndarray | None) -> list[int]:
         """The table row of a matrix (zero rows for an empty slot), with its bias appended."""
         if matrix is None:
-            return [0] * sk.LINEAR_FIELDS
+            return [0] * (sk.LINEAR_FIELDS - 1) + [-1]
         row = list(self.rows[id(matrix)])
         if bias is not None:
             row[sk.B_OFF] = self.bias_at
@@ -116,7 +128,9 @@ class FusedForward:
         head_row = np.array([arena.row(head, None)], np.int64)  # (1, fields)
         n_embd = layers[0].norms[0].shape[0]
         zeros = np.zeros(n_embd, np.float32)  # (n_embd,)
-        norms = np.array([[zeros if n is None else n for n in w.norms] for w in layers], np.float32)  # (L, 4, n_embd)
+        norms = np.array(
+            [[zeros if n is None else n for n in w.norms] for w in layers], np.float32
+        )  # (L, 4, n_embd)
         hd = int(dims[sk.HEAD_DIM])
         qk_norms = np.array(
             [w.qk_norms if w.qk_norms is not None else np.zeros((2, hd), np.float32) for w in layers],
@@ -125,6 +139,8 @@ class FusedForward:
         layer_info = np.array([[w.window, w.rope_table] for w in layers], np.int64)  # (L, 2)
         gelu = gelu_table() if dims[sk.FLAGS] & sk.GELU else np.zeros(1, np.float32)  # (65536,) or unused
         weights = sk.StepWeights(arena.q, arena.scales, arena.mins, arena.bias_array(), arena.floats, gelu)
+        # What one decode step reads: every weight of every layer and the head, once.
+        self.weight_bytes = sum(a.nbytes for a in weights[:5])
         self.vocab = int(head_row[0, sk.ROWS])
         self.model = sk.StepModel(
             weights, linears, head_row, norms, qk_norms, np.asarray(output_norm, np.float32), layer_info,
@@ -132,7 +148,9 @@ class FusedForward:
         )  # fmt: skip
 
     @classmethod
-    def build(cls, layers: list[LayerWeights], config, head: QuantMatrix, output_norm, flags: int, neox: bool):
+    def build(
+        cls, layers: list[LayerWeights], config, head: QuantMatrix, output_norm, flags: int, neox: bool
+    ):
         """A FusedForward for these layers, or None if a matrix has no kernel here (block
         formats with groups of 16 or 32, and float matrices, have) or k and v heads differ in
         size."""

@@ -35,16 +35,18 @@ from ..layers import silu_one
 from ..quants.intdot import (
     ROW_BLOCK, dot_pair_int, dot_row_int, dot_rows_int, min_sum, min_sums_pair, min_sums_tile,
 )  # fmt: skip
+from ..quants.nibbles import dot_pair_nib, dot_row_nib, dot_rows_nib
 from ..quants.quantize import round_row, round_row_int
 from ..worksharing import claim, mark_done, wait_done
 from .kernels import attend_head, rope_inplace, round_f16_inplace, store_half
 from .rowops import gelu_lookup, rms_norm_into
 
 # Columns of the linear table: offsets into the arenas (-1: none), shape, format. A float
-# matrix (F32/F16/BF16) has SHIFT 0 and Q_OFF into the float arena.
-Q_OFF, ROWS, COLS, S_OFF, M_OFF, SHIFT, KIND, B_OFF = range(8)
+# matrix (F32/F16/BF16) has SHIFT 0 and Q_OFF into the float arena. NIB: -1 for int8 codes,
+# else the weights are packed nibbles (quants/nibbles.py) stored plus this offset.
+Q_OFF, ROWS, COLS, S_OFF, M_OFF, SHIFT, KIND, B_OFF, NIB = range(9)
 FLOAT_SHIFT = 0
-LINEAR_FIELDS = 8
+LINEAR_FIELDS = 9
 # Linear slots of a layer: q/k/v (or the stacked qkv in slot 0), output, gate/up (or stacked
 # gate_up in slot 4), down. Unused slots have ROWS 0.
 SLOT_Q, SLOT_OUT, SLOT_GATE, SLOT_UP, SLOT_DOWN = 0, 3, 4, 5, 6
@@ -80,24 +82,30 @@ def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, 
     cols, shift = lin[COLS], lin[SHIFT]
     groups = cols >> shift
     codes, code_scales, group_sums = rounded.ints[k, 0], rounded.int_scales[k, 0], rounded.sums[k, 0]
-    ahead = max(1, PREFETCH_BYTES // cols) * cols
-    end = lin[Q_OFF] + lin[ROWS] * cols
+    nib = lin[NIB]
+    row_bytes = cols if nib < 0 else cols >> 1
+    ahead = max(1, PREFETCH_BYTES // row_bytes) * row_bytes
+    end = lin[Q_OFF] + lin[ROWS] * row_bytes
     has_mins, has_bias, b_first = lin[M_OFF] >= 0, lin[B_OFF] >= 0, lin[B_OFF]
     for r in range(r0, r1, 2):
         pair = r + 1 < r1
-        row_start, s_start, m_start = lin[Q_OFF] + r * cols, lin[S_OFF] + r * groups, lin[M_OFF] + r * groups
+        row_start, s_start, m_start = lin[Q_OFF] + r * row_bytes, lin[S_OFF] + r * groups, lin[M_OFF] + r * groups
         # Prefetch ~3 KB ahead: the hardware prefetcher alone left single-thread reads of short
         # rows at ~12 GB/s, against ~15 with this (measured on 576-4864 column rows).
-        for i in range(row_start + ahead, min(row_start + ahead + 2 * cols, end), 64):
+        for i in range(row_start + ahead, min(row_start + ahead + 2 * row_bytes, end), 64):
             prefetch(q, i)
-        if pair:
+        if pair and nib >= 0:
+            dot_pair_nib(q, row_start, row_start + row_bytes, codes, scales, s_start, s_start + groups, code_scales, groups, nib, block)
+        elif pair:
             dot_pair_int(q, row_start, row_start + cols, codes, scales, s_start, s_start + groups, code_scales, groups, shift, block)
-            if has_mins:
-                min_sums_pair(mins, m_start, m_start + groups, group_sums, groups, min_block)
+        elif nib >= 0:
+            block[0] = dot_row_nib(q, row_start, codes, scales, s_start, code_scales, groups, nib)
         else:
             block[0] = dot_row_int(q, row_start, codes, scales, s_start, code_scales, groups, shift)
-            if has_mins:
-                min_block[0] = min_sum(mins, m_start, group_sums, groups)
+        if has_mins and pair:
+            min_sums_pair(mins, m_start, m_start + groups, group_sums, groups, min_block)
+        elif has_mins:
+            min_block[0] = min_sum(mins, m_start, group_sums, groups)
         for i in range(2 if pair else 1):
             acc = block[i]
             if has_mins:
@@ -118,19 +126,24 @@ def _dot_tile_rows(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, sc
     cols, shift = lin[COLS], lin[SHIFT]
     groups = cols >> shift
     codes, code_scales, group_sums = rounded.ints[k], rounded.int_scales[k], rounded.sums[k]
-    ahead = max(1, PREFETCH_BYTES // cols) * cols
-    end = lin[Q_OFF] + lin[ROWS] * cols
+    nib = lin[NIB]
+    row_bytes = cols if nib < 0 else cols >> 1
+    ahead = max(1, PREFETCH_BYTES // row_bytes) * row_bytes
+    end = lin[Q_OFF] + lin[ROWS] * row_bytes
     has_mins, has_bias, b_first = lin[M_OFF] >= 0, lin[B_OFF] >= 0, lin[B_OFF]
     for n0 in range(0, n_rows, ROW_BLOCK):
         if has_mins:
             min_sums_tile(mins, lin[M_OFF] + r0 * groups, r1 - r0, group_sums, n0, groups, min_tile)
         for r in range(r0, r1):
-            row_start, s_start = lin[Q_OFF] + r * cols, lin[S_OFF] + r * groups
+            row_start, s_start = lin[Q_OFF] + r * row_bytes, lin[S_OFF] + r * groups
             if n0 == 0:
-                for i in range(row_start + ahead, min(row_start + ahead + cols, end), 64):
+                for i in range(row_start + ahead, min(row_start + ahead + row_bytes, end), 64):
                     prefetch(q, i)
             # Rows past n_rows are padding (zero codes): computed, never stored.
-            dot_rows_int(q, row_start, codes, n0, scales, s_start, code_scales, groups, shift, block)
+            if nib >= 0:
+                dot_rows_nib(q, row_start, codes, n0, scales, s_start, code_scales, groups, nib, block)
+            else:
+                dot_rows_int(q, row_start, codes, n0, scales, s_start, code_scales, groups, shift, block)
             for i in range(min(ROW_BLOCK, n_rows - n0)):
                 acc = block[i]
                 if has_mins:

@@ -33,7 +33,7 @@ ROW_BLOCK = 4  # activation rows per weight pass in dot_rows_int
 HOST_SIMD = "avx2" if "+avx2" in llvm_binding.get_host_cpu_features().flatten() else "generic"
 
 
-def _group_dot_intrinsic(group: int, simd: str):
+def _group_dot_intrinsic(group: int, simd: str, nibble_offset: int | None = None):
     """An intrinsic ``f(q, q_start, ints, scales, s_start, int_scales, n_groups) -> float32``:
     sum over groups g of scales[s_start + g] * int_scales[g] * sum_j q[q_start + g*G + j] *
     ints[g*G + j] for groups of ``group`` (16 or 32) int8 weights and int8 activations."""
@@ -50,14 +50,14 @@ def _group_dot_intrinsic(group: int, simd: str):
             a0 = element_pointer(context, builder, ints_type, ints_arr, zero)
             s0 = element_pointer(context, builder, scales_type, scales_arr, s_start)
             d0 = element_pointer(context, builder, int_scales_type, int_scales_arr, zero)
-            return row_dots(builder, simd, group, [(q0, s0)], [(a0, d0)], n_groups)[0][0]
+            return row_dots(builder, simd, group, [(q0, s0)], [(a0, d0)], n_groups, nibble_offset)[0][0]
 
         return sig, codegen
 
     return group_dot
 
 
-def _group_dot_pair_intrinsic(group: int, simd: str):
+def _group_dot_pair_intrinsic(group: int, simd: str, nibble_offset: int | None = None):
     """An intrinsic ``f(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups,
     out)``: out[0], out[1] = the group_dot of weight rows at q_start and q_next (scales at
     s_start, s_next) with one activation row: two independent sums in flight for one token."""
@@ -92,7 +92,7 @@ def _group_dot_pair_intrinsic(group: int, simd: str):
             ]
             a0 = element_pointer(context, builder, ints_type, ints_arr, zero)
             d0 = element_pointer(context, builder, int_scales_type, int_scales_arr, zero)
-            sums = row_dots(builder, simd, group, weight_rows, [(a0, d0)], n_groups)
+            sums = row_dots(builder, simd, group, weight_rows, [(a0, d0)], n_groups, nibble_offset)
             for i, row in enumerate(sums):
                 index = ir.Constant(ir.IntType(64), i)
                 builder.store(row[0], element_pointer(context, builder, out_type, out_arr, index))
@@ -110,7 +110,7 @@ def _row_pointer(context, builder, array_type, array, row):
     return cgutils.get_item_pointer(context, builder, array_type, view, [row, zero])
 
 
-def _group_dot_rows_intrinsic(group: int, n_rows: int, simd: str):
+def _group_dot_rows_intrinsic(group: int, n_rows: int, simd: str, nibble_offset: int | None = None):
     """An intrinsic ``f(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)``:
     out[i] = the group_dot of weight row q[q_start:] with activation row n0 + i of the 2-D
     ``ints`` / ``int_scales``, for i < n_rows, the weights read once for all of them."""
@@ -128,7 +128,8 @@ def _group_dot_rows_intrinsic(group: int, n_rows: int, simd: str):
             s0 = element_pointer(context, builder, scales_type, scales_arr, s_start)
             a_rows = [_row_pointer(context, builder, ints_type, ints_arr, r) for r in rows]
             d_rows = [_row_pointer(context, builder, int_scales_type, int_scales_arr, r) for r in rows]
-            sums = row_dots(builder, simd, group, [(q0, s0)], list(zip(a_rows, d_rows)), n_groups)[0]
+            act_rows = list(zip(a_rows, d_rows, strict=True))
+            sums = row_dots(builder, simd, group, [(q0, s0)], act_rows, n_groups, nibble_offset)[0]
             for i, value in enumerate(sums):
                 index = ir.Constant(ir.IntType(64), i)
                 builder.store(value, element_pointer(context, builder, out_type, out_arr, index))

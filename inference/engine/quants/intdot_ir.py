@@ -41,11 +41,27 @@ def _load_codes(builder, pointer, group: int):
     return builder.load(builder.bitcast(pointer, ir.VectorType(I8, group).as_pointer()), align=1)
 
 
-def prepare_weights(builder, simd: str, group: int, q_ptr):
-    """What every row's product with this weight group reuses."""
-    w = _load_codes(builder, q_ptr, group)
+def _load_nibbles(builder, pointer, offset: int):
+    """A group of 32 codes from 16 bytes: code j in the low nibble of byte j, code j + 16 in
+    its high nibble (Q4_0's layout), each minus ``offset`` -> <32 x i8>."""
+    packed = builder.load(builder.bitcast(pointer, ir.VectorType(I8, 16).as_pointer()), align=1)
+    low = builder.and_(packed, ir.Constant(packed.type, [0x0F] * 16))
+    high = builder.lshr(packed, ir.Constant(packed.type, [4] * 16))
+    codes = builder.shuffle_vector(low, high, _constant_vector(list(range(32))))
+    return builder.sub(codes, ir.Constant(codes.type, [offset] * 32)) if offset else codes
+
+
+def prepare_weights(builder, simd: str, group: int, q_ptr, nibble_offset: int | None = None):
+    """What every row's product with this weight group reuses. ``nibble_offset`` None: int8
+    codes; else 4-bit codes packed two a byte (groups of 32), stored plus this offset."""
+    if nibble_offset is None:
+        w = _load_codes(builder, q_ptr, group)
+    else:
+        w = _load_nibbles(builder, q_ptr, nibble_offset)
     if simd == "generic":
         return builder.sext(w, ir.VectorType(I32, group))
+    if nibble_offset == 0:
+        return w, None  # codes 0..15: already their own magnitudes, no sign to move
     sign = "llvm.x86.avx2.psign.b" if group == 32 else "llvm.x86.ssse3.psign.b.128"
     return w, _call(builder, sign, w.type, [w, w])  # (w, |w|)
 
@@ -66,8 +82,11 @@ def group_lanes(builder, simd: str, group: int, weights, a_ptr):
         return _pair_fold(builder, pairs, 16) if group == 32 else pairs
     w, w_abs = weights
     if group == 32:
-        signed = _call(builder, "llvm.x86.avx2.psign.b", a.type, [a, w])
-        pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(I16, 16), [w_abs, signed])
+        if w_abs is None:  # unsigned codes: maddubs takes them as they are (same products)
+            pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(I16, 16), [w, a])
+        else:
+            signed = _call(builder, "llvm.x86.avx2.psign.b", a.type, [a, w])
+            pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(I16, 16), [w_abs, signed])
         ones = ir.Constant(ir.VectorType(I16, 16), [1] * 16)
         return _call(builder, "llvm.x86.avx2.pmadd.wd", ir.VectorType(I32, 8), [pairs, ones])
     signed = _call(builder, "llvm.x86.ssse3.psign.b.128", a.type, [a, w])
@@ -90,12 +109,15 @@ def lane_sum(builder, total):
     )
 
 
-def row_dots(builder, simd: str, group: int, weight_rows, act_rows, n_groups):
+def row_dots(builder, simd: str, group: int, weight_rows, act_rows, n_groups, nibble_offset=None):
     """For every weight row (q pointer, scales pointer) and activation row (codes pointer,
     code scales pointer): sum over groups g of fl(scale[g] * code_scale[g]) * lanes(g),
     accumulated lane-wise with FMA -> [weight row][activation row] float32 values. Each weight
     group is loaded and prepared once for all activation rows; every pair gets the same
-    instructions, so the same bits, whichever other rows it is computed with."""
+    instructions, so the same bits, whichever other rows it is computed with. With
+    ``nibble_offset`` the weight codes are packed 4-bit (prepare_weights): the same integer
+    lanes, so the same bits as their int8 copy, from half the bytes."""
+    weight_bytes = group if nibble_offset is None else group // 2
     floats = ir.VectorType(ir.FloatType(), LANES)
     accs = [
         [cgutils.alloca_once_value(builder, ir.Constant(floats, None)) for _ in act_rows] for _ in weight_rows
@@ -103,8 +125,9 @@ def row_dots(builder, simd: str, group: int, weight_rows, act_rows, n_groups):
     with cgutils.for_range(builder, n_groups) as loop:
         g = loop.index
         offset = builder.mul(g, ir.Constant(g.type, group))
+        w_offset = builder.mul(g, ir.Constant(g.type, weight_bytes))
         for (q0, s0), row_accs in zip(weight_rows, accs, strict=True):
-            weights = prepare_weights(builder, simd, group, builder.gep(q0, [offset]))
+            weights = prepare_weights(builder, simd, group, builder.gep(q0, [w_offset]), nibble_offset)
             scale = builder.load(builder.gep(s0, [g]))
             for acc, (a0, d0) in zip(row_accs, act_rows, strict=True):
                 factor = builder.fmul(scale, builder.load(builder.gep(d0, [g])), flags=EXACT)

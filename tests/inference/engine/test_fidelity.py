@@ -129,3 +129,29 @@ def test_prompt_logits_and_greedy_tokens_match_llama_cpp(case):
                 f"(llama.cpp margin {margins[step]:.4f} > tie bound {tie:.3f}; ours {gap:.4f})"
             )
             break
+
+
+CONTINUATIONS = Path(__file__).resolve().parents[2] / "goldens" / "continuation_smollm2.json"
+CONTINUATION_BOUND = 1e-4  # the goldens keep 5 decimals: equal logits
+
+
+def test_smollm2_continuations_equal_llama_cpp_one_batch_logits():
+    # The prompt and its 32 recorded greedy tokens in one forward, every row's logits against
+    # llama.cpp's one-batch evaluation of the same tokens (scripts/record_path_goldens.py):
+    # equal at every step. llama.cpp's own token-by-token decode departs from its batch path
+    # once the context passes 32 tokens (decode_path_max_abs, up to 1.22): that, not an op of
+    # ours, is where the code prompt's greedy continuation parts from llama.cpp's at step 29.
+    continuation = json.loads(CONTINUATIONS.read_text(encoding="utf-8"))
+    generation = load_golden(GOLDENS[0].parent / "generation_smollm2.json")
+    engine = engine_for(default_model_path().name, None, Path())
+    probe_ids = np.array(continuation["probe_ids"])
+    for prompt, steps in zip(generation["prompts"], continuation["prompts"], strict=True):
+        tokens, greedy = prompt["token_ids"], prompt["greedy"]["tokens"]
+        cache = engine.new_cache(len(tokens) + len(greedy))
+        rows = engine.model.forward(tokens + greedy, cache, all_logits=True)[len(tokens) - 1 : -1]
+        for step, (ours, ref) in enumerate(zip(rows, steps["steps"], strict=True)):
+            ids = np.concatenate([ref["top_ids"], probe_ids])
+            diff = np.abs(ours[ids] - np.array(ref["top_values"] + ref["probe_values"])).max()
+            assert diff <= CONTINUATION_BOUND, f"{prompt['name']} step {step}: max |logit diff| {diff:.5f}"
+    decode_spread = max(s["decode_path_max_abs"] for p in continuation["prompts"] for s in p["steps"])
+    assert decode_spread > 0.4  # llama.cpp's decode loop is not its batch path past 32 tokens

@@ -16,6 +16,18 @@ from inference.engine.quants.intdot import (
     generic_dot_row_int,
     generic_dot_rows_int,
 )
+from inference.engine.quants.nibbles import (
+    NIBBLE_OFFSET,
+    avx2_dot_pair_nib,
+    avx2_dot_row_nib,
+    avx2_dot_rows_nib,
+    generic_dot_pair_nib,
+    generic_dot_row_nib,
+    generic_dot_rows_nib,
+    pack_nibbles,
+    packable_offset,
+    unpack_nibbles,
+)
 from inference.engine.quants.quantize import ACT_Q8_0, ACT_Q8_1, ACT_Q8_K, round_row_int
 
 
@@ -96,3 +108,61 @@ def test_avx2_and_generic_selections_and_row_blocks_give_the_same_bits(group_shi
     )
     for variant in out[1:]:
         np.testing.assert_array_equal(variant, out[0])
+
+
+@numba.njit(cache=True)
+def _nibble_variants(packed, q, ints, scales, int_scales, n_groups, offset, rows, pair, row):
+    """[int8 one-row, generic nibble one-row, host nibble one-row, generic nibble block, host
+    nibble block, host nibble pair] for the 4 activation rows against weight row 0 of q/packed
+    (the pair also takes weight row 1, whose values land in the last variant's second half)."""
+    cols, half = q.shape[1], packed.shape[1]
+    out = np.zeros((7, 4), np.float32)  # (variant, activation row)
+    flat_q, flat_packed, flat_scales = q.ravel(), packed.ravel(), scales.ravel()
+    for i in range(4):
+        out[0, i] = dot_row_int(flat_q, 0, ints[i], flat_scales, 0, int_scales[i], n_groups, 5)
+        g = generic_dot_row_nib(flat_packed, 0, ints[i], flat_scales, 0, int_scales[i], n_groups, offset)
+        out[1, i] = g
+        out[2, i] = row(flat_packed, 0, ints[i], flat_scales, 0, int_scales[i], n_groups, offset)
+    generic_dot_rows_nib(flat_packed, 0, ints, 0, flat_scales, 0, int_scales, n_groups, offset, out[3])
+    rows(flat_packed, 0, ints, 0, flat_scales, 0, int_scales, n_groups, offset, out[4])
+    pair(flat_packed, 0, half, ints[0], flat_scales, 0, n_groups, int_scales[0], n_groups, offset, out[5])
+    out[6, 0] = dot_row_int(flat_q, cols, ints[0], flat_scales, n_groups, int_scales[0], n_groups, 5)
+    return out
+
+
+@pytest.mark.parametrize("offset", [0, NIBBLE_OFFSET])
+def test_packed_nibbles_give_the_int8_codes_bits(offset):
+    # Every 4-bit code (0..15, or -8..7 for Q4_0) against extreme and random activation codes:
+    # unpacked in registers, the nibbles give the int8 copy's integer lanes, so its bits, in
+    # every instruction selection and row shape.
+    rng = np.random.default_rng(offset)
+    cols = 1024
+    q = (rng.integers(0, 16, (2, cols)) - offset).astype(np.int8)
+    assert packable_offset(q, 32) == offset
+    packed = pack_nibbles(q, offset)
+    assert packed.shape == (2, cols // 2)
+    np.testing.assert_array_equal(unpack_nibbles(packed, offset), q)
+    ints = rng.integers(-127, 128, (4, cols)).astype(np.int8)
+    ints[0, :], ints[1, :] = 127, -127
+    n_groups = cols // 32
+    scales = rng.standard_normal((2, n_groups)).astype(np.float32)
+    int_scales = rng.random((4, n_groups), dtype=np.float32)
+    host_row, host_rows, host_pair = (
+        (avx2_dot_row_nib, avx2_dot_rows_nib, avx2_dot_pair_nib)
+        if HOST_SIMD == "avx2"
+        else (generic_dot_row_nib, generic_dot_rows_nib, generic_dot_pair_nib)
+    )
+    out = _nibble_variants(
+        packed.view(np.int8), q, ints, scales, int_scales, n_groups, offset, host_rows, host_pair, host_row
+    )
+    for variant in out[1:5]:
+        np.testing.assert_array_equal(variant, out[0])
+    assert out[5, 0] == out[0, 0] and out[5, 1] == out[6, 0]
+
+
+def test_only_four_bit_groups_of_32_are_packed():
+    assert packable_offset(np.arange(-8, 8, dtype=np.int8), 32) == NIBBLE_OFFSET
+    assert packable_offset(np.arange(0, 16, dtype=np.int8), 32) == 0
+    assert packable_offset(np.arange(0, 16, dtype=np.int8), 16) is None  # groups of 16 stay int8
+    assert packable_offset(np.arange(-8, 9, dtype=np.int8), 32) is None  # needs five bits
+    assert packable_offset(np.arange(-1, 15, dtype=np.int8), 32) is None

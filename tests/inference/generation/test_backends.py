@@ -46,7 +46,8 @@ class RecurrentBackend(ConversationBackend):
         return False
 
 
-def test_the_worker_loads_the_backend_the_family_names(engine, monkeypatch, tmp_path):
+def test_the_worker_loads_the_backend_the_family_names(engine, monkeypatch, tmp_path, caplog):
+    caplog.set_level("INFO", logger="lmserve.worker")
     monkeypatch.setitem(
         backends.BACKENDS, "recurrent", lambda setup: RecurrentBackend(setup.engine, setup.n_ctx)
     )
@@ -60,6 +61,8 @@ def test_the_worker_loads_the_backend_the_family_names(engine, monkeypatch, tmp_
     queue.close()
     assert worker.join(30)
     assert isinstance(worker.backend, RecurrentBackend) and not worker.backend.kv_reuse
+    # Before the warm-up the log says whether it compiles the kernels or loads them.
+    assert any("the engine's" in r.getMessage() and "kernels" in r.getMessage() for r in caplog.records)
 
 
 def test_a_family_without_kv_reuse_never_starts_from_cached_rows(engine):

@@ -1,0 +1,86 @@
+"""numba's on-disk cache in a directory of its own per CPU and per engine source.
+
+numba stamps a cached kernel with the CPU it was built for and with the mtime and size of the
+one file that defines it, not with the files of the kernels it calls and compiles into itself:
+edit quants/intdot_ir.py and the fused step cached from step_region.py keeps running the old
+dot product (it happened while this module was written). And a home directory shared by
+machines with different instruction sets (AVX-512 VNNI on some days, AVX2 only on others) should
+never hand one machine's code to another. So the cache lives in a subdirectory of
+NUMBA_CACHE_DIR named by the CPU and a hash of its features and of every engine source file:
+another CPU or any change to the engine's code gives an empty directory, and numba compiles.
+
+``use_keyed_cache_dir`` runs when the ``inference.engine`` package is imported, before any
+kernel is defined (numba reads the directory when a ``cache=True`` function is decorated).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+ENGINE_DIR = Path(__file__).resolve().parent
+# The directory the user asked for, remembered so that child processes (which inherit the keyed
+# NUMBA_CACHE_DIR) key from it again instead of nesting one key inside another.
+BASE_VARIABLE = "LMSERVE_NUMBA_CACHE_BASE"
+# numba's own overrides of what it compiles for; they change the code, so they join the key.
+NUMBA_TARGET_VARIABLES = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_OPT")
+
+
+def host_cpu() -> tuple[str, str]:
+    """(LLVM's name of this CPU, its feature string) as numba compiles for them."""
+    from llvmlite import binding
+
+    return binding.get_host_cpu_name(), binding.get_host_cpu_features().flatten()
+
+
+def source_digest(root: Path = ENGINE_DIR) -> str:
+    """A hash of every engine source file's path and bytes."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def cache_key(cpu_name: str, features: str, sources: str, overrides: dict[str, str]) -> str:
+    """The subdirectory name: the CPU's name (readable) and a hash of everything that changes
+    the compiled code."""
+    parts = [cpu_name, ",".join(sorted(features.split(","))), sources]
+    parts += [f"{name}={overrides[name]}" for name in sorted(overrides)]
+    safe_name = "".join(c if c.isalnum() or c in "-_" else "_" for c in cpu_name) or "cpu"
+    return f"{safe_name}-{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:16]}"
+
+
+def keyed_cache_dir(base: str | os.PathLike) -> Path:
+    """Where this process's kernels are cached under ``base``."""
+    name, features = host_cpu()
+    overrides = {v: os.environ[v] for v in NUMBA_TARGET_VARIABLES if v in os.environ}
+    return Path(base) / cache_key(name, features, source_digest(), overrides)
+
+
+def use_keyed_cache_dir() -> Path | None:
+    """Point numba's cache at the keyed subdirectory of NUMBA_CACHE_DIR (nothing to do when it
+    is unset: numba then caches beside the sources, stamped per CPU by numba itself)."""
+    base = os.environ.get(BASE_VARIABLE) or os.environ.get("NUMBA_CACHE_DIR")
+    if not base:
+        return None
+    keyed = keyed_cache_dir(base)
+    os.environ[BASE_VARIABLE] = str(base)
+    os.environ["NUMBA_CACHE_DIR"] = str(keyed)
+    from numba.core import config
+
+    config.CACHE_DIR = str(keyed)
+    return keyed
+
+
+def warm_up_notice() -> str:
+    """One line for a server log before the first forward compiles (or loads) the kernels."""
+    directory = os.environ.get("NUMBA_CACHE_DIR")
+    if not directory:
+        return "compiling the engine's kernels (NUMBA_CACHE_DIR is unset: numba caches beside the sources)"
+    if any(Path(directory).glob("*/*.nbi")):
+        return f"loading the engine's compiled kernels from {directory}"
+    return (
+        f"compiling the engine's kernels for this CPU into {directory}: the first start on a CPU, "
+        "and after an engine update, takes a minute or two; later starts load them in seconds"
+    )

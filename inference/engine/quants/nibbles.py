@@ -1,0 +1,132 @@
+"""Integer group dot products over 4-bit weight codes packed two a byte, as the file packs them.
+
+The int8 layout (layout.py) spends a byte on every weight; a decode step, which reads every
+weight once per token, then moves 1.25 bytes per Q4_1 weight (int8 code + float32 scale and
+min per 32) where the file holds 0.625. Formats whose codes fit in four bits (Q4_0, Q4_1,
+Q4_K, groups of 32) are kept here as nibbles instead: byte j of a group holds code j in its
+low and code j + 16 in its high nibble (Q4_0's own order; Q4_K's 64-weight runs are
+reordered once at load), and the vector kernel unpacks them in registers (intdot_ir.py). The
+unpacked integer lanes are those of the int8 copy, so every product has the same bits; only
+the bytes read per weight halve. Q4_0's codes are stored plus 8 (``NIBBLE_OFFSET``) and the
+kernel subtracts it.
+
+The functions mirror intdot.py's ``dot_row_int``, ``dot_rows_int`` and ``dot_pair_int`` with
+``offset`` (0 or 8) in place of the group shift (groups are 32 weights).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .intdot import (
+    HOST_SIMD,
+    ROW_BLOCK,
+    _group_dot_intrinsic,
+    _group_dot_pair_intrinsic,
+    _group_dot_rows_intrinsic,
+)
+
+GROUP = 32
+NIBBLE_OFFSET = 8  # codes -8..7 are stored as 0..15
+
+
+def packable_offset(q: np.ndarray, group_size: int) -> int | None:
+    """The offset under which int8 codes ``q`` fit in nibbles (0 for 0..15, 8 for -8..7), or
+    None when they do not or groups are not 32 wide."""
+    if group_size != GROUP or q.size == 0:
+        return None
+    low, high = int(q.min()), int(q.max())
+    if 0 <= low and high <= 15:
+        return 0
+    if -NIBBLE_OFFSET <= low and high <= 15 - NIBBLE_OFFSET:
+        return NIBBLE_OFFSET
+    return None
+
+
+def pack_nibbles(q: np.ndarray, offset: int) -> np.ndarray:
+    """int8 codes (rows, cols) -> packed bytes (rows, cols // 2) uint8: per group of 32, byte
+    j = (code j + offset) | (code j + 16 + offset) << 4."""
+    rows, cols = q.shape
+    codes = (q.astype(np.int16) + offset).astype(np.uint8).reshape(rows, cols // GROUP, 2, GROUP // 2)
+    return (codes[:, :, 0] | (codes[:, :, 1] << 4)).reshape(rows, cols // 2)
+
+
+def unpack_nibbles(packed: np.ndarray, offset: int) -> np.ndarray:
+    """pack_nibbles undone: (rows, cols // 2) uint8 -> int8 codes (rows, cols)."""
+    rows, half = packed.shape
+    groups = packed.reshape(rows, half * 2 // GROUP, 1, GROUP // 2)
+    codes = np.concatenate([groups & 0x0F, groups >> 4], axis=2).astype(np.int16) - offset
+    return codes.astype(np.int8).reshape(rows, half * 2)
+
+
+OFFSETS = (0, NIBBLE_OFFSET)
+_generic_0, _generic_8 = (_group_dot_intrinsic(GROUP, "generic", o) for o in OFFSETS)
+_avx2_0, _avx2_8 = (_group_dot_intrinsic(GROUP, "avx2", o) for o in OFFSETS)
+_generic_rows_0, _generic_rows_8 = (
+    _group_dot_rows_intrinsic(GROUP, ROW_BLOCK, "generic", o) for o in OFFSETS
+)  # noqa: E501
+_avx2_rows_0, _avx2_rows_8 = (_group_dot_rows_intrinsic(GROUP, ROW_BLOCK, "avx2", o) for o in OFFSETS)
+_generic_pair_0, _generic_pair_8 = (_group_dot_pair_intrinsic(GROUP, "generic", o) for o in OFFSETS)
+_avx2_pair_0, _avx2_pair_8 = (_group_dot_pair_intrinsic(GROUP, "avx2", o) for o in OFFSETS)
+
+
+@numba.njit(cache=True)
+def generic_dot_row_nib(q, q_start, ints, scales, s_start, int_scales, n_groups, offset):
+    """dot_row_nib through the generic instruction selection."""
+    if offset == 0:
+        return _generic_0(q, q_start, ints, scales, s_start, int_scales, n_groups)
+    return _generic_8(q, q_start, ints, scales, s_start, int_scales, n_groups)
+
+
+@numba.njit(cache=True)
+def avx2_dot_row_nib(q, q_start, ints, scales, s_start, int_scales, n_groups, offset):
+    """dot_row_nib through AVX2 (only where the CPU has AVX2)."""
+    if offset == 0:
+        return _avx2_0(q, q_start, ints, scales, s_start, int_scales, n_groups)
+    return _avx2_8(q, q_start, ints, scales, s_start, int_scales, n_groups)
+
+
+@numba.njit(cache=True)
+def generic_dot_rows_nib(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, offset, out):
+    """dot_rows_nib through the generic instruction selection."""
+    if offset == 0:
+        _generic_rows_0(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+    else:
+        _generic_rows_8(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+
+
+@numba.njit(cache=True)
+def avx2_dot_rows_nib(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, offset, out):
+    """dot_rows_nib through AVX2 (only where the CPU has AVX2)."""
+    if offset == 0:
+        _avx2_rows_0(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+    else:
+        _avx2_rows_8(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+
+
+@numba.njit(cache=True)
+def generic_dot_pair_nib(
+    q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, offset, out
+):
+    """dot_pair_nib through the generic instruction selection."""
+    if offset == 0:
+        _generic_pair_0(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+    else:
+        _generic_pair_8(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+
+
+@numba.njit(cache=True)
+def avx2_dot_pair_nib(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, offset, out):
+    """dot_pair_nib through AVX2 (only where the CPU has AVX2)."""
+    if offset == 0:
+        _avx2_pair_0(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+    else:
+        _avx2_pair_8(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+
+
+# The host's selection (both give the same bits); q holds packed bytes (as int8), q_start and
+# q_next are byte offsets: a row of cols weights is cols // 2 bytes.
+dot_row_nib = avx2_dot_row_nib if HOST_SIMD == "avx2" else generic_dot_row_nib
+dot_rows_nib = avx2_dot_rows_nib if HOST_SIMD == "avx2" else generic_dot_rows_nib
+dot_pair_nib = avx2_dot_pair_nib if HOST_SIMD == "avx2" else generic_dot_pair_nib
