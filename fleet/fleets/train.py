@@ -90,10 +90,17 @@ def load_resident(doc: int, document: FleetDocument) -> Resident:
     f = cartridge.frozen_rows
     if not document.state_path.exists():
         return Resident(doc, cartridge, Adam.zeros(cartridge.k[:, :, f:], cartridge.v[:, :, f:]), 0)
+    adam = Adam.from_arrays(load_file(str(document.state_path)))
+    return Resident(doc, cartridge, adam, stored_steps(document))
+
+
+def stored_steps(document: FleetDocument) -> int:
+    """The steps recorded in a document's optimizer state (0 without one)."""
+    if not document.state_path.exists():
+        return 0
     with open(document.state_path, "rb") as fh:
         header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
-    steps = int(header.get("__metadata__", {}).get("steps", 0))
-    return Resident(doc, cartridge, Adam.from_arrays(load_file(str(document.state_path))), steps)
+    return int(header.get("__metadata__", {}).get("steps", 0))
 
 
 @dataclass
@@ -128,17 +135,9 @@ class JointTrainer:
 
     def load_initial(self) -> None:
         """The least-trained documents (document order breaks ties) up to the budget."""
-        order = sorted(range(len(self.docs)), key=lambda i: (self._stored_steps(i), i))
+        order = sorted(range(len(self.docs)), key=lambda i: (stored_steps(self.docs[i]), i))
         for i in order[: self.config.budget]:
             self._load(i)
-
-    def _stored_steps(self, i: int) -> int:
-        path = self.docs[i].state_path
-        if not path.exists():
-            return 0
-        with open(path, "rb") as fh:
-            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
-        return int(header.get("__metadata__", {}).get("steps", 0))
 
     def _load(self, i: int) -> None:
         r = load_resident(i, self.docs[i])
