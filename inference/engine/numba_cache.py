@@ -58,12 +58,18 @@ def keyed_cache_dir(base: str | os.PathLike) -> Path:
     return Path(base) / cache_key(name, features, source_digest(), overrides)
 
 
-def use_keyed_cache_dir() -> Path | None:
-    """Point numba's cache at the keyed subdirectory of NUMBA_CACHE_DIR (nothing to do when it
-    is unset: numba then caches beside the sources, stamped per CPU by numba itself)."""
-    base = os.environ.get(BASE_VARIABLE) or os.environ.get("NUMBA_CACHE_DIR")
-    if not base:
-        return None
+def default_cache_base() -> Path:
+    """Where kernels are cached when NUMBA_CACHE_DIR is unset. Never numba's own default (beside
+    the sources, stamped per file): that one kept stale kernels compiled into others after a
+    `git pull` changed the engine."""
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "lmserve" / "numba"
+
+
+def use_keyed_cache_dir() -> Path:
+    """Point numba's cache at the keyed subdirectory of NUMBA_CACHE_DIR (or of
+    default_cache_base() when it is unset)."""
+    base = os.environ.get(BASE_VARIABLE) or os.environ.get("NUMBA_CACHE_DIR") or str(default_cache_base())
     keyed = keyed_cache_dir(base)
     os.environ[BASE_VARIABLE] = str(base)
     os.environ["NUMBA_CACHE_DIR"] = str(keyed)
@@ -75,9 +81,7 @@ def use_keyed_cache_dir() -> Path | None:
 
 def warm_up_notice() -> str:
     """One line for a server log before the first forward compiles (or loads) the kernels."""
-    directory = os.environ.get("NUMBA_CACHE_DIR")
-    if not directory:
-        return "compiling the engine's kernels (NUMBA_CACHE_DIR is unset: numba caches beside the sources)"
+    directory = os.environ.get("NUMBA_CACHE_DIR") or str(default_cache_base())
     if any(Path(directory).glob("*/*.nbi")):
         return f"loading the engine's compiled kernels from {directory}"
     return (

@@ -59,6 +59,14 @@ def test_kernels_are_cached_under_the_keyed_directory_and_children_do_not_nest(t
     assert Path(_child({**env, "NUMBA_CACHE_DIR": str(keyed), BASE_VARIABLE: str(tmp_path)})) == keyed
 
 
+def test_without_numba_cache_dir_kernels_go_to_the_keyed_default_never_beside_the_sources(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != BASE_VARIABLE and not k.startswith("NUMBA_")}
+    env["XDG_CACHE_HOME"] = str(tmp_path)
+    keyed = Path(_child(env))
+    assert keyed == tmp_path / "lmserve" / "numba" / cache_key(*host_cpu(), source_digest(), {})
+    assert any(keyed.rglob("quantize.round_f16*.nbi"))
+
+
 def test_the_warm_up_notice_says_whether_kernels_will_be_compiled(tmp_path, monkeypatch):
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
     assert warm_up_notice().startswith("compiling the engine's kernels for this CPU")
