@@ -295,3 +295,41 @@ def _hang_up_after_frames(request, frames: int) -> None:
     stream = request()
     stream.read_until(lambda got: count_frames(got) >= frames, timeout=600)
     stream.close()
+
+
+def test_batch_with_spec_is_the_plain_server(tmp_path_factory):
+    """``--batch 4 --spec``: a batch of four decodes plain, a request served alone speculates;
+    both reply exactly as a plain ``--batch 1`` server does (greedy, stop strings, json_schema,
+    a seeded sample, a reuse turn)."""
+    from tests.api.test_spec_live import accepted_drafts
+
+    listing = "Repeat this list exactly: " + ", ".join(
+        f"item {i} is {w}" for i, w in enumerate("red oak blue fir".split())
+    )
+    bodies = [
+        chat(listing, max_tokens=40),
+        chat("Name three colors.", max_tokens=24, stop=["."]),
+        chat(
+            "Invent a person.",
+            max_tokens=40,
+            response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}},
+        ),
+        chat("Tell me a story.", max_tokens=24, temperature=0.8, seed=11),
+    ]
+    started = []
+    try:
+        for name, flags in (("plain", ("--batch", "1")), ("both", ("--batch", "4", "--spec"))):
+            log_dir = tmp_path_factory.mktemp(f"spec-batch-{name}")
+            started.append(start_lmserve(log_dir, *SMOLLM2_FLAGS, *flags))
+        plain, both = started
+        compare_turns(plain, both, bodies, turns=2)
+        assert metric(both, "lmserve_lockstep_batches_total") >= 2
+        solo = chat(listing, max_tokens=40)
+        want, got = (
+            httpx.post(s.url + "/v1/chat/completions", json=solo, timeout=600) for s in (plain, both)
+        )
+        assert outcome(got) == outcome(want)
+        assert accepted_drafts(both)[0] > 0  # the lone request went through accepted drafts
+    finally:
+        for server in started:
+            server.stop()
