@@ -1,5 +1,4 @@
-"""Fleet build jobs around ``fleet.fleets.build.build_fleet`` (written in parallel by the fleet
-work; these tests run once it is in the checkout): the job row, the Fleet and Document rows, the
+"""Fleet build jobs around ``fleet.fleets.build.build_fleet``: the job row, the Fleet and Document rows, the
 build_fleet command, the admin's "try a query" page on a real fleet, and the per-document
 fan-out on a real Celery worker."""
 
@@ -9,15 +8,13 @@ import json
 
 import numpy as np
 import pytest
+from django.core.management import CommandError, call_command
 
-pytest.importorskip("fleet.fleets.build", reason="fleet.fleets (the builder) is not in this checkout yet")
-
-from django.core.management import CommandError, call_command  # noqa: E402
-
-from fleet.cartridges.file import load_cartridge  # noqa: E402
-from fleet.models import BuildJob, Document, Fleet  # noqa: E402
-from fleet.services.fleets import create_fleet_job, run_fleet_job  # noqa: E402
-from tests.fixtures.synthetic_gguf import synthetic_path  # noqa: E402
+from fleet.cartridges.file import load_cartridge
+from fleet.fleets.format import read_manifest
+from fleet.models import BuildJob, Document, Fleet
+from fleet.services.fleets import create_fleet_job, run_fleet_job
+from tests.fixtures.synthetic_gguf import synthetic_path
 
 DOCS = {
     "alpine": "Marmots whistle across alpine meadows while glaciers retreat each summer. " * 3,
@@ -33,12 +30,6 @@ def docs_dir(tmp_path):
     for name, text in DOCS.items():
         (directory / f"{name}.txt").write_text(text, encoding="utf-8")
     return directory
-
-
-def read_manifest(directory):
-    from fleet.fleets.format import read_manifest as read  # imported after the importorskip above
-
-    return read(directory)
 
 
 def _parameters(docs_dir, out, model) -> dict:
