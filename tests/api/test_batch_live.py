@@ -168,7 +168,10 @@ def test_disk_tier_restores_are_those_of_a_plain_server(tmp_path_factory):
         compare_turns(plain, batched, others, turns=1)
         back = [follow_up(body, reply) for body, reply in zip(first, replies, strict=True)]
         (restored,) = compare_turns(plain, batched, back, turns=1)
-        assert metric(batched, 'lmserve_kv_hits_total{tier="disk"}') == 4
+        # The four follow-ups came back from disk (and the blocker's own short conversation may
+        # too): the batched server restored exactly what the plain one did.
+        disk_hits = 'lmserve_kv_hits_total{tier="disk"}'
+        assert metric(batched, disk_hits) == metric(plain, disk_hits) >= 4
         for reply in restored:
             usage = reply.json()["usage"]
             assert usage["prompt_tokens_details"]["cached_tokens"] > usage["prompt_tokens"] // 2
