@@ -184,9 +184,21 @@ def _errors(envelope: str) -> dict:
     }
 
 
+# Sent only when a fleet's composed KV prefix served the reply (api/consumers/generation.py).
+DOCUMENTS_HEADER = {
+    "x-lmserve-documents": {
+        "description": "the fleet documents whose cartridges served this reply, comma-separated "
+        "in selection order (only on a server started with --fleet)",
+        "required": False,
+        "schema": {"type": "string"},
+    }
+}
+
+
 def _generation(summary: str, request: str, reply: str, envelope: str, stream: str) -> dict:
     ok = _json(_ref(reply), "the whole reply")
     ok["content"]["text/event-stream"] = {"schema": SSE_EVENT | {"description": stream}}
+    ok["headers"] = DOCUMENTS_HEADER
     return {
         "post": {
             "summary": summary,

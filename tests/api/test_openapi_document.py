@@ -388,3 +388,13 @@ def test_the_document_lists_every_endpoint_and_resolves():
                     ref = media["schema"].get("$ref")
                     if ref:
                         assert ref.rsplit("/", 1)[1] in document["components"]["schemas"], (path, ref)
+
+
+def test_generation_replies_declare_the_fleet_documents_header():
+    from api.consumers.generation import DOCUMENTS_HEADER
+
+    paths = build_document()["paths"]
+    for path in ("/v1/chat/completions", "/v1/responses", "/v1/messages"):
+        headers = paths[path]["post"]["responses"]["200"]["headers"]
+        assert DOCUMENTS_HEADER.decode() in headers, path
+        assert headers[DOCUMENTS_HEADER.decode()]["schema"] == {"type": "string"}
