@@ -47,10 +47,7 @@ class NanochatCheckpoint:
 
 def load_checkpoint(directory: Path) -> NanochatCheckpoint:
     """Load ``directory``; NanochatCheckpointError names a missing file or a bad tensor."""
-    directory = Path(directory)
-    for name in (MODEL_FILE, TOKENIZER_FILE):
-        if not (directory / name).is_file():
-            raise NanochatCheckpointError(f"{directory}: no {name} (a nanochat checkpoint needs {MODEL_FILE} and {TOKENIZER_FILE})")
+    directory = check_directory(directory)
     try:
         tokenizer = NanochatTokenizer.load(directory / TOKENIZER_FILE)
     except NanochatTokenizerError as exc:
@@ -59,6 +56,18 @@ def load_checkpoint(directory: Path) -> NanochatCheckpoint:
     config = infer_config(tensors, tokenizer.n_vocab, directory / MODEL_FILE)
     weights = build_weights(tensors, config, directory / MODEL_FILE)
     return NanochatCheckpoint(directory, NanochatModel(config, weights), tokenizer)
+
+
+def check_directory(directory: Path) -> Path:
+    """``directory`` if it holds both files; NanochatCheckpointError naming what is missing."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise NanochatCheckpointError(f"{directory}: not a directory (a nanochat checkpoint is a directory)")
+    for name in (MODEL_FILE, TOKENIZER_FILE):
+        if not (directory / name).is_file():
+            needs = f"a nanochat checkpoint needs {MODEL_FILE} and {TOKENIZER_FILE}"
+            raise NanochatCheckpointError(f"{directory}: no {name} ({needs})")
+    return directory
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
@@ -83,9 +92,13 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
 def _tensor(data: bytes, base: int, name: str, info: dict, path: Path) -> np.ndarray:
     dtype = _DTYPES.get(info["dtype"])
     if dtype is None:
-        raise NanochatCheckpointError(f"{path}: tensor {name} has dtype {info['dtype']} (F32, F16 or BF16 expected)")
+        raise NanochatCheckpointError(
+            f"{path}: tensor {name} has dtype {info['dtype']} (F32, F16 or BF16 expected)"
+        )
     begin, end = info["data_offsets"]
-    raw = np.frombuffer(data, dtype=dtype, count=(end - begin) // np.dtype(dtype).itemsize, offset=base + begin)
+    raw = np.frombuffer(
+        data, dtype=dtype, count=(end - begin) // np.dtype(dtype).itemsize, offset=base + begin
+    )
     if info["dtype"] == "BF16":  # the high half of a float32
         raw = (raw.astype(np.uint32) << 16).view(np.float32)
     return raw.astype(np.float32).reshape(info["shape"])

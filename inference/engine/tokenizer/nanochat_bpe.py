@@ -25,7 +25,8 @@ VERSION = 1
 # nanochat/tokenizer.py SPLIT_PATTERN: GPT-4's, with numbers split into runs of one or two
 # digits (not three). The ``regex`` module has the possessive quantifiers it uses.
 SPLIT_PATTERN = regex.compile(
-    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}"""
+    r"""| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
 )
 
 # nanochat's special tokens in their canonical order (nanochat/tokenizer.py SPECIAL_TOKENS).
@@ -89,7 +90,9 @@ def read_tokenizer_file(path: Path) -> TokenizerFile:
     for k in range(n_special):
         token_id, length = reader.unpack("<IH")
         if token_id != 256 + n_merges + k:
-            raise NanochatTokenizerError(f"{path}: special {k} has id {token_id}, expected {256 + n_merges + k}")
+            raise NanochatTokenizerError(
+                f"{path}: special {k} has id {token_id}, expected {256 + n_merges + k}"
+            )
         specials.append(reader.take(length).decode("utf-8"))
     return TokenizerFile(merges, tuple(specials))
 

@@ -1,0 +1,149 @@
+"""nanochat served live: ``manage.py lmserve --nanochat DIR`` on the synthetic checkpoint
+(tests/fixtures/synthetic_nanochat.py), read through the openai and anthropic SDKs: /health and
+/v1/models name its features, a reply is the model's own greedy continuation of nanochat's
+chat protocol with honest usage, and what it cannot honour (a system message, function
+tools, a grammar, embeddings) is a 400 naming it."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from inference.engine.nanochat_checkpoint import load_checkpoint
+from tests.api.conftest import API_KEY, start_lmserve
+from tests.fixtures.synthetic_nanochat import write_nanochat_checkpoint
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+USER = "What is the capital of France?"
+MAX_TOKENS = 8
+FEATURES = dict(tools=False, reasoning=False, grammar=False, kv_reuse=False, batch=False, spec=False)
+
+
+@pytest.fixture(scope="module")
+def checkpoint_dir(tmp_path_factory):
+    return write_nanochat_checkpoint(tmp_path_factory.mktemp("nanochat") / "nano-d3")
+
+
+@pytest.fixture(scope="module")
+def model_server(checkpoint_dir, tmp_path_factory):
+    server = start_lmserve(
+        tmp_path_factory.mktemp("nanochat-log"), "--nanochat", str(checkpoint_dir), "--api-key", API_KEY
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def expected(checkpoint_dir) -> tuple[list[int], list[int]]:
+    """The prompt nanochat's protocol gives USER, written out by hand, and the greedy reply of
+    the model in this process (argmax step by step, no terminal token met on the way)."""
+    ck = load_checkpoint(checkpoint_dir)
+    tok = ck.tokenizer
+    s = tok.special_id
+    prompt = [s("<|bos|>"), s("<|user_start|>"), *tok.encode(USER), s("<|user_end|>"), s("<|assistant_start|>")]
+    cache = ck.model.new_cache(len(prompt) + MAX_TOKENS)
+    logits, reply = ck.model.forward(cache, prompt)[-1], []
+    for _ in range(MAX_TOKENS):
+        token = int(np.argmax(logits))
+        assert token not in (s("<|bos|>"), s("<|assistant_end|>"), s("<|python_start|>"))
+        reply.append(token)
+        logits = ck.model.forward(cache, [token])[-1]
+    return prompt, reply
+
+
+def test_health_and_models_name_the_features(model_server):
+    health = model_server.health()
+    assert health["status"] == "ok" and health["kv_reuse"] is False and health["model"] == "nano-d3"
+    assert {k: health["capabilities"][k] for k in FEATURES} == FEATURES
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    models = httpx.get(model_server.url + "/v1/models", headers=headers, timeout=10).json()
+    assert models["data"][0]["id"] == "nano-d3"
+    assert models["data"][0]["capabilities"] == FEATURES
+
+
+def test_reply_is_the_greedy_continuation_with_usage(oai, expected, checkpoint_dir):
+    prompt, reply = expected
+    out = oai.chat.completions.create(
+        model="nano-d3",
+        messages=[{"role": "user", "content": USER}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+    )
+    tok = load_checkpoint(checkpoint_dir).tokenizer
+    assert out.choices[0].message.content == tok.decode(reply).decode("utf-8", errors="replace")
+    assert out.choices[0].finish_reason == "length"
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(prompt), MAX_TOKENS)
+
+
+def test_streamed_reply_matches(oai, expected, checkpoint_dir):
+    _, reply = expected
+    stream = oai.chat.completions.create(
+        model="nano-d3",
+        messages=[{"role": "user", "content": USER}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    tok = load_checkpoint(checkpoint_dir).tokenizer
+    assert text == tok.decode(reply).decode("utf-8", errors="replace")
+
+
+def test_seeded_sampling_repeats(oai):
+    def ask():
+        return oai.chat.completions.create(
+            model="nano-d3", messages=[{"role": "user", "content": "Hi"}], max_tokens=6, seed=7
+        )
+
+    first, second = ask(), ask()
+    assert first.choices[0].message.content == second.choices[0].message.content
+
+
+def test_system_message_is_refused(oai):
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(
+            model="nano-d3",
+            messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": USER}],
+            max_tokens=4,
+        )
+    assert "no system role" in caught.value.message
+
+
+def test_function_tools_are_refused(oai):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(
+            model="nano-d3", messages=[{"role": "user", "content": USER}], tools=[tool], max_tokens=4
+        )
+    assert "tools" in caught.value.message
+
+
+def test_grammar_is_refused(oai):
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(
+            model="nano-d3",
+            messages=[{"role": "user", "content": USER}],
+            response_format={"type": "json_object"},
+            max_tokens=4,
+        )
+    assert "response_format" in caught.value.message and "grammar" in caught.value.message
+
+
+def test_embeddings_are_refused(oai):
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.embeddings.create(model="nano-d3", input="hello")
+    assert "serves no embeddings" in caught.value.message
+
+
+def test_anthropic_system_is_refused_and_reply_counts(claude):
+    import anthropic
+
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(
+            model="nano-d3", system="Be brief.", messages=[{"role": "user", "content": USER}], max_tokens=4
+        )
+    assert "no system role" in str(caught.value)
+    out = claude.messages.create(model="nano-d3", messages=[{"role": "user", "content": USER}], max_tokens=4)
+    assert out.usage.output_tokens <= 4 and out.usage.input_tokens > 0
