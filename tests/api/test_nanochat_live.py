@@ -42,7 +42,13 @@ def expected(checkpoint_dir) -> tuple[list[int], list[int]]:
     ck = load_checkpoint(checkpoint_dir)
     tok = ck.tokenizer
     s = tok.special_id
-    prompt = [s("<|bos|>"), s("<|user_start|>"), *tok.encode(USER), s("<|user_end|>"), s("<|assistant_start|>")]
+    prompt = [
+        s("<|bos|>"),
+        s("<|user_start|>"),
+        *tok.encode(USER),
+        s("<|user_end|>"),
+        s("<|assistant_start|>"),
+    ]
     cache = ck.model.new_cache(len(prompt) + MAX_TOKENS)
     logits, reply = ck.model.forward(cache, prompt)[-1], []
     for _ in range(MAX_TOKENS):

@@ -21,7 +21,9 @@ def lmserve(*args):
 
 
 def test_a_model_argument_is_refused(checkpoint_dir):
-    with pytest.raises(CommandError, match="--nanochat excludes a MODEL argument: --nanochat DIR is the model"):
+    with pytest.raises(
+        CommandError, match="--nanochat excludes a MODEL argument: --nanochat DIR is the model"
+    ):
         lmserve("some.gguf", "--nanochat", checkpoint_dir)
 
 

@@ -67,7 +67,10 @@ def reference_logits(t, ids, vocab, n_head=2, n_kv=1, hd=64, window=513):
     x, backout = [list(r) for r in x0], None
     for i in range(n_layer):
         pre = f"transformer.h.{i}."
-        x = [[t["resid_lambdas"][i] * a + t["x0_lambdas"][i] * b for a, b in zip(r, r0, strict=True)] for r, r0 in zip(x, x0, strict=True)]
+        x = [
+            [t["resid_lambdas"][i] * a + t["x0_lambdas"][i] * b for a, b in zip(r, r0, strict=True)]
+            for r, r0 in zip(x, x0, strict=True)
+        ]
         ks, vs, qs = [], [], []
         for p, row in enumerate(x):
             h = norm(row)
@@ -78,8 +81,12 @@ def reference_logits(t, ids, vocab, n_head=2, n_kv=1, hd=64, window=513):
                     g = 3.0 * sig(float(np.dot(t[pre + "attn.ve_gate.weight"][kv], h[:12])))
                     for d in range(hd):
                         v[kv * hd + d] += g * ve[kv * hd + d]
-            qs.append([[1.2 * a for a in norm(rotate(q[hh * hd : (hh + 1) * hd], p, hd))] for hh in range(n_head)])
-            ks.append([[1.2 * a for a in norm(rotate(k[kv * hd : (kv + 1) * hd], p, hd))] for kv in range(n_kv)])
+            qs.append(
+                [[1.2 * a for a in norm(rotate(q[hh * hd : (hh + 1) * hd], p, hd))] for hh in range(n_head)]
+            )
+            ks.append(
+                [[1.2 * a for a in norm(rotate(k[kv * hd : (kv + 1) * hd], p, hd))] for kv in range(n_kv)]
+            )
             vs.append([v[kv * hd : (kv + 1) * hd] for kv in range(n_kv)])
         for p in range(len(x)):
             y = []
@@ -90,7 +97,10 @@ def reference_logits(t, ids, vocab, n_head=2, n_kv=1, hd=64, window=513):
                 top = max(scores)
                 weights = [math.exp(s - top) for s in scores]
                 total = sum(weights)
-                y += [sum(w * vs[j][kv][d] for w, j in zip(weights, keys, strict=True)) / total for d in range(hd)]
+                y += [
+                    sum(w * vs[j][kv][d] for w, j in zip(weights, keys, strict=True)) / total
+                    for d in range(hd)
+                ]
             x[p] = [a + b for a, b in zip(x[p], matvec(t[pre + "attn.c_proj.weight"], y), strict=True)]
             hidden = [max(a, 0.0) ** 2 for a in matvec(t[pre + "mlp.c_fc.weight"], norm(x[p]))]
             x[p] = [a + b for a, b in zip(x[p], matvec(t[pre + "mlp.c_proj.weight"], hidden), strict=True)]
@@ -166,7 +176,11 @@ def _write_safetensors(path, tensors, dtype):
     for name, value in tensors.items():
         raw = value.astype(np.float32)
         data = (raw.view(np.uint32) >> 16).astype(np.uint16).tobytes() if dtype == "BF16" else raw.tobytes()
-        header[name] = {"dtype": dtype, "shape": list(value.shape), "data_offsets": [offset, offset + len(data)]}
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(value.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
         blobs.append(data)
         offset += len(data)
     head = json.dumps(header).encode()
@@ -199,5 +213,7 @@ def test_broken_checkpoints_are_refused_by_name(checkpoint, tmp_path):
     source = random_tensors(checkpoint.tokenizer.n_vocab)
     source["transformer.h.1.mlp.c_fc.weight"] = source["transformer.h.1.mlp.c_fc.weight"][:-1]
     _write_safetensors(tmp_path / "model.safetensors", source, "F32")
-    with pytest.raises(NanochatCheckpointError, match=r"transformer.h.1.mlp.c_fc.weight has shape \(511, 128\)"):
+    with pytest.raises(
+        NanochatCheckpointError, match=r"transformer.h.1.mlp.c_fc.weight has shape \(511, 128\)"
+    ):
         load_checkpoint(tmp_path)

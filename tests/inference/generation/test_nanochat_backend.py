@@ -110,7 +110,9 @@ def test_calculator_markers_are_tokens_in_assistant_turns_only(tok):
     s = tok.special_id
     backend = make_backend(tok)
     said = "<|python_start|>2+2<|python_end|><|output_start|>4<|output_end|>So 4."
-    tokens = backend.tokenize(greedy(Message("user", said), Message("assistant", said), Message("user", "ok")))
+    tokens = backend.tokenize(
+        greedy(Message("user", said), Message("assistant", said), Message("user", "ok"))
+    )
     user_part = tokens[2 : tokens.index(s("<|user_end|>"))]
     assert user_part == tok.encode(said)  # a user's text never becomes a special token
     start = tokens.index(s("<|assistant_start|>")) + 1
@@ -123,7 +125,10 @@ def test_calculator_markers_are_tokens_in_assistant_turns_only(tok):
 
 def test_a_prefill_continues_the_assistant_turn(tok):
     tokens = make_backend(tok).tokenize(greedy(Message("user", "Hi"), prefill="Sure"))
-    assert tokens[-len(tok.encode("Sure")) - 1 :] == [tok.special_id("<|assistant_start|>"), *tok.encode("Sure")]
+    assert tokens[-len(tok.encode("Sure")) - 1 :] == [
+        tok.special_id("<|assistant_start|>"),
+        *tok.encode("Sure"),
+    ]
 
 
 @pytest.mark.parametrize("role, named", [("system", "no system role"), ("tool", "no 'tool' role")])
@@ -158,7 +163,11 @@ def test_the_calculator_output_is_forced_into_the_reply(tok):
     n_reply = 1 + len(tok.encode("2+3")) + 1 + 3 + len(tok.encode("Done"))
     assert final.usage.completion_tokens == n_reply
     fed = [chunk[0] for chunk in backend.model.fed[1:]]  # every emitted token is fed back
-    assert fed[fed.index(s("<|python_end|>")) + 1 :][:3] == [s("<|output_start|>"), *tok.encode("5"), s("<|output_end|>")]
+    assert fed[fed.index(s("<|python_end|>")) + 1 :][:3] == [
+        s("<|output_start|>"),
+        *tok.encode("5"),
+        s("<|output_end|>"),
+    ]
 
 
 def test_a_refused_expression_forces_nothing(tok):
@@ -169,12 +178,16 @@ def test_a_refused_expression_forces_nothing(tok):
 
 
 def test_bos_ends_the_reply_too(tok):
-    sink = run(make_backend(tok, [*tok.encode("Hi"), tok.special_id("<|bos|>")]), greedy(Message("user", "x")))
+    sink = run(
+        make_backend(tok, [*tok.encode("Hi"), tok.special_id("<|bos|>")]), greedy(Message("user", "x"))
+    )
     assert sink.text == "Hi" and sink.events[-1].reason == "stop"
 
 
 def test_the_budget_ends_with_length(tok):
-    sink = run(make_backend(tok, tok.encode("The capital of France")), greedy(Message("user", "x"), max_tokens=3))
+    sink = run(
+        make_backend(tok, tok.encode("The capital of France")), greedy(Message("user", "x"), max_tokens=3)
+    )
     final = sink.events[-1]
     assert final.reason == "length" and final.usage.completion_tokens == 3
     assert sink.text == tok.decode(tok.encode("The capital of France")[:3]).decode()
