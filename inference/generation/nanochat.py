@@ -48,6 +48,7 @@ logger = logging.getLogger("lmserve.nanochat")
 NANOCHAT_SAMPLING = SamplingParams(temperature=0.6, top_k=50, seed=42)
 FEATURES = Features(tools=False, reasoning=False, grammar=False, kv_reuse=False, batch=False, spec=False)
 TOOL_MARKERS = ("<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>")
+PREFILL_CHUNK = 256  # prompt tokens per forward
 _MARKER_SPLIT = regex.compile("(" + "|".join(regex.escape(m) for m in TOOL_MARKERS) + ")")
 
 
@@ -174,7 +175,9 @@ class _Reply:
     def run(self) -> None:
         model = self.backend.model
         cache: NanochatCache = model.new_cache(len(self.prompt.tokens) + self.prompt.max_tokens)
-        logits = model.forward(cache, self.prompt.tokens)[-1]  # (vocab,)
+        logits = self._prefill(cache)
+        if logits is None:
+            return
         reason = "length"
         while self.generated < self.prompt.max_tokens:
             if self.sink.cancelled:
@@ -191,6 +194,16 @@ class _Reply:
             if self.generated < self.prompt.max_tokens:
                 logits = model.forward(cache, [token])[-1]
         self._finish(reason)
+
+    def _prefill(self, cache: NanochatCache):
+        """The last prompt position's logits (vocab,), the prompt fed in chunks (attention
+        scores stay chunk x context, and a hang-up is seen between chunks); None if cancelled."""
+        tokens = self.prompt.tokens
+        for start in range(0, len(tokens), PREFILL_CHUNK):
+            if self.sink.cancelled:
+                return None
+            logits = self.backend.model.forward(cache, tokens[start : start + PREFILL_CHUNK])
+        return logits[-1]
 
     def _emit(self, token: int) -> bool:
         """Stream one token; True when a stop string ended the reply."""

@@ -170,14 +170,16 @@ class NanochatModel:
         return (SOFTCAP * np.tanh(logits[:, : cfg.vocab_size] / SOFTCAP)).astype(np.float32)
 
     def _embed(self, cache: NanochatCache, tokens: np.ndarray) -> np.ndarray:
-        """Normed token embeddings, each mixed with the previous position's (smear). The first
-        token of a chunk mixes with the cache's last embedding only when it is decoded alone,
-        as the reference does (a prefill chunk always starts a fresh cache there)."""
+        """Normed token embeddings, each mixed with the previous position's (smear); the first
+        token of a chunk with the cache's last embedding, so a prompt prefilled in chunks gets
+        the logits of the whole-sequence forward. (The reference mixes it only into a token
+        decoded alone; it prefills every prompt in one chunk on a fresh cache, where the two
+        agree.)"""
         w = self.weights
         emb = rms_norm(w.wte[tokens])  # (seq, n_embd)
         prev = emb[:-1]  # (seq - 1, n_embd)
-        if len(tokens) == 1 and cache.prev_embedding is not None:
-            prev = cache.prev_embedding[None, :]  # (1, n_embd)
+        if cache.prev_embedding is not None:
+            prev = np.concatenate([cache.prev_embedding[None, :], prev])  # (seq, n_embd)
         rows = emb[len(emb) - len(prev) :]  # the positions that mix: (len(prev), n_embd)
         gate = np.float32(w.smear_lambda) * sigmoid(rows[:, :SMEAR_CHANNELS] @ w.smear_gate[0])  # (n,)
         mixed = emb.copy()  # (seq, n_embd)

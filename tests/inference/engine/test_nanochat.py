@@ -137,14 +137,14 @@ def test_prefill_matches_the_plain_loop_reference(checkpoint, tensors):
 
 
 def test_decoding_token_by_token_matches_the_whole_sequence(checkpoint):
-    """The cache path (prefill a part, then one token at a time: the smear takes the cached
-    previous embedding) gives the logits of the whole-sequence forward."""
-    ids = prompt_ids(checkpoint, "Hello there! How are you doing today?")
+    """The cache path (prefill in chunks, then one token at a time: each chunk's first token
+    smears with the cached previous embedding) gives the logits of the whole-sequence forward."""
+    ids = prompt_ids(checkpoint, "Hello there! How are you doing today? I'm fine, thanks.")
     model = checkpoint.model
     whole = model.forward(model.new_cache(len(ids)), ids)
     cache = model.new_cache(len(ids))
-    rows = [model.forward(cache, ids[:3])]
-    rows += [model.forward(cache, [token]) for token in ids[3:]]
+    rows = [model.forward(cache, ids[:3]), model.forward(cache, ids[3:8])]
+    rows += [model.forward(cache, [token]) for token in ids[8:]]
     np.testing.assert_allclose(np.concatenate(rows), whole, atol=1e-5, rtol=0)
     assert cache.length == len(ids)
 

@@ -208,3 +208,14 @@ def test_cancelled_requests_push_nothing_more(tok):
     assert sum(isinstance(e, TextDelta) for e in sink.events) == 2
     assert not any(isinstance(e, Finish) for e in sink.events)
     assert generated == 2
+
+
+def test_a_long_prompt_is_prefilled_in_chunks(tok):
+    backend = make_backend(tok, [tok.special_id("<|assistant_end|>")], n_ctx=2048)
+    request = greedy(Message("user", "The quick brown fox jumps over the lazy dog. " * 60))
+    prompt = backend.validate(request)
+    assert len(prompt.tokens) > 512
+    sink = run(backend, request)
+    sizes = [len(chunk) for chunk in backend.model.fed]
+    assert sizes[:-1] == [256] * (len(sizes) - 1) and sum(sizes) == len(prompt.tokens)
+    assert sink.events[-1].usage.prompt_tokens == len(prompt.tokens)
