@@ -12,8 +12,13 @@ import openai
 import pytest
 
 from inference.engine.nanochat_checkpoint import load_checkpoint
-from tests.api.conftest import API_KEY, start_lmserve
-from tests.fixtures.synthetic_nanochat import write_nanochat_checkpoint
+from inference.engine.tokenizer.nanochat_bpe import NanochatTokenizer
+from tests.api.conftest import API_KEY, openai_client, start_lmserve
+from tests.fixtures.synthetic_nanochat import (
+    tokenizer_file,
+    write_nanochat_checkpoint,
+    write_transition_checkpoint,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 USER = "What is the capital of France?"
@@ -153,3 +158,32 @@ def test_anthropic_system_is_refused_and_reply_counts(claude):
     assert "no system role" in str(caught.value)
     out = claude.messages.create(model="nano-d3", messages=[{"role": "user", "content": USER}], max_tokens=4)
     assert out.usage.output_tokens <= 4 and out.usage.input_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def calculator_server(tmp_path_factory):
+    """A server on a checkpoint whose greedy reply opens a python block with "2+3", closes it,
+    then (after the calculator's forced output) says "!" and ends the turn."""
+    tok = NanochatTokenizer(tokenizer_file())
+    s = tok.special_id
+    chain = [s("<|assistant_start|>"), s("<|python_start|>"), *tok.encode("2+3"), s("<|python_end|>")]
+    transitions = dict(zip(chain, chain[1:], strict=False))
+    transitions |= {s("<|output_end|>"): tok.encode("!")[0], tok.encode("!")[0]: s("<|assistant_end|>")}
+    directory = write_transition_checkpoint(tmp_path_factory.mktemp("nanochat-calc") / "calc", transitions)
+    server = start_lmserve(tmp_path_factory.mktemp("nanochat-calc-log"), "--nanochat", str(directory))
+    yield server
+    server.stop()
+
+
+def test_the_calculator_result_is_forced_into_the_reply(calculator_server):
+    """The model writes the python block; the server evaluates it and the reply carries the
+    result between the output markers, as nanochat's engine streams it (the model itself would
+    have said nothing there: its three answers after the block are overridden)."""
+    with openai_client(calculator_server, api_key="unused") as client:
+        out = client.chat.completions.create(
+            model="calc", messages=[{"role": "user", "content": "What is 2+3?"}], temperature=0, max_tokens=32
+        )
+    reply = out.choices[0].message.content
+    assert reply == "<|python_start|>2+3<|python_end|><|output_start|>5<|output_end|>!"
+    assert out.choices[0].finish_reason == "stop"
+    assert out.usage.completion_tokens == 1 + 3 + 1 + 3 + 1  # the forced tokens count as generated
