@@ -222,3 +222,10 @@ def test_a_long_prompt_is_prefilled_in_chunks(tok):
     sizes = [len(chunk) for chunk in backend.model.fed]
     assert sizes[:-1] == [256] * (len(sizes) - 1) and sum(sizes) == len(prompt.tokens)
     assert sink.events[-1].usage.prompt_tokens == len(prompt.tokens)
+
+
+def test_ignore_eos_runs_through_the_terminal_token(tok):
+    script = [*tok.encode("Hi"), tok.special_id("<|assistant_end|>"), *tok.encode("yo")]
+    request = greedy(Message("user", "x"), max_tokens=len(script), ignore_eos=True)
+    sink = run(make_backend(tok, script), request)
+    assert sink.text == "Hi<|assistant_end|>yo" and sink.events[-1].reason == "length"
