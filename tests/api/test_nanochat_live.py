@@ -187,3 +187,14 @@ def test_the_calculator_result_is_forced_into_the_reply(calculator_server):
     assert reply == "<|python_start|>2+3<|python_end|><|output_start|>5<|output_end|>!"
     assert out.choices[0].finish_reason == "stop"
     assert out.usage.completion_tokens == 1 + 3 + 1 + 3 + 1  # the forced tokens count as generated
+
+
+def test_responses_dialect_reply_and_instructions_refused(oai, expected, checkpoint_dir):
+    _, reply = expected
+    out = oai.responses.create(model="nano-d3", input=USER, max_output_tokens=MAX_TOKENS, temperature=0)
+    tok = load_checkpoint(checkpoint_dir).tokenizer
+    assert out.output_text == tok.decode(reply).decode("utf-8", errors="replace")
+    assert out.usage.output_tokens == MAX_TOKENS
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.responses.create(model="nano-d3", input=USER, instructions="Be brief.", max_output_tokens=4)
+    assert "no system role" in caught.value.message
