@@ -148,7 +148,7 @@ def test_embeddings_are_refused(oai):
     assert "serves no embeddings" in caught.value.message
 
 
-def test_anthropic_system_is_refused_and_reply_counts(claude):
+def test_anthropic_system_is_refused_and_reply_counts(claude, expected):
     import anthropic
 
     with pytest.raises(anthropic.BadRequestError) as caught:
@@ -158,6 +158,8 @@ def test_anthropic_system_is_refused_and_reply_counts(claude):
     assert "no system role" in str(caught.value)
     out = claude.messages.create(model="nano-d3", messages=[{"role": "user", "content": USER}], max_tokens=4)
     assert out.usage.output_tokens <= 4 and out.usage.input_tokens > 0
+    counted = claude.messages.count_tokens(model="nano-d3", messages=[{"role": "user", "content": USER}])
+    assert counted.input_tokens == out.usage.input_tokens == len(expected[0])
 
 
 @pytest.fixture(scope="module")
