@@ -212,7 +212,8 @@ class NanochatModel:
         group = cfg.n_head // cfg.n_kv_head
         k_heads = np.repeat(k, group, axis=1)  # (keys, n_head, hd)
         v_heads = np.repeat(v, group, axis=1)  # (keys, n_head, hd)
-        scores = np.einsum("qhd,khd->hqk", q, k_heads) / np.float32(np.sqrt(cfg.head_dim))  # (n_head, seq, keys)
+        scale = np.float32(1.0 / np.sqrt(cfg.head_dim))  # SDPA's default, on top of the 1.2s
+        scores = np.einsum("qhd,khd->hqk", q, k_heads) * scale  # (n_head, seq, keys)
         query_pos = np.arange(start, start + q.shape[0])[:, None]  # (seq, 1)
         key_pos = np.arange(k.shape[0])[None, :]  # (1, keys)
         visible = (key_pos <= query_pos) & (query_pos - key_pos < cfg.window)  # (seq, keys)
