@@ -42,6 +42,9 @@ class EmbeddingsConsumer(ApiConsumer):
         down = self.service.unavailable()
         if down is not None:
             return ApiError.from_event(down)
+        down = self.service.embeddings_unavailable()
+        if down is not None:
+            return ApiError.from_event(down)
         refused = request.check_dimensions(self.service.worker.backend.engine.config.n_embd)
         if refused is not None:
             return refused

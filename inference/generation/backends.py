@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from inference.engine.engine import Engine
+from inference.engine.nanochat_checkpoint import NanochatCheckpoint
 from inference.generation.backend import ConversationBackend, Sink
 from inference.kv.disk import SidecarStore
 from inference.kv.prefix_source import PrefixSource
@@ -56,12 +57,13 @@ class GenerationBackend(Protocol):
 class BackendSetup:
     """What the worker hands a backend factory once the model is loaded."""
 
-    engine: Engine
+    engine: Engine | None  # None for a nanochat checkpoint (which has its own engine)
     n_ctx: int
     kv_slots: int = 1
     disk: SidecarStore | None = None
     prefix_source: PrefixSource | None = None  # the KV prefix of every conversation, if any
     spec: bool = False  # speculative decoding (--spec)
+    nanochat: NanochatCheckpoint | None = None  # lmserve --nanochat DIR: served by "nanochat"
 
 
 def _conversation(setup: BackendSetup) -> GenerationBackend:
@@ -70,13 +72,22 @@ def _conversation(setup: BackendSetup) -> GenerationBackend:
     )
 
 
+def _nanochat(setup: BackendSetup) -> GenerationBackend:
+    from inference.generation.nanochat import NanochatBackend
+
+    return NanochatBackend(setup.nanochat, setup.n_ctx)
+
+
 BACKENDS: dict[str, Callable[[BackendSetup], GenerationBackend]] = {
     "conversation": _conversation,
+    "nanochat": _nanochat,  # not a GGUF family: chosen by BackendSetup.nanochat
 }
 
 
 def backend_for(setup: BackendSetup) -> GenerationBackend:
-    """The backend the loaded model's family names."""
+    """The backend the loaded model's family names (a nanochat checkpoint's own)."""
+    if setup.nanochat is not None:
+        return BACKENDS["nanochat"](setup)
     family = setup.engine.family
     factory = BACKENDS.get(family.backend)
     if factory is None:

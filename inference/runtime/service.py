@@ -49,6 +49,7 @@ class ServeConfig:
     keepalive_every: float = 10.0  # seconds between keep-alives on an open stream with no events
     metrics: str = "open"  # GET /metrics: "open" (no key), "key" (needs --api-key) or "off"
     spec: bool = False  # speculative decoding
+    nanochat: str | None = None  # a nanochat checkpoint directory (--nanochat) instead of a GGUF
 
 
 class ConnectionGate:
@@ -95,6 +96,7 @@ class InferenceService:
             on_failure=on_failure,
             spec=config.spec,
             prefix_source=prefix_source,
+            nanochat=config.nanochat is not None,
         )
         self.connections = ConnectionGate(config.conns)
         self.stopping = False
@@ -102,6 +104,8 @@ class InferenceService:
     @classmethod
     def from_config(cls, config: ServeConfig, **kwargs) -> InferenceService:
         """Resolve the model file now (raises ModelFileError) but load it only on start()."""
+        if config.nanochat is not None:
+            return cls(config, Path(config.nanochat), **kwargs)
         return cls(config, resolve_model(config.model), **kwargs)
 
     @property
@@ -156,11 +160,20 @@ class InferenceService:
         than the context is a 400 that costs no model time."""
         from inference.generation.embeddings import prepare_embedding
 
-        down = self.unavailable()
+        down = self.unavailable() or self.embeddings_unavailable()
         if down is not None:
             return down
         backend = self.worker.backend
         return await asyncio.to_thread(prepare_embedding, backend.engine, backend.n_ctx, request)
+
+    def embeddings_unavailable(self) -> Error | None:
+        """A 400 when the loaded model serves no embeddings (a nanochat checkpoint has no
+        GGUF engine to embed with); None when it does."""
+        if self.worker.backend is not None and self.worker.backend.engine is None:
+            return Error(
+                400, f"model {self.model_id} serves no embeddings", code="invalid_value", param="model"
+            )
+        return None
 
     async def count_tokens(self, request: GenerationRequest) -> int | Error:
         """How many tokens the request's prompt takes (the context limit is not checked)."""
@@ -235,6 +248,9 @@ class InferenceService:
         backend = self.worker.backend
         if backend is None:
             return None
+        own = getattr(backend, "features", None)  # a backend without a GGUF family says its own
+        if own is not None:
+            return dataclasses.asdict(own())
         engine = backend.engine
         return dataclasses.asdict(engine.family.features(engine.chat_template.supports_tools))
 

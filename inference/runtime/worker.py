@@ -61,8 +61,10 @@ class InferenceWorker:
         on_failure: Callable[[str], None] | None = None,
         spec: bool = False,
         prefix_source: PrefixSource | None = None,
+        nanochat: bool = False,
     ):
-        self.model_path = model_path
+        self.model_path = model_path  # a GGUF file, or a nanochat checkpoint directory
+        self.nanochat = nanochat
         self.queue = queue
         self.requested_ctx = n_ctx
         self.kv_slots = max(kv_slots, batch)  # one resident cache per lockstep stream
@@ -118,35 +120,9 @@ class InferenceWorker:
         logger.info("worker stopped")
 
     def _load(self) -> bool:
-        from inference.engine.engine import Engine
-        from inference.engine.numba_cache import warm_up_notice
-
         t0 = time.perf_counter()
         try:
-            engine = Engine.load(self.model_path)
-            if self.prefix_source is not None:
-                self.prefix_source.check(engine)
-            n_ctx = min(self.requested_ctx, engine.config.n_ctx_train)
-            if n_ctx < self.requested_ctx:
-                logger.warning(
-                    "--ctx %d exceeds the model's training context; using %d", self.requested_ctx, n_ctx
-                )
-            if self.prefix_source is not None:  # a source made for another model is refused here
-                self.prefix_source.check(engine)
-            self.kv_slots = self._guard_kv_slots(engine, n_ctx)
-            if self.kv_slots < self.batch:
-                logger.warning(
-                    "--batch %d lowered to %d: a lockstep stream needs a KV slot of its own",
-                    self.batch,
-                    self.kv_slots,
-                )
-                self.batch = self.kv_slots
-            disk = self._disk_tier(engine)
-            setup = BackendSetup(engine, n_ctx, self.kv_slots, disk, self.prefix_source, spec=self.spec)
-            backend = backend_for(setup)
-            logger.info("%s", warm_up_notice())
-            backend.warm_up()
-            backend.release()
+            backend = self._nanochat_backend() if self.nanochat else self._gguf_backend()
         except PrefixMismatchError as exc:  # the user's mistake, named: no traceback
             logger.error("%s", exc)
             return self._failed(f"refusing to serve {self.model_path.name}: {exc}")
@@ -156,8 +132,52 @@ class InferenceWorker:
         self.backend = backend
         self.state = READY
         self.ready.set()
-        logger.info("model %s ready in %.1f s (ctx %d)", engine.model_id, time.perf_counter() - t0, n_ctx)
+        logger.info(
+            "model %s ready in %.1f s (ctx %d)", self.model_path.name, time.perf_counter() - t0, backend.n_ctx
+        )
         return True
+
+    def _gguf_backend(self) -> GenerationBackend:
+        """Load the GGUF file, size the KV tiers, build its family's backend and warm it up."""
+        from inference.engine.engine import Engine
+        from inference.engine.numba_cache import warm_up_notice
+
+        engine = Engine.load(self.model_path)
+        if self.prefix_source is not None:
+            self.prefix_source.check(engine)
+        n_ctx = min(self.requested_ctx, engine.config.n_ctx_train)
+        if n_ctx < self.requested_ctx:
+            logger.warning(
+                "--ctx %d exceeds the model's training context; using %d", self.requested_ctx, n_ctx
+            )
+        if self.prefix_source is not None:  # a source made for another model is refused here
+            self.prefix_source.check(engine)
+        self.kv_slots = self._guard_kv_slots(engine, n_ctx)
+        if self.kv_slots < self.batch:
+            logger.warning(
+                "--batch %d lowered to %d: a lockstep stream needs a KV slot of its own",
+                self.batch,
+                self.kv_slots,
+            )
+            self.batch = self.kv_slots
+        disk = self._disk_tier(engine)
+        setup = BackendSetup(engine, n_ctx, self.kv_slots, disk, self.prefix_source, spec=self.spec)
+        backend = backend_for(setup)
+        logger.info("%s", warm_up_notice())
+        backend.warm_up()
+        backend.release()
+        return backend
+
+    def _nanochat_backend(self) -> GenerationBackend:
+        """Load the nanochat checkpoint directory (``--nanochat``): its own engine, one
+        request at a time, every request on a fresh cache."""
+        from inference.engine.nanochat_checkpoint import load_checkpoint
+
+        checkpoint = load_checkpoint(self.model_path)
+        self.batch = 1
+        backend = backend_for(BackendSetup(None, self.requested_ctx, nanochat=checkpoint))
+        backend.warm_up()
+        return backend
 
     def _failed(self, message: str) -> bool:
         """The model cannot be served: fail waiting jobs and report ``message``."""

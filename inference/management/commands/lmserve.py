@@ -58,6 +58,31 @@ def refuse_batch_with_fleet(batch: int, fleet: str | None) -> None:
         )
 
 
+def nanochat_directory(options: dict):
+    """The --nanochat directory, checked now; every flag it cannot honour a CommandError."""
+    from inference.engine.nanochat_checkpoint import NanochatCheckpointError, check_directory
+
+    clashes = {
+        "a MODEL argument": (options.get("model") is not None, "--nanochat DIR is the model"),
+        "--spec": (options.get("spec"), "nanochat decodes without speculation"),
+        "--batch > 1": ((options.get("batch") or 1) > 1, "nanochat serves one request at a time"),
+        "--kv-slots > 1": ((options.get("kv_slots") or 1) > 1, "nanochat keeps no KV rows across requests"),
+        "--kv-cache-dir": (options.get("kv_cache_dir"), "nanochat keeps no KV rows across requests"),
+        "--cartridge": (options.get("cartridge"), "nanochat runs behind no KV prefix"),
+        "--prefix-source": (options.get("prefix_source"), "nanochat runs behind no KV prefix"),
+        "--fleet": (options.get("fleet"), "nanochat runs behind no KV prefix"),
+    }
+    given = [(flag, why) for flag, (value, why) in clashes.items() if value]
+    if given:
+        flags = ", ".join(flag for flag, _ in given)
+        reasons = "; ".join(dict.fromkeys(why for _, why in given))
+        raise CommandError(f"--nanochat excludes {flags}: {reasons}")
+    try:
+        return check_directory(options["nanochat"])
+    except NanochatCheckpointError as exc:
+        raise CommandError(str(exc)) from exc
+
+
 WILDCARD_ADDRESSES = frozenset({"", "0.0.0.0", "::", "[::]"})
 
 
@@ -135,7 +160,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "model",
             nargs="?",
-            default=settings.LMSERVE_MODEL,
+            default=None,
             help="GGUF file, or a model name in LMSERVE_MODELS_DIR (default: LMSERVE_MODEL, else the "
             "bundled SmolLM2-135M-Instruct)",
         )
@@ -271,16 +296,33 @@ class Command(BaseCommand):
             "(default: %(default)s)",
         )
         self.add_fleet_arguments(parser)
+        parser.add_argument(
+            "--nanochat",
+            default=None,
+            metavar="DIR",
+            help="serve a nanochat checkpoint instead of a GGUF: DIR holds model.safetensors and "
+            "tokenizer.bin (the reference port's formats). Its own engine and chat protocol: no "
+            "system role, its built-in calculator tool, no grammar, one request at a time on a "
+            "fresh cache. Excludes MODEL and the KV, batch and speculation flags (default: none)",
+        )
 
     def handle(self, *args, **options):
         refuse_batch_with_fleet(options["batch"], options.get("fleet"))
         settings.ALLOWED_HOSTS = allowed_hosts(options["host"], options["allowed_hosts"])
+        if options["nanochat"]:
+            return self.serve(options, nanochat_directory(options), prefix_source=None)
+        model = options["model"] if options["model"] is not None else settings.LMSERVE_MODEL
         try:
-            model_path = resolve_model(options["model"] or "")
+            model_path = resolve_model(model or "")
         except ModelFileError as exc:
             raise CommandError(str(exc)) from exc
         # Refusals before anything else: a fleet's flags, then a cartridge file that cannot be read.
         prefix_source = self.fleet_source(options, model_path) or prefix_source_from(options)
+        options["model"] = model
+        self.serve(options, model_path, prefix_source)
+
+    def serve(self, options: dict, model_path, prefix_source: PrefixSource | None) -> None:
+        """Serve ``model_path`` (a GGUF, or the --nanochat directory) until stopped."""
         prepare_database(self.stdout)
         config = ServeConfig(
             model=options["model"] or "",
@@ -298,6 +340,7 @@ class Command(BaseCommand):
             keepalive_every=options["keepalive"],
             metrics=options["metrics"],
             spec=options["spec"],
+            nanochat=str(model_path) if options["nanochat"] else None,
         )
         service = InferenceService(config, model_path, prefix_source=prefix_source)
         install(service)
