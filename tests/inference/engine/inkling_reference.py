@@ -73,8 +73,13 @@ class ReferenceInkling:
         tau = 1.0
         if not s.local[layer] and s.log_n_floor > 0:
             tau = 1.0 + s.log_alpha * math.log(max((pos + 1) / s.log_n_floor, 1.0))
-        q_heads = [rms(q[i * hd : (i + 1) * hd], w[p + "attn_q_norm.weight"], self.EPS) * tau for i in range(s.n_heads)]
-        k_heads = np.stack([rms(k[i * hd : (i + 1) * hd], w[p + "attn_k_norm.weight"], self.EPS) for i in range(kvh)])
+        q_heads = [
+            rms(q[i * hd : (i + 1) * hd], w[p + "attn_q_norm.weight"], self.EPS) * tau
+            for i in range(s.n_heads)
+        ]
+        k_heads = np.stack(
+            [rms(k[i * hd : (i + 1) * hd], w[p + "attn_k_norm.weight"], self.EPS) for i in range(kvh)]
+        )
         self.keys[layer].append(k_heads.astype(np.float16).astype(np.float64))
         self.values[layer].append(v.reshape(kvh, hd).astype(np.float16).astype(np.float64))
         rel_proj = w[p + "attn_rel_proj.weight"]  # (d_rel, extent)
