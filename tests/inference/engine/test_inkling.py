@@ -203,3 +203,10 @@ def test_reasoning_routes_from_content_thinking_to_content_text(think_engine):
     prompt = think_engine.encode_chat(messages, enable_thinking=False)
     ids = list(think_engine.generate(think_engine.new_cache(128), prompt, SamplingParams(), 40))
     assert _route(think_engine, ids, reasoning=True) == ("", ANSWER_TEXT)
+
+
+def test_the_conversation_backend_serves_it_without_reuse_or_speculation(think_engine):
+    from inference.generation.backends import BackendSetup, backend_for
+
+    backend = backend_for(BackendSetup(think_engine, n_ctx=128, spec=True))
+    assert backend.kv_reuse is False and backend.speculator is None and backend.supports_reasoning
