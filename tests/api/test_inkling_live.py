@@ -88,3 +88,15 @@ def test_an_image_part_is_a_400_naming_it(oai):
     assert caught.value.status_code == 400
     error = caught.value.body
     assert error["param"] == "messages[0].content[1].type" and "image input" in error["message"]
+
+
+def test_the_generate_command_shows_the_blocks_and_decodes_plainly_under_spec(synthetic_dir):
+    from tests.fixtures.synthetic_inkling import THINK_REPLY
+    from tests.inference.test_commands import generate
+
+    path = str(inkling_path("inkling-think", synthetic_dir))
+    done = generate(path, "--chat", "--prompt", "Hi", "--max-tokens", "40", "--spec")
+    assert done.returncode == 0, done.stderr
+    # The routing markers show, the structural <|end_message|> does not.
+    assert done.stdout.strip() == THINK_REPLY.replace("<|end_message|>", "")
+    assert "spec:" not in done.stderr
