@@ -210,3 +210,25 @@ def test_the_conversation_backend_serves_it_without_reuse_or_speculation(think_e
 
     backend = backend_for(BackendSetup(think_engine, n_ctx=128, spec=True))
     assert backend.kv_reuse is False and backend.speculator is None and backend.supports_reasoning
+
+
+PRE_TOKENIZER_CASES = [  # fucina src/llm/tokenizer.zig, "inkling pretokenizer" test
+    ("Hello world", ["Hello", " world"]),
+    ("HELLO", ["HELLO"]),
+    ("e\u0301clair", ["e\u0301clair"]),  # a combining mark joins the word
+    ("A\u00c9B", ["A\u00c9", "B"]),  # a non-ASCII letter is of both cases
+    ("\u0301AB", ["\u0301", "AB"]),
+    ("can'T", ["can'T"]),
+    ("1234", ["123", "4"]),
+    ("hi.\n/x", ["hi", ".\n/", "x"]),
+    ("  \n  x", ["  \n", " ", " x"]),
+    (" !!", [" !!"]),
+    (" 5", [" ", "5"]),
+]
+
+
+@pytest.mark.parametrize(("text", "words"), PRE_TOKENIZER_CASES)
+def test_the_inkling_pre_tokenizer_splits_as_the_reference(text, words):
+    from inference.engine.tokenizer.pretokenizers import PreTokenizer
+
+    assert PreTokenizer("inkling").split(text) == words
