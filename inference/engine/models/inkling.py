@@ -33,7 +33,7 @@ from ..layers import rms_norm
 from .base import DecoderModel, linear, stack_linears, stacked_linears
 from .inkling_ffn import InklingMoE, swiglu
 from .inkling_shapes import InklingShape, inkling_config, inkling_shape
-from .inkling_state import ConvGeometry, InklingCache, short_conv
+from .inkling_state import SITES, ConvGeometry, InklingCache, short_conv
 
 QKVR = ("attn_q", "attn_k", "attn_v", "attn_r")
 
@@ -61,8 +61,14 @@ class InklingModel(DecoderModel):
                 f"{self.file.path}: {p}attn_rel_proj is {rel.shape}, expected {(s.d_rel, extent)}"
             )
         layer["rel_proj"] = rel  # (d_rel, extent)
-        for site in ("k", "v", "attn", "mlp"):
-            layer["conv_" + site] = self.vector(f"{p}shortconv_{site}.weight")  # (width, K)
+        kv_width = s.kv_heads[i] * s.head_dim
+        for site, width in zip(SITES, (kv_width, kv_width, self.config.n_embd, self.config.n_embd)):
+            kernel = self.vector(f"{p}shortconv_{site}.weight")  # (width, K)
+            if kernel.shape != (width, s.taps):
+                raise GGUFError(
+                    f"{self.file.path}: {p}shortconv_{site} is {kernel.shape}, expected {(width, s.taps)}"
+                )
+            layer["conv_" + site] = kernel
         layer["gscale"] = np.float32(self.vector(p + "ffn_gscale.weight").reshape(-1)[0])
         if i < s.dense_layers:
             for name in ("ffn_gate", "ffn_up", "ffn_down"):
