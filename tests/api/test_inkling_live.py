@@ -54,6 +54,19 @@ def test_reasoning_routes_to_reasoning_content(oai):
     assert (reasoning, content) == (THINK_TEXT, ANSWER_TEXT)
 
 
+def test_responses_and_messages_route_it_too(oai, claude):
+    response = oai.responses.create(
+        model="m", input="Hi", max_output_tokens=40, temperature=0, reasoning={"effort": "medium"}
+    )
+    assert [item.type for item in response.output] == ["reasoning", "message"]
+    assert (response.output[0].content[0].text, response.output_text) == (THINK_TEXT, ANSWER_TEXT)
+    message = claude.messages.create(
+        model="m", max_tokens=40, messages=ASK, thinking={"type": "enabled", "budget_tokens": 1024}
+    )
+    blocks = {block.type: block for block in message.content}
+    assert (blocks["thinking"].thinking, blocks["text"].text) == (THINK_TEXT, ANSWER_TEXT)
+
+
 def test_reasoning_off_answers_at_once(oai):
     reply = oai.chat.completions.create(model="m", messages=ASK, max_tokens=40)  # the family's sampling
     message = reply.choices[0].message
