@@ -92,9 +92,11 @@ class InklingModel(DecoderModel):
     def _residual_layers(self, tokens: list[int], cache: KVCache) -> np.ndarray:
         if not isinstance(cache, InklingCache):
             raise TypeError("inkling needs its own cache (InklingModel.new_cache)")
-        cache.check_conv(cache.n_positions)
+        start = cache.n_positions
+        cache.check_conv(start)
+        cache.conv_at = None  # a forward that fails halfway leaves the state unusable, and says so
         x = super()._residual_layers(tokens, cache)  # (n, n_embd)
-        cache.advance_conv(len(tokens))
+        cache.conv_at = start + len(tokens)
         return x
 
     def forward_layers(self, tokens: list[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:

@@ -60,10 +60,6 @@ class InklingCache(KVCache):
                 "rolls forward, so a conversation cannot be cut back (no KV reuse, no speculation)"
             )
 
-    def advance_conv(self, n: int) -> None:
-        """The forward that just ran moved the rolling state ``n`` positions on."""
-        self.conv_at = (self.conv_at or 0) + n
-
     def _clear_conv(self) -> None:
         for states in self.conv_state:
             for state in states:

@@ -266,3 +266,20 @@ def test_logits_and_greedy_path_match_the_reference_implementation(engine, refer
         for token in case["greedy"]:
             assert logits.max() - logits[token] < tolerance
             logits = engine.decode_one(cache, token)
+
+
+def test_a_forward_that_fails_halfway_leaves_the_state_refused(think_engine, monkeypatch):
+    cache = think_engine.new_cache(32)
+    think_engine.prefill(cache, [5, 6, 7])
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(think_engine.model.layers[-1]["moe"], "route", broken)
+    with pytest.raises(RuntimeError, match="boom"):
+        think_engine.decode_one(cache, 8)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="cannot be cut back"):
+        think_engine.decode_one(cache, 8)
+    cache.truncate(0)  # what a failed stream's slot reset does
+    assert np.isfinite(think_engine.prefill(cache, [5, 6, 7])).any()
