@@ -283,3 +283,34 @@ def test_a_forward_that_fails_halfway_leaves_the_state_refused(think_engine, mon
         think_engine.decode_one(cache, 8)
     cache.truncate(0)  # what a failed stream's slot reset does
     assert np.isfinite(think_engine.prefill(cache, [5, 6, 7])).any()
+
+
+def test_a_lockstep_batch_streams_what_requests_alone_stream(synthetic_dir):
+    # The conversation backend serves Inkling in lockstep (--batch): every stream in a fresh
+    # slot, the same events as each request served alone (with and without reasoning).
+    from inference.generation.backend import ConversationBackend
+    from inference.generation.stream import BatchItem
+    from inference.types import GenerationRequest, Message, SamplingOverrides
+    from tests.inference.generation.test_backend import RecordingSink
+
+    engine = Engine.load(inkling_path("inkling", synthetic_dir))
+    greedy = SamplingOverrides(temperature=0.0)
+    requests = [
+        GenerationRequest((Message("user", text),), greedy, max_tokens=6, reasoning=reasoning)
+        for text, reasoning in (("Hi there", True), ("What is two plus two?", False), ("Hi", False))
+    ]
+    backend = ConversationBackend(engine, n_ctx=128, kv_slots=3)
+    alone = []
+    for request in requests:
+        backend.generate(request, backend.validate(request), sink := RecordingSink())
+        alone.append(sink.events)
+    sinks = [RecordingSink() for _ in requests]
+    items = [BatchItem(r, backend.validate(r), s) for r, s in zip(requests, sinks, strict=True)]
+    backend.generate_batch(items)
+    assert [s.events for s in sinks] == alone
+    assert all(
+        events[-1].usage.cached_tokens == 0 and events[-1].usage.completion_tokens == 6 for events in alone
+    )
+    assert any(isinstance(e, ReasoningDelta) for e in alone[0]) or any(
+        isinstance(e, TextDelta) for e in alone[0]
+    )
