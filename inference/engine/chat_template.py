@@ -24,11 +24,20 @@ Fallback when the file has no template (``ChatTemplate.is_fallback``), as the fa
   ``<|turn>{role}\\n{content}<turn|>\\n`` with ``assistant`` spelled ``model``; the
   generation prompt ``<|turn>model\\n`` and an empty thought channel
   (``<|channel>thought\\n<channel|>``), so the model answers without reasoning.
+- ``inkling``: Inkling's wire format of typed blocks over special tokens, as the reference
+  renders it (fucina ``src/llm/inkling/chat.zig``, byte-exact with llama.cpp's rendering of
+  ``Inkling.jinja``): each message ``{opener}<|content_text|>{content}<|end_message|>`` with
+  openers ``<|message_system|>``, ``<|message_user|>``, ``<|message_model|>``, an assistant
+  message followed by ``<|content_model_end_sampling|>``; the line ``Thinking effort level:
+  0.9`` as a system message of its own just before the first non-system message (at the end
+  when there is none); the generation prompt ``<|message_model|>``, plus ``<|content_text|>``
+  when ``enable_thinking`` is false (the model then answers without a thinking block). Other
+  roles are an error.
 - ``chatml`` (every other family): ChatML, ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per
   message and ``<|im_start|>assistant\\n`` as the generation prompt, without a default system
   prompt.
 
-In both fallbacks a content given as a list of parts contributes its ``text`` parts.
+In every fallback a content given as a list of parts contributes its ``text`` parts.
 """
 
 from __future__ import annotations
@@ -101,8 +110,35 @@ CHATML_FALLBACK = (
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}
 """
 )
+INKLING_FALLBACK = (
+    _CONTENT_MACRO
+    + """
+{%- set ns = namespace(effort=false) -%}
+{%- set effort = '<|message_system|><|content_text|>Thinking effort level: 0.9<|end_message|>' -%}
+{%- set openers = {'system': '<|message_system|>', 'user': '<|message_user|>',
+                   'assistant': '<|message_model|>'} -%}
+{%- for message in messages -%}
+  {%- if message.role not in openers -%}
+    {{- raise_exception('inkling has no ' + message.role + ' role (system, user and assistant only)') -}}
+  {%- endif -%}
+  {%- if message.role != 'system' and not ns.effort -%}{{- effort -}}{%- set ns.effort = true -%}{%- endif -%}
+  {{- openers[message.role] + '<|content_text|>' + text_of(message.content) + '<|end_message|>' -}}
+  {%- if message.role == 'assistant' -%}{{- '<|content_model_end_sampling|>' -}}{%- endif -%}
+{%- endfor -%}
+{%- if not ns.effort -%}{{- effort -}}{%- endif -%}
+{%- if add_generation_prompt -%}
+  {{- '<|message_model|>' -}}
+  {%- if enable_thinking is defined and not enable_thinking -%}{{- '<|content_text|>' -}}{%- endif -%}
+{%- endif -%}
+"""
+)
 # The documented fallbacks for a GGUF without a template, by the name a family gives.
-FALLBACKS = {"chatml": CHATML_FALLBACK, "gemma": GEMMA_FALLBACK, "gemma4": GEMMA4_FALLBACK}
+FALLBACKS = {
+    "chatml": CHATML_FALLBACK,
+    "gemma": GEMMA_FALLBACK,
+    "gemma4": GEMMA4_FALLBACK,
+    "inkling": INKLING_FALLBACK,
+}
 
 
 class ChatTemplateError(ValueError):

@@ -100,6 +100,12 @@ class Engine:
         # The vocabulary's end-of-generation ids plus the family's own stop tokens.
         extra = {tokenizer.token_id(text) for text in family.stop_tokens}
         self.stop_ids: frozenset[int] = tokenizer.eog_ids | frozenset(i for i in extra if i is not None)
+        # The family's think markers stay visible in the reply text even where they are control
+        # tokens (inkling's typed blocks), so the emitter can route the block they open.
+        markers = (family.think.open, family.think.close) if family.think is not None else ()
+        self._shown_ids = frozenset(
+            i for i in map(tokenizer.token_id, markers) if i is not None and tokenizer.is_control(i)
+        )
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Engine:
@@ -161,13 +167,18 @@ class Engine:
             text, add_bos=self.tokenizer.add_bos, parse_special=True, plain_mark=mark
         )
 
+    def reply_bytes(self, token: int) -> bytes:
+        """A generated token's bytes as the reply text holds them: control tokens are none,
+        except the family's think markers (see ``__init__``)."""
+        return self.tokenizer.token_bytes(token, special=token in self._shown_ids)
+
     def encode_prompt(self, text: str) -> list[int]:
         """Tokenize a whole prompt: special tokens parsed, BOS as the model's metadata says."""
         return self.tokenizer.encode(text, add_bos=self.tokenizer.add_bos, parse_special=True)
 
     # -- compute ---------------------------------------------------------------------------
     def new_cache(self, n_ctx: int) -> KVCache:
-        return KVCache(self.config.kv_geometry, n_ctx)
+        return self.model.new_cache(n_ctx)
 
     def prefill(self, cache: KVCache, tokens: Sequence[int]) -> np.ndarray:
         """Append ``tokens`` to ``cache``; return the logits after the last one (vocab,)."""

@@ -15,6 +15,7 @@ from .gguf_file import GGUFError, GGUFFile
 from .models import DecoderModel
 from .models.gemma3 import Gemma3Model
 from .models.gemma4 import Gemma4Model
+from .models.inkling import InklingModel
 from .models.llama import LlamaModel
 from .models.qwen2 import Qwen2Model
 from .models.qwen3 import Qwen3Model
@@ -44,6 +45,10 @@ class ToolConvention:
 LLAMA_CPP_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
 QWEN3_SAMPLING = SamplingParams(temperature=0.7, top_k=20, top_p=0.8)
 QWEN_THINK = ThinkTags("<think>", "</think>")
+# The reference serves Inkling with these (backend_inkling.zig: coherent without client overrides).
+INKLING_SAMPLING = SamplingParams(temperature=0.7, top_p=0.9)
+# Inkling's reply opens a thinking block and then a text block (typed blocks, docs/FAMILIES.md).
+INKLING_THINK = ThinkTags("<|content_thinking|>", "<|content_text|>")
 HERMES_TOOLS = ToolConvention("hermes", "<tool_call>", "</tool_call>")
 CONVERSATION_BACKEND = "conversation"
 
@@ -114,6 +119,16 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3moe", Qwen3MoeModel, sampling=QWEN3_SAMPLING, think=QWEN_THINK, tools=HERMES_TOOLS),
         Family("gemma3", Gemma3Model, template_fallback="gemma"),
         Family("gemma4", Gemma4Model, template_fallback="gemma4", stop_tokens=("<turn|>", "<eos>")),
+        Family(
+            "inkling",
+            InklingModel,
+            template_fallback="inkling",
+            sampling=INKLING_SAMPLING,
+            think=INKLING_THINK,
+            stop_tokens=("<|content_model_end_sampling|>",),
+            kv_reuse=False,
+            spec=False,
+        ),  # fmt: skip
     )
 }
 

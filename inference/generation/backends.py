@@ -67,8 +67,10 @@ class BackendSetup:
 
 
 def _conversation(setup: BackendSetup) -> GenerationBackend:
+    # --spec on a family whose forward cannot verify and cut back (inkling) decodes plainly.
+    spec = setup.spec and setup.engine.family.spec
     return ConversationBackend(
-        setup.engine, setup.n_ctx, setup.kv_slots, setup.disk, setup.prefix_source, spec=setup.spec
+        setup.engine, setup.n_ctx, setup.kv_slots, setup.disk, setup.prefix_source, spec=spec
     )
 
 

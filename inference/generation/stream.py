@@ -184,7 +184,7 @@ class DecodeStream:
         stats.generated_tokens += 1
         self.history.append(token)
         completed = constraint is not None and constraint.accept(token)
-        for event in self.emitter.feed(self.engine.tokenizer.token_bytes(token)):
+        for event in self.emitter.feed(self.engine.reply_bytes(token)):
             self.sink.push(event)
         if self.emitter.stopped or completed or stats.generated_tokens >= self.prompt.max_tokens:
             return self._finish()

@@ -73,6 +73,16 @@ QWEN2 = (
     _CONTRACTIONS_ANY_CASE
     + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Inkling (llama.cpp PR #25731's LLAMA_VOCAB_PRE_TYPE_INKLING): o200k's regex with \p{M} added to
+# both word classes, so combining marks attach to the letters they follow.
+_O200K_UPPER = r"((?=[\p{L}\p{M}])([^a-z]))"
+_O200K_LOWER = r"((?=[\p{L}\p{M}])([^A-Z]))"
+_O200K_SUFFIX = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+INKLING = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_O200K_UPPER}*{_O200K_LOWER}+{_O200K_SUFFIX}"
+    rf"|[^\r\n\p{{L}}\p{{N}}]?{_O200K_UPPER}+{_O200K_LOWER}*{_O200K_SUFFIX}"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 DEFAULT = [r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"]
 
 # tokenizer.ggml.pre values, grouped as llama.cpp's llm_tokenizer_bpe groups them
@@ -90,6 +100,7 @@ PRE_REGEXES: dict[str, list[str]] = {
     **dict.fromkeys(_QWEN2_NAMES.split(), [QWEN2]),
     **dict.fromkeys(_SMOLLM_NAMES.split(), [r"\p{N}", GPT2]),
     **dict.fromkeys(_GPT2_NAMES.split(), [GPT2]),
+    "inkling": [INKLING],
     "default": DEFAULT,
     "": DEFAULT,
 }

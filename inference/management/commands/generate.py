@@ -70,17 +70,18 @@ class Command(BaseCommand):
         stats = GenerationStats()
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         out = sys.stdout
-        decode = Speculator(engine).generate if opts["spec"] else engine.generate
+        speculate = opts["spec"] and engine.family.spec  # a family that cannot cut back decodes plainly
+        decode = Speculator(engine).generate if speculate else engine.generate
         try:
             tokens = decode(cache, prompt, params, opts["max_tokens"], opts["ignore_eos"], stats)
             for token in tokens:
-                out.write(decoder.decode(engine.tokenizer.token_bytes(token)))
+                out.write(decoder.decode(engine.reply_bytes(token)))
                 out.flush()
         except ContextFullError as exc:
             raise CommandError(str(exc)) from exc
         out.write(decoder.decode(b"", final=True) + "\n")
         out.flush()
-        spec = f"; spec: {stats.spec_accepted}/{stats.spec_drafted} accepted" if opts["spec"] else ""
+        spec = f"; spec: {stats.spec_accepted}/{stats.spec_drafted} accepted" if speculate else ""
         sys.stderr.write(stats_line(stats) + spec + "\n")
 
 
