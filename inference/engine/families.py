@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from .gguf_file import GGUFError, GGUFFile
 from .models import DecoderModel
+from .models.diffusion_gemma import DiffusionGemmaModel
 from .models.gemma3 import Gemma3Model
 from .models.gemma4 import Gemma4Model
 from .models.llama import LlamaModel
@@ -114,6 +115,17 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3moe", Qwen3MoeModel, sampling=QWEN3_SAMPLING, think=QWEN_THINK, tools=HERMES_TOOLS),
         Family("gemma3", Gemma3Model, template_fallback="gemma"),
         Family("gemma4", Gemma4Model, template_fallback="gemma4", stop_tokens=("<turn|>", "<eos>")),
+        Family(
+            "diffusion-gemma",
+            DiffusionGemmaModel,
+            template_fallback="gemma4",
+            stop_tokens=("<turn|>", "<eos>", "<|tool_response>"),
+            kv_reuse=False,
+            backend="diffusion",
+            grammar=False,
+            batch=False,
+            spec=False,
+        ),
     )
 }
 

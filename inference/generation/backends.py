@@ -16,6 +16,7 @@ from typing import Protocol
 
 from inference.engine.engine import Engine
 from inference.generation.backend import ConversationBackend, Sink
+from inference.generation.diffusion import DiffusionBackend
 from inference.kv.disk import SidecarStore
 from inference.kv.prefix_source import PrefixSource
 from inference.kv.slots import SlotPool
@@ -70,8 +71,13 @@ def _conversation(setup: BackendSetup) -> GenerationBackend:
     )
 
 
+def _diffusion(setup: BackendSetup) -> GenerationBackend:
+    return DiffusionBackend(setup.engine, setup.n_ctx)
+
+
 BACKENDS: dict[str, Callable[[BackendSetup], GenerationBackend]] = {
     "conversation": _conversation,
+    "diffusion": _diffusion,
 }
 
 
