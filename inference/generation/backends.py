@@ -72,6 +72,8 @@ def _conversation(setup: BackendSetup) -> GenerationBackend:
 
 
 def _diffusion(setup: BackendSetup) -> GenerationBackend:
+    if setup.prefix_source is not None:  # refused at start-up rather than ignored per request
+        raise ValueError("a diffusion model cannot run behind a KV prefix (--cartridge, --fleet)")
     return DiffusionBackend(setup.engine, setup.n_ctx)
 
 

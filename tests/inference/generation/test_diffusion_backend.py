@@ -91,3 +91,8 @@ def test_a_hang_up_stops_after_the_block_in_hand(backend):
     sink = RecordingSink(cancel_after=1)
     _, produced = run(backend, GenerationRequest(HELLO, sampling=SEEDED, max_tokens=3 * CANVAS), sink)
     assert produced == CANVAS and len(sink.events) == 1  # one block, no Finish: the client left
+
+
+def test_a_kv_prefix_is_refused_at_start_up(engine):
+    with pytest.raises(ValueError, match="cannot run behind a KV prefix"):
+        backend_for(BackendSetup(engine, n_ctx=256, prefix_source=object()))
