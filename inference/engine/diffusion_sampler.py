@@ -119,10 +119,15 @@ def repetition_onset(tokens: np.ndarray) -> int | None:
 
 
 def denoise(
-    model: DiffusionGemmaModel, cache: KVCache, rng: np.random.Generator, eb: EntropyBound
+    model: DiffusionGemmaModel,
+    cache: KVCache,
+    rng: np.random.Generator,
+    eb: EntropyBound,
+    cancelled: Callable[[], bool] = lambda: False,
 ) -> tuple[np.ndarray, int]:
     """Denoise one canvas after what ``cache`` holds; returns the canvas (C,) and the steps
-    run. The cache's committed rows are unchanged."""
+    run (fewer when ``cancelled()`` turned true between steps: the canvas is then unfinished).
+    The cache's committed rows are unchanged."""
     c, vocab = model.diffusion.canvas_length, model.config.vocab_size
     use_sc = model.self_cond is not None
     canvas = rng.integers(0, vocab, c)  # (C,)
@@ -136,6 +141,8 @@ def denoise(
         held = held + 1 if previous is not None and np.array_equal(previous, draw.argmax) else 0
         previous = draw.argmax
         if held >= eb.stability_threshold and draw.entropy.mean() < eb.confidence_threshold:
+            break
+        if cancelled():  # a step of a large model takes long: the client may leave meanwhile
             break
     return previous, step + 1
 
@@ -156,7 +163,10 @@ def generate_blocks(
     model.encode(prompt, cache)
     produced, index = 0, 0
     while produced < max_tokens and not cancelled():
-        canvas, steps = denoise(model, cache, np.random.default_rng((seed + index) % (1 << 64)), eb)
+        rng = np.random.default_rng((seed + index) % (1 << 64))
+        canvas, steps = denoise(model, cache, rng, eb, cancelled)
+        if cancelled():
+            return
         index += 1
         cut = next((i for i, t in enumerate(canvas) if int(t) in stop_ids), None)
         if cut is None:

@@ -7,13 +7,14 @@ what block diffusion cannot honour (a JSON schema, stop strings, a temperature, 
 
 from __future__ import annotations
 
+import anthropic
 import httpx
 import openai
 import pytest
 
 from inference.engine.diffusion_sampler import generate_blocks
 from inference.engine.engine import Engine
-from tests.api.conftest import API_KEY, chat_stream_text, start_lmserve
+from tests.api.conftest import API_KEY, anthropic_text, chat_stream_text, responses_stream_text, start_lmserve
 from tests.fixtures.synthetic_diffusion_gemma import CANVAS, diffusion_gemma_path
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -73,6 +74,18 @@ def test_a_stream_carries_one_delta_per_committed_block(oai, expected_blocks):
     assert reply.choices[0].message.content == chat_stream_text(chunks)
     finish = "length" if reply.usage.completion_tokens == MAX_TOKENS else "stop"
     assert reply.choices[0].finish_reason == finish
+
+
+def test_the_other_dialects_stream_the_same_blocks(oai, claude, expected_blocks):
+    text = "".join(expected_blocks)
+    events = list(oai.responses.create(model="m", input=MESSAGES, max_output_tokens=MAX_TOKENS,
+                                       extra_body={"seed": SEED}, stream=True))  # fmt: skip
+    assert responses_stream_text(events) == text
+    # Anthropic Messages has no seed: a reply of whole blocks, its stop sequences refused.
+    message = claude.messages.create(model="m", messages=MESSAGES, max_tokens=CANVAS)
+    assert anthropic_text(message) and 0 < message.usage.output_tokens <= CANVAS
+    with pytest.raises(anthropic.BadRequestError, match="stop"):
+        claude.messages.create(model="m", messages=MESSAGES, max_tokens=8, stop_sequences=["\n"])
 
 
 @pytest.mark.parametrize(

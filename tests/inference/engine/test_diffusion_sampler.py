@@ -144,3 +144,13 @@ def test_an_unsure_model_runs_every_step():
     assert canvas.tolist() == [0] * CANVAS  # the argmax of uniform rows: the first id
     cancelled = generate_blocks(model, FakeCache(), [1], 100, frozenset(), seed=1, cancelled=lambda: True)
     assert list(cancelled) == []
+
+
+def test_a_hang_up_between_steps_ends_the_block_loop_unfinished():
+    model = ScriptedModel(unsure=True)
+
+    def cancelled() -> bool:
+        return model.forwards >= 2  # the client leaves during the second step
+
+    assert list(generate_blocks(model, FakeCache(), [1], 100, frozenset(), seed=1, cancelled=cancelled)) == []
+    assert model.forwards == 2  # not the six steps of a whole canvas
