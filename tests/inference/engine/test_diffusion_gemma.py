@@ -5,10 +5,9 @@ engine's quants), and computes both passes in float64 from the definitions (refe
 implementation ``src/llm/diffusion_gemma/model.zig``, llama.cpp's diffusion-gemma graph): the
 causal encoder pass with ``enc_layer_output_scale``, then the bidirectional canvas pass with
 ``layer_output_scale``, the SWA reach "last window - 1 committed rows + the whole canvas", and
-the self-conditioning MLP. The engine rounds activations to int8 for its products and the
-cache to f16, so the logits agree to within that rounding, not bit for bit (no llama.cpp
-knows the architecture to record goldens from).
-"""
+the self-conditioning MLP; it emulates the roundings llama.cpp applies (and the engine
+reproduces), so the two agree to a fraction of a percent per layer and a few percent end to
+end, not bit for bit (no llama.cpp here knows the architecture to record goldens from)."""
 
 from __future__ import annotations
 
@@ -177,10 +176,8 @@ class Reference:
 
 def assert_close(ours: np.ndarray, ref: np.ndarray, what: str) -> None:
     """Agreement to the rounding the two sides do differently (llama.cpp's, which the engine
-    reproduces: int8 sums, f16 LUT GELU, f16 attention probabilities): 1% of the largest value.
-    The whole forward is compared layer by layer from the same inputs: scale-1 attention
-    over rms-normed random q and k is so sharp that a last-digit difference early on flips
-    which key dominates later, and end-to-end logits part far more than any layer does."""
+    reproduces: int8 sums, f16 LUT GELU, f16 attention probabilities): 1% of the largest value,
+    each layer from the same inputs (end to end the differences accumulate, see below)."""
     err, top = np.abs(ours - ref).max(), np.abs(ref).max()
     assert err < 0.01 * top, f"{what}: max |diff| {err:.4f} against max |value| {top:.3f}"
 
@@ -243,6 +240,29 @@ def run_canvas(model, reference, cache, canvas, sc) -> np.ndarray:
     logits = model.canvas_forward(canvas, cache, sc)
     assert_close(logits, reference.head(x.astype(np.float64)), "logits")
     return logits
+
+
+def test_canvas_logits_match_the_reference_end_to_end(engine, reference):
+    """The whole path (prompt encoded, canvas pass, then a step with self-conditioning) from
+    tokens to logits, each side on its own: the rounding differences accumulate to a few
+    percent of the largest logit (observed: 2.2-2.5%), and the argmax rows agree."""
+    cache = engine.new_cache(128)
+    engine.model.encode(PROMPT, cache)
+    x = reference.embed(PROMPT)
+    for i in range(engine.config.n_layers):
+        x = reference.layer(i, x, 0, canvas=False)
+    canvas = np.random.default_rng(3).integers(0, engine.config.vocab_size, CANVAS)
+    sc = None
+    for step in range(2):
+        ours = engine.model.canvas_forward(canvas, cache, sc)
+        x = reference.canvas_embed(canvas, sc)
+        for i in range(engine.config.n_layers):
+            x = reference.layer(i, x, len(PROMPT), canvas=True)
+        expected = reference.head(x)
+        err, top = np.abs(ours - expected).max(), np.abs(expected).max()
+        assert err < 0.04 * top, f"step {step}: max |diff| {err:.3f} against max |logit| {top:.3f}"
+        assert np.mean(ours.argmax(axis=1) == expected.argmax(axis=1)) >= 0.9
+        sc = sampler_pass(ours, 0.8, np.full(CANVAS, 0.5), collect_sc=True).sc
 
 
 def test_canvas_attention_is_bidirectional_and_the_prompt_causal(engine):
