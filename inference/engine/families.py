@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from .gguf_file import GGUFError, GGUFFile
 from .models import DecoderModel
+from .models.diffusion_gemma import DiffusionGemmaModel
 from .models.gemma3 import Gemma3Model
 from .models.gemma4 import Gemma4Model
 from .models.inkling import InklingModel
@@ -129,6 +130,17 @@ FAMILIES: dict[str, Family] = {
             kv_reuse=False,
             spec=False,
         ),  # fmt: skip
+        Family(
+            "diffusion-gemma",
+            DiffusionGemmaModel,
+            template_fallback="gemma4",
+            stop_tokens=("<turn|>", "<eos>", "<|tool_response>"),
+            kv_reuse=False,
+            backend="diffusion",
+            grammar=False,
+            batch=False,
+            spec=False,
+        ),
     )
 }
 

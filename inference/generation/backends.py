@@ -17,6 +17,7 @@ from typing import Protocol
 from inference.engine.engine import Engine
 from inference.engine.nanochat_checkpoint import NanochatCheckpoint
 from inference.generation.backend import ConversationBackend, Sink
+from inference.generation.diffusion import DiffusionBackend
 from inference.kv.disk import SidecarStore
 from inference.kv.prefix_source import PrefixSource
 from inference.kv.slots import SlotPool
@@ -80,9 +81,16 @@ def _nanochat(setup: BackendSetup) -> GenerationBackend:
     return NanochatBackend(setup.nanochat, setup.n_ctx)
 
 
+def _diffusion(setup: BackendSetup) -> GenerationBackend:
+    if setup.prefix_source is not None:  # refused at start-up rather than ignored per request
+        raise ValueError("a diffusion model cannot run behind a KV prefix (--cartridge, --fleet)")
+    return DiffusionBackend(setup.engine, setup.n_ctx)
+
+
 BACKENDS: dict[str, Callable[[BackendSetup], GenerationBackend]] = {
     "conversation": _conversation,
     "nanochat": _nanochat,  # not a GGUF family: chosen by BackendSetup.nanochat
+    "diffusion": _diffusion,
 }
 
 

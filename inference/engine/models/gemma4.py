@@ -136,6 +136,19 @@ class Gemma4Model(DecoderModel):
 
     def self_attention(self, layer: int, w: dict, h: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
         c, s, n = self.config, self.shapes[layer], h.shape[0]
+        q, keys, values = self.project_qkv(layer, w, h, cache, start)
+        out = np.empty((n, c.n_heads, s.head_dim), np.float32)  # (n, heads, hd)
+        window = c.sliding_window if s.local else 0
+        attend_rows(q, keys.view(np.uint16), values.view(np.uint16), start, window, np.float32(1.0), out)
+        return linear(w["attn_output"], out.reshape(n, -1))
+
+    def project_qkv(
+        self, layer: int, w: dict, h: np.ndarray, cache: KVCache, start: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rotated queries (n, heads, hd) of the normed input h at positions start..start+n,
+        and the layer's cache rows (kvh, ctx, hd) as views, this run's k and v rows written into
+        them (a shared-kv layer writes none; nothing is committed)."""
+        c, s, n = self.config, self.shapes[layer], h.shape[0]
         cos, sin = self.rope_table(s, start, n)
         q = linear(w["attn_q"], h).reshape(n, c.n_heads, s.head_dim)
         q = apply_rope(rms_norm(q, w["attn_q_norm"], c.norm_eps), cos, sin, ROPE_NEOX)  # (n, heads, hd)
@@ -150,10 +163,7 @@ class Gemma4Model(DecoderModel):
             v = rms_norm(v.reshape(n, s.n_kv_heads, s.head_dim), ONES, c.norm_eps)
             keys[:, start : start + n] = apply_rope(k, cos, sin, ROPE_NEOX).transpose(1, 0, 2)
             values[:, start : start + n] = v.transpose(1, 0, 2)
-        out = np.empty((n, c.n_heads, s.head_dim), np.float32)  # (n, heads, hd)
-        window = c.sliding_window if s.local else 0
-        attend_rows(q, keys.view(np.uint16), values.view(np.uint16), start, window, np.float32(1.0), out)
-        return linear(w["attn_output"], out.reshape(n, -1))
+        return q, keys, values
 
     def forward_layers(self, tokens: list[int], cache: KVCache, all_logits: bool = False) -> np.ndarray:
         logits = super().forward_layers(tokens, cache, all_logits)  # (vocab,) or (n, vocab)

@@ -34,8 +34,10 @@ def test_the_generic_backend_serves_the_default_family(engine):
 
 
 def test_a_family_naming_an_unknown_backend_is_a_clear_error(engine):
-    with pytest.raises(ValueError, match="'llama' names generation backend 'diffusion'.*known: conversation"):
-        backend_for(BackendSetup(with_family(engine, backend="diffusion"), n_ctx=128))
+    with pytest.raises(
+        ValueError, match="'llama' names generation backend 'nowhere'.*known: conversation, diffusion"
+    ):
+        backend_for(BackendSetup(with_family(engine, backend="nowhere"), n_ctx=128))
 
 
 class RecurrentBackend(ConversationBackend):
