@@ -6,7 +6,9 @@ them block by block, so a reply streams one text delta per committed block. What
 serving offers and a denoiser cannot honour is refused on the connection side with a 400
 naming the parameter: a grammar (response_format, forced tool calls: token masking has no
 seam in the denoiser), stop strings and ignore_eos (a block ends at its first end-of-generation
-token), and sampling fields other than ``seed`` (the temperature schedule is the model's own).
+token). Sampling fields other than ``seed`` are accepted and ignored, as the reference
+server does: the temperature schedule is the model's own, and clients (SDKs, the chat page)
+send a temperature by habit.
 Tools and reasoning are refused by the dialects (this backend reports neither). Every request
 starts on a fresh cache: no KV reuse, no slots.
 """
@@ -34,17 +36,6 @@ from inference.types import (
 
 logger = logging.getLogger("lmserve.diffusion")
 
-# Sampling fields the denoiser cannot take (its schedule comes from the model); seed it can.
-SAMPLING_REFUSED = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repeat_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-)
-
 
 def unsupported(param: str, why: str) -> Error:
     return Error(400, f"'{param}' {why}", code="unsupported_parameter", param=param)
@@ -60,11 +51,6 @@ def refusal(request: GenerationRequest) -> Error | None:
         return unsupported(
             "ignore_eos", "cannot be honoured: a diffusion model ends at end-of-generation tokens"
         )
-    for name in SAMPLING_REFUSED:
-        if getattr(request.sampling, name) is not None:
-            return unsupported(
-                name, "cannot be honoured: a diffusion model samples on its own schedule (seed only)"
-            )
     return None
 
 
