@@ -92,7 +92,9 @@ GEMMA4_FALLBACK = (
 {%- for message in messages[ns.first:] -%}
   {%- if message.role == 'system' -%}{{- raise_exception('system messages must come first') -}}{%- endif -%}
   {%- set text = text_of(message.content) -%}
-  {%- if message.role == 'assistant' and '<channel|>' in text -%}{%- set text = text.split('<channel|>')[-1] -%}{%- endif -%}
+  {%- if message.role == 'assistant' and '<channel|>' in text -%}
+    {%- set text = text.split('<channel|>')[-1] -%}
+  {%- endif -%}
   {{- '<|turn>' + ('model' if message.role == 'assistant' else message.role) + '\\n' -}}
   {{- (text | trim) + '<turn|>\\n' -}}
 {%- endfor -%}

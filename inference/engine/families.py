@@ -121,7 +121,11 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3moe", Qwen3MoeModel, sampling=QWEN3_SAMPLING, think=QWEN_THINK, tools=HERMES_TOOLS),
         Family("gemma3", Gemma3Model, template_fallback="gemma"),
         Family(
-            "gemma4", Gemma4Model, template_fallback="gemma4", think=GEMMA4_THINK, stop_tokens=("<turn|>", "<eos>")
+            "gemma4",
+            Gemma4Model,
+            template_fallback="gemma4",
+            think=GEMMA4_THINK,
+            stop_tokens=("<turn|>", "<eos>"),
         ),
     )
 }
