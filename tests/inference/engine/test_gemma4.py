@@ -9,12 +9,14 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from inference.engine.engine import Engine
 from inference.engine.gguf_file import GGUFError
+from inference.engine.models.gemma4_ple import PerLayerInject, PerLayerInputs
 from inference.engine.models.gemma4_shapes import layer_shapes
 from tests.fixtures.synthetic_gemma4 import SPECS, gemma4_path
 from tests.inference.engine.test_invariance import (  # noqa: F401  (collected here with this module's engine)
@@ -144,3 +146,24 @@ def test_metadata_errors_name_the_problem():
         layer_shapes(FakeFile(**{"attention.value_length": 64}), 4)
     scalar = layer_shapes(FakeFile(**{"attention.sliding_window_pattern": 2}), 4)  # every 2nd global
     assert [s.local for s in scalar] == [True, False, True, False]
+
+
+class TensorFile:
+    """Just the tensors the per-layer embedding loader reads, all of the given shape."""
+
+    path = "fake.gguf"
+
+    def __init__(self, shape):
+        self.shape = shape
+
+    def tensor(self, name):
+        return SimpleNamespace(name=name, shape=self.shape, type=0, data=np.zeros(self.shape, np.float32))
+
+
+def test_per_layer_embedding_shapes_are_checked():
+    with pytest.raises(
+        GGUFError, match=r"per_layer_token_embd.weight has shape \(10, 383\), expected \(10, 384\)"
+    ):
+        PerLayerInputs(TensorFile((10, 383)), n_layers=6, n_embd=256, width=64, vocab=10)
+    with pytest.raises(GGUFError, match=r"blk.2.inp_gate.weight has shape \(64, 255\), expected \(64, 256\)"):
+        PerLayerInject(TensorFile((64, 255)), 2, n_embd=256, width=64)
