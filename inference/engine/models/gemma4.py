@@ -72,8 +72,9 @@ class Gemma4Model(DecoderModel):
         self.rope_factors = self.optional_vector("rope_freqs.weight")  # global layers' frequency factors
         global_rot = max((s.n_rot for s in self.shapes if not s.local), default=0)
         if self.rope_factors is not None and len(self.rope_factors) < global_rot // 2:
+            n_factors = len(self.rope_factors)
             raise GGUFError(
-                f"{f.path}: rope_freqs has {len(self.rope_factors)} entries, global layers rotate {global_rot}"
+                f"{f.path}: rope_freqs has {n_factors} entries, global layers rotate {global_rot}"
             )
         self.ple_width = int(f.arch_value("embedding_length_per_layer_input", 0))
         if self.ple_width < 0 or (self.ple_width == 0 and f.has_tensor("per_layer_token_embd.weight")):
