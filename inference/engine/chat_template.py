@@ -18,12 +18,14 @@ Fallback when the file has no template (``ChatTemplate.is_fallback``), as the fa
   leading system message is folded into the first turn as ``{system}\\n\\n`` before its
   content (or becomes a user turn of its own when nothing follows it); the generation prompt
   is ``<start_of_turn>model\\n``. Role alternation is not enforced.
-- ``gemma4``: Gemma 4's turns, as its released template renders them without tools or
-  thinking: ``bos_token``; leading system messages (trimmed, joined by a blank line) as one
+- ``gemma4``: Gemma 4's turns, as its released template renders them without tools:
+  ``bos_token``; leading system messages (trimmed, joined by a blank line) as one
   ``<|turn>system\\n...<turn|>\\n`` turn, a later system message an error; each message
-  ``<|turn>{role}\\n{content}<turn|>\\n`` with ``assistant`` spelled ``model``; the
-  generation prompt ``<|turn>model\\n`` and an empty thought channel
-  (``<|channel>thought\\n<channel|>``), so the model answers without reasoning.
+  ``<|turn>{role}\\n{content}<turn|>\\n`` with ``assistant`` spelled ``model`` (an earlier
+  reply's thought channel cut off, up to its ``<channel|>``); the generation prompt
+  ``<|turn>model\\n`` and an empty thought channel (``<|channel>thought\\n<channel|>``), so
+  the model answers without reasoning. With ``enable_thinking`` the system turn (opened even
+  without system messages) starts with ``<|think|>\\n`` and the thought channel is the model's.
 - ``inkling``: Inkling's wire format of typed blocks over special tokens, as the reference
   renders it (fucina ``src/llm/inkling/chat.zig``, byte-exact with llama.cpp's rendering of
   ``Inkling.jinja``): each message ``{opener}<|content_text|>{content}<|end_message|>`` with
@@ -92,13 +94,22 @@ GEMMA4_FALLBACK = (
     {%- set ns.first = ns.first + 1 -%}
   {%- endif -%}
 {%- endfor -%}
-{%- if ns.first -%}{{- '<|turn>system\\n' + ns.system | join('\\n\\n') + '<turn|>\\n' -}}{%- endif -%}
+{%- set think = enable_thinking is defined and enable_thinking -%}
+{%- if ns.first or think -%}
+  {{- '<|turn>system\\n' + ('<|think|>\\n' if think else '') + ns.system | join('\\n\\n') + '<turn|>\\n' -}}
+{%- endif -%}
 {%- for message in messages[ns.first:] -%}
   {%- if message.role == 'system' -%}{{- raise_exception('system messages must come first') -}}{%- endif -%}
+  {%- set text = text_of(message.content) -%}
+  {%- if message.role == 'assistant' and '<channel|>' in text -%}
+    {%- set text = text.split('<channel|>')[-1] -%}
+  {%- endif -%}
   {{- '<|turn>' + ('model' if message.role == 'assistant' else message.role) + '\\n' -}}
-  {{- (text_of(message.content) | trim) + '<turn|>\\n' -}}
+  {{- (text | trim) + '<turn|>\\n' -}}
 {%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<|turn>model\\n<|channel>thought\\n<channel|>' -}}{%- endif -%}
+{%- if add_generation_prompt -%}
+  {{- '<|turn>model\\n' + ('' if think else '<|channel>thought\\n<channel|>') -}}
+{%- endif -%}
 """
 )
 CHATML_FALLBACK = (

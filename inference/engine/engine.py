@@ -101,8 +101,11 @@ class Engine:
         extra = {tokenizer.token_id(text) for text in family.stop_tokens}
         self.stop_ids: frozenset[int] = tokenizer.eog_ids | frozenset(i for i in extra if i is not None)
         # The family's think markers stay visible in the reply text even where they are control
-        # tokens (inkling's typed blocks), so the emitter can route the block they open.
-        markers = (family.think.open, family.think.close) if family.think is not None else ()
+        # tokens (inkling's typed blocks), so the emitter can route the block they open. A family
+        # whose markers are spelled out of several tokens (``ThinkTags.special``, gemma4) shows
+        # its control tokens only while the think head is open (generation/stream.py).
+        think = family.think
+        markers = (think.open, think.close) if think is not None and not think.special else ()
         self._shown_ids = frozenset(
             i for i in map(tokenizer.token_id, markers) if i is not None and tokenizer.is_control(i)
         )

@@ -26,10 +26,15 @@ from .sampler import SamplingParams
 
 @dataclass(frozen=True)
 class ThinkTags:
-    """The markers around the reasoning block a family's replies may open with."""
+    """The markers around the reasoning block a family's replies may open with.
+
+    ``special``: texts of control tokens the markers are made of. Control tokens render as
+    nothing in reply text; these are rendered as their text while the reply may still open or
+    close its think block, so the emitter can see the markers (Gemma 4's channel tokens)."""
 
     open: str
     close: str
+    special: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,8 @@ QWEN_THINK = ThinkTags("<think>", "</think>")
 INKLING_SAMPLING = SamplingParams(temperature=0.7, top_p=0.9)
 # Inkling's reply opens a thinking block and then a text block (typed blocks, docs/FAMILIES.md).
 INKLING_THINK = ThinkTags("<|content_thinking|>", "<|content_text|>")
+# Gemma 4 writes its reasoning in a thought channel: <|channel>thought\n...<channel|>answer.
+GEMMA4_THINK = ThinkTags("<|channel>thought\n", "<channel|>", special=("<|channel>", "<channel|>"))
 HERMES_TOOLS = ToolConvention("hermes", "<tool_call>", "</tool_call>")
 CONVERSATION_BACKEND = "conversation"
 
@@ -119,7 +126,13 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3", Qwen3Model, sampling=QWEN3_SAMPLING, think=QWEN_THINK, tools=HERMES_TOOLS),
         Family("qwen3moe", Qwen3MoeModel, sampling=QWEN3_SAMPLING, think=QWEN_THINK, tools=HERMES_TOOLS),
         Family("gemma3", Gemma3Model, template_fallback="gemma"),
-        Family("gemma4", Gemma4Model, template_fallback="gemma4", stop_tokens=("<turn|>", "<eos>")),
+        Family(
+            "gemma4",
+            Gemma4Model,
+            template_fallback="gemma4",
+            think=GEMMA4_THINK,
+            stop_tokens=("<turn|>", "<eos>"),
+        ),
         Family(
             "inkling",
             InklingModel,
@@ -129,7 +142,7 @@ FAMILIES: dict[str, Family] = {
             stop_tokens=("<|content_model_end_sampling|>",),
             kv_reuse=False,
             spec=False,
-        ),  # fmt: skip
+        ),
         Family(
             "diffusion-gemma",
             DiffusionGemmaModel,

@@ -198,6 +198,11 @@ class ReplyEmitter:
         return self.text.stopped
 
     @property
+    def in_think_head(self) -> bool:
+        """Whether text fed now may still open, fill or close the think block."""
+        return self.router is not None and self.router.thinking
+
+    @property
     def stopped_by(self) -> str | None:
         return self.text.stopped_by
 

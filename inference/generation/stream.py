@@ -93,6 +93,10 @@ class DecodeStream:
             # the client's text: neither has a think head.
             think=family.think if request.constraint is None and not request.prefill else None,
         )
+        # Control tokens the think markers are made of: rendered while the think head is open.
+        think = family.think
+        markers = (self.engine.tokenizer.token_id(text) for text in (think.special if think else ()))
+        self._marker_ids = frozenset(i for i in markers if i is not None)
         self.sampler = Sampler(request.sampling.resolve(backend.defaults))
         self.history = list(prompt.tokens)
         self.constraint: TokenConstraint | None = None
@@ -184,7 +188,13 @@ class DecodeStream:
         stats.generated_tokens += 1
         self.history.append(token)
         completed = constraint is not None and constraint.accept(token)
-        for event in self.emitter.feed(self.engine.reply_bytes(token)):
+        in_head_marker = token in self._marker_ids and self.emitter.in_think_head
+        text = (
+            self.engine.tokenizer.token_bytes(token, special=True)
+            if in_head_marker
+            else self.engine.reply_bytes(token)
+        )
+        for event in self.emitter.feed(text):
             self.sink.push(event)
         if self.emitter.stopped or completed or stats.generated_tokens >= self.prompt.max_tokens:
             return self._finish()

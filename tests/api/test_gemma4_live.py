@@ -19,7 +19,7 @@ MESSAGES = [
     {"role": "user", "content": "What is the capital of France?"},
 ]
 MAX_TOKENS = 12
-FEATURES = dict(tools=False, reasoning=False, grammar=True, kv_reuse=True, batch=True, spec=True)
+FEATURES = dict(tools=False, reasoning=True, grammar=True, kv_reuse=True, batch=True, spec=True)
 
 
 @pytest.fixture(scope="module")

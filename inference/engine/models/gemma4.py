@@ -6,7 +6,7 @@ GeGLU experts beside the dense MLP (gemma4_moe.py).
 Layer code is numpy (``block``): the fused forward has no stage for unequal layer shapes, a v
 norm or experts. Each step is computed per row in a fixed order, so a row's logits do not
 depend on which rows share its forward (tests/inference/engine/test_invariance.py).
-Per-layer embeddings (the E2B/E4B checkpoints' ``per_layer_token_embd``) are refused at load.
+Per-layer embeddings (the E2B/E4B checkpoints' ``per_layer_token_embd``) are gemma4_ple.py's.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from ..kv_cache import KVCache
 from ..layers import ROPE_NEOX, apply_rope, rms_norm
 from .base import DecoderModel, linear
 from .gemma4_moe import ExpertFFN
+from .gemma4_ple import PerLayerInject, PerLayerInputs
 from .gemma4_shapes import LayerShape, gemma4_config, layer_shapes
 from .kernels import attend_rows
 from .rowops import gelu_tanh_f16
@@ -56,12 +57,6 @@ class Gemma4Model(DecoderModel):
     rope_style = ROPE_NEOX
 
     def __init__(self, f: GGUFFile):
-        if int(f.arch_value("embedding_length_per_layer_input", 0)) > 0 or f.has_tensor(
-            "per_layer_token_embd.weight"
-        ):
-            raise GGUFError(
-                f"{f.path}: Gemma 4 per-layer embeddings (E2B/E4B checkpoints) are not supported yet"
-            )
         n_layers = int(f.require(f"{f.architecture}.block_count"))
         self.shapes: list[LayerShape] = layer_shapes(f, n_layers)
         config = gemma4_config(
@@ -77,9 +72,18 @@ class Gemma4Model(DecoderModel):
         self.rope_factors = self.optional_vector("rope_freqs.weight")  # global layers' frequency factors
         global_rot = max((s.n_rot for s in self.shapes if not s.local), default=0)
         if self.rope_factors is not None and len(self.rope_factors) < global_rot // 2:
+            n_factors = len(self.rope_factors)
             raise GGUFError(
-                f"{f.path}: rope_freqs has {len(self.rope_factors)} entries, global layers rotate {global_rot}"
+                f"{f.path}: rope_freqs has {n_factors} entries, global layers rotate {global_rot}"
             )
+        self.ple_width = int(f.arch_value("embedding_length_per_layer_input", 0))
+        if self.ple_width < 0 or (self.ple_width == 0 and f.has_tensor("per_layer_token_embd.weight")):
+            raise GGUFError(f"{f.path}: per_layer_token_embd needs embedding_length_per_layer_input > 0")
+        self.per_layer_inputs = (
+            PerLayerInputs(f, n_layers, config.n_embd, self.ple_width, config.vocab_size)
+            if self.ple_width
+            else None
+        )
         self.layers = [self.load_layer(i) for i in range(n_layers)]
         self.fused = None  # see the module docstring
 
@@ -97,6 +101,8 @@ class Gemma4Model(DecoderModel):
         if self.file.has_tensor(p + "ffn_gate_inp.weight"):
             layer["experts"] = ExpertFFN(self.file, i, self.config.n_experts_used, self.config.n_ff_expert)
             layer.update({name: self.vector(f"{p}{name}.weight") for name in MOE_NORMS})
+        if self.ple_width:
+            layer["ple"] = PerLayerInject(self.file, i, self.config.n_embd, self.ple_width)
         out_scale = self.optional_vector(p + "layer_output_scale.weight")
         layer["out_scale"] = None if out_scale is None else np.float32(out_scale.reshape(-1)[0])
         return layer
@@ -105,12 +111,30 @@ class Gemma4Model(DecoderModel):
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         return super().embed(tokens) * self.embed_scale  # (n, n_embd)
 
-    def block(self, layer: int, x: np.ndarray, cache: KVCache, start: int) -> np.ndarray:
+    def block(
+        self, layer: int, x: np.ndarray, cache: KVCache, start: int, per_layer_input: np.ndarray | None = None
+    ) -> np.ndarray:
+        """One layer over x (n, n_embd); per_layer_input (n, width): its per-layer embedding rows."""
         w, eps = self.layers[layer], self.config.norm_eps
         h = self.self_attention(layer, w, rms_norm(x, w["attn_norm"], eps), cache, start)
         x = rms_norm(h, w["post_attention_norm"], eps) + x
         x = rms_norm(self.feed_forward(w, x), w["post_ffw_norm"], eps) + x
+        if per_layer_input is not None:  # after the FFN residual, before the output scale
+            x = w["ple"](x, per_layer_input, eps)
         return x if w["out_scale"] is None else x * w["out_scale"]
+
+    def _residual_layers(self, tokens: list[int], cache: KVCache) -> np.ndarray:
+        """The base class's layer loop, plus each layer's per-layer embedding rows when the
+        file has them (they depend on the tokens and their scaled embedding only)."""
+        if self.per_layer_inputs is None:
+            return super()._residual_layers(tokens, cache)
+        start, ids = cache.n_positions, np.asarray(tokens, dtype=np.int64)
+        x = self.embed(ids)  # (n, n_embd)
+        inputs = self.per_layer_inputs(ids, x, self.config.norm_eps)  # (n_layers, n, width)
+        for layer in range(self.config.n_layers):
+            x = self.block(layer, x, cache, start, inputs[layer])
+        cache.commit(tokens)
+        return x
 
     def feed_forward(self, w: dict, x: np.ndarray) -> np.ndarray:
         """The dense GeGLU MLP on the residual x (n, n_embd); in a MoE layer, plus the experts."""

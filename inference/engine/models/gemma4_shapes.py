@@ -117,7 +117,7 @@ def gemma4_config(f: GGUFFile, shapes: list[LayerShape], **overrides) -> ModelCo
         architecture=arch,
         n_layers=len(shapes),
         n_embd=int(f.require(f"{arch}.embedding_length")),
-        n_ff=int(f.arch_value("feed_forward_length", 0)),
+        n_ff=max(int(v) for v in per_layer(f, "feed_forward_length", len(shapes), 0)),  # E2B: per layer
         n_heads=int(n_heads[0]),
         n_kv_heads=max(s.n_kv_heads for s in shapes),
         head_dim_k=widest,

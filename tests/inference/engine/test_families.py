@@ -71,7 +71,7 @@ def test_features_follow_the_family_and_the_template():
     assert qwen3 == Features(tools=True, reasoning=True, grammar=True, kv_reuse=True, batch=True, spec=True)
     assert FAMILIES["qwen3"].features(template_renders_tools=False).tools is False  # no declarations
     gemma4 = FAMILIES["gemma4"].features(template_renders_tools=True)
-    assert (gemma4.tools, gemma4.reasoning, gemma4.kv_reuse) == (False, False, True)
+    assert (gemma4.tools, gemma4.reasoning, gemma4.kv_reuse) == (False, True, True)
     recurrent = dataclasses.replace(FAMILIES["qwen3"], kv_reuse=False, batch=False, spec=False)
     assert dataclasses.astuple(recurrent.features(True)) == (True, True, True, False, False, False)
     assert FEATURE_NAMES == ("tools", "reasoning", "grammar", "kv_reuse", "batch", "spec")

@@ -9,13 +9,14 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from inference.engine.engine import Engine
 from inference.engine.gguf_file import GGUFError
-from inference.engine.models.gemma4 import Gemma4Model
+from inference.engine.models.gemma4_ple import PerLayerInject, PerLayerInputs
 from inference.engine.models.gemma4_shapes import layer_shapes
 from tests.fixtures.synthetic_gemma4 import SPECS, gemma4_path
 from tests.inference.engine.test_invariance import (  # noqa: F401  (collected here with this module's engine)
@@ -36,7 +37,7 @@ def with_window(engine: Engine, window: int) -> Engine:
     return engine
 
 
-@pytest.fixture(scope="module", params=["gemma4", "gemma4-moe", "gemma4-narrow-window"])
+@pytest.fixture(scope="module", params=["gemma4", "gemma4-moe", "gemma4-ple", "gemma4-narrow-window"])
 def engine(request, synthetic_dir) -> Engine:
     name = request.param.removesuffix("-narrow-window")
     loaded = Engine.load(gemma4_path(name, synthetic_dir))
@@ -64,6 +65,23 @@ def test_layer_geometry_follows_the_metadata(synthetic_dir):
     assert "attn_v" not in model.layers[3] and "attn_k" not in model.layers[4]
     geometry = model.config.kv_geometry  # the widest layer's rows hold every layer's
     assert (geometry.n_kv_heads, geometry.head_dim_k) == (2, spec.head_global)
+
+
+def test_per_layer_embeddings_and_widths_follow_the_file(synthetic_dir):
+    engine = Engine.load(gemma4_path("gemma4-ple", synthetic_dir))
+    model, spec = engine.model, SPECS["gemma4-ple"]
+    assert (
+        model.ple_width == spec.n_ple and model.per_layer_inputs.tok_embd.cols == spec.n_layers * spec.n_ple
+    )
+    assert [w["ffn_gate"].rows for w in model.layers] == list(spec.n_ff_layers)
+    tokens = [2, 818, 63937, 64222, 1234]
+    inputs = model.per_layer_inputs(np.array(tokens), model.embed(np.array(tokens)), model.config.norm_eps)
+    assert inputs.shape == (spec.n_layers, len(tokens), spec.n_ple)
+    with_ple = engine.verify(engine.new_cache(8), tokens)  # (5, vocab)
+    model.per_layer_inputs = None  # the same layers without their per-layer rows (a fresh load)
+    without = engine.verify(engine.new_cache(8), tokens)
+    # Each position's logits move (the per-layer rows reach every layer's residual stream).
+    assert all(np.abs(with_ple[i] - without[i]).max() > 0.1 for i in range(len(tokens)))
 
 
 def test_logits_are_soft_capped(synthetic_dir):
@@ -128,5 +146,24 @@ def test_metadata_errors_name_the_problem():
         layer_shapes(FakeFile(**{"attention.value_length": 64}), 4)
     scalar = layer_shapes(FakeFile(**{"attention.sliding_window_pattern": 2}), 4)  # every 2nd global
     assert [s.local for s in scalar] == [True, False, True, False]
-    with pytest.raises(GGUFError, match="per-layer embeddings .* not supported"):
-        Gemma4Model(FakeFile(embedding_length_per_layer_input=256))
+
+
+class TensorFile:
+    """Just the tensors the per-layer embedding loader reads, all of the given shape."""
+
+    path = "fake.gguf"
+
+    def __init__(self, shape):
+        self.shape = shape
+
+    def tensor(self, name):
+        return SimpleNamespace(name=name, shape=self.shape, type=0, data=np.zeros(self.shape, np.float32))
+
+
+def test_per_layer_embedding_shapes_are_checked():
+    with pytest.raises(
+        GGUFError, match=r"per_layer_token_embd.weight has shape \(10, 383\), expected \(10, 384\)"
+    ):
+        PerLayerInputs(TensorFile((10, 383)), n_layers=6, n_embd=256, width=64, vocab=10)
+    with pytest.raises(GGUFError, match=r"blk.2.inp_gate.weight has shape \(64, 255\), expected \(64, 256\)"):
+        PerLayerInject(TensorFile((64, 255)), 2, n_embd=256, width=64)
