@@ -167,7 +167,7 @@ class Engine:
 
     # -- compute ---------------------------------------------------------------------------
     def new_cache(self, n_ctx: int) -> KVCache:
-        return KVCache(self.config.kv_geometry, n_ctx)
+        return self.model.new_cache(n_ctx)
 
     def prefill(self, cache: KVCache, tokens: Sequence[int]) -> np.ndarray:
         """Append ``tokens`` to ``cache``; return the logits after the last one (vocab,)."""

@@ -19,6 +19,8 @@ from .models.llama import LlamaModel
 from .models.qwen2 import Qwen2Model
 from .models.qwen3 import Qwen3Model
 from .models.qwen3moe import Qwen3MoeModel
+from .models.qwen35 import Qwen35Model
+from .models.qwen35moe import Qwen35MoeModel
 from .sampler import SamplingParams
 
 
@@ -43,9 +45,12 @@ class ToolConvention:
 # llama.cpp's defaults: what a family gets when neither it nor the GGUF recommends anything.
 LLAMA_CPP_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
 QWEN3_SAMPLING = SamplingParams(temperature=0.7, top_k=20, top_p=0.8)
+# Qwen3.5's model card, thinking mode (the GGUF's general.sampling.* keys win when present).
+QWEN35_SAMPLING = SamplingParams(temperature=1.0, top_k=20, top_p=0.95, min_p=0.0)
 QWEN_THINK = ThinkTags("<think>", "</think>")
 HERMES_TOOLS = ToolConvention("hermes", "<tool_call>", "</tool_call>")
 CONVERSATION_BACKEND = "conversation"
+RECURRENT_BACKEND = "recurrent"
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,9 @@ class Family:
     from the cached rows of an earlier one (false for recurrent state, which cannot be cut back
     to a token prefix); ``backend`` names the generation loop in ``inference.generation``'s
     backend registry; ``grammar``, ``batch`` and ``spec`` say whether its backend constrains
-    output, and whether its forward takes several caches at once or verifies a run."""
+    output, and whether its forward takes several caches at once or verifies a run;
+    ``think_prefilled``: the generation prompt already opens the think block (Qwen3.5/3.6), so
+    the reply starts inside it and the backend feeds the opener to the reply's think router."""
 
     architecture: str
     model: type[DecoderModel]
@@ -91,6 +98,7 @@ class Family:
     grammar: bool = True
     batch: bool = True
     spec: bool = True
+    think_prefilled: bool = False
 
     def features(self, template_renders_tools: bool) -> Features:
         """The family's features for a file whose chat template does (or does not) render
@@ -113,6 +121,21 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3", Qwen3Model, sampling=QWEN3_SAMPLING, think=QWEN_THINK, tools=HERMES_TOOLS),
         Family("qwen3moe", Qwen3MoeModel, sampling=QWEN3_SAMPLING, think=QWEN_THINK, tools=HERMES_TOOLS),
         Family("gemma3", Gemma3Model, template_fallback="gemma"),
+        *(
+            Family(
+                arch,
+                model,
+                sampling=QWEN35_SAMPLING,
+                think=QWEN_THINK,
+                tools=HERMES_TOOLS,
+                think_prefilled=True,
+                kv_reuse=False,
+                backend=RECURRENT_BACKEND,
+                batch=False,
+                spec=False,
+            )
+            for arch, model in (("qwen35", Qwen35Model), ("qwen35moe", Qwen35MoeModel))
+        ),  # fmt: skip
         Family("gemma4", Gemma4Model, template_fallback="gemma4", stop_tokens=("<turn|>", "<eos>")),
     )
 }

@@ -107,6 +107,11 @@ class DecoderModel(ABC):
     def optional_vector(self, name: str) -> np.ndarray | None:
         return self.vector(name) if self.file.has_tensor(name) else None
 
+    def new_cache(self, n_ctx: int) -> KVCache:
+        """An empty per-conversation cache of ``n_ctx`` positions (a family with recurrent
+        state returns a cache that carries it too)."""
+        return KVCache(self.config.kv_geometry, n_ctx)
+
     # -- the fused forward -----------------------------------------------------------------
     def step_layers(self) -> list[LayerWeights] | None:
         """Every layer's weights as the fused forward takes them; None: the family has none."""
