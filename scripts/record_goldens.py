@@ -38,7 +38,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from inference.engine.gguf_file import GGUFFile  # noqa: E402
-from tests.fixtures import synthetic_gemma4  # noqa: E402
+from tests.fixtures import synthetic_gemma4, synthetic_qwen35  # noqa: E402
 from tests.fixtures.synthetic_gguf import (  # noqa: E402
     GENERATOR_VERSION,
     SPECS,
@@ -98,7 +98,7 @@ def chat_prompt(model_path: Path) -> str:
 
 
 REAL_MODELS = {"smollm2": "smollm2", "gemma3-270m": "gemma3", "qwen2.5-coder-0.5b": "qwen2.5"}
-SYNTHETIC_NAMES = (*SYNTHETIC_ARCHS, *synthetic_gemma4.SPECS)
+SYNTHETIC_NAMES = (*SYNTHETIC_ARCHS, *synthetic_gemma4.SPECS, *synthetic_qwen35.SPECS)
 ALL_NAMES = (*REAL_MODELS, *(f"synthetic-{arch}" for arch in SYNTHETIC_NAMES))
 
 
@@ -219,7 +219,9 @@ def self_spread(logits: np.ndarray, alternates: list[np.ndarray], top: np.ndarra
 
 def prompts_for(name: str, path: Path) -> list[tuple[str, str]]:
     prompts = [("chat", chat_prompt(path)), ("prose", PROSE), ("code", CODE)]
-    if "gemma3" in name:
+    if "qwen35" in name:  # Qwen3.5's generation prompt opens the think block itself
+        prompts[0] = ("chat", CHATML + "<think>\n")
+    if "gemma3" in name or "qwen35" in name:  # long enough for many DeltaNet steps, two ubatches of 512
         prompts.append(("long", long_prompt()))
     return prompts
 
@@ -248,9 +250,9 @@ def record_model(name: str, path: Path, synthetic: bool) -> dict:
     )
     if synthetic:
         key = name.removeprefix("synthetic-")
-        gemma4 = key in synthetic_gemma4.SPECS
-        golden["generator_version"] = synthetic_gemma4.GENERATOR_VERSION if gemma4 else GENERATOR_VERSION
-        golden["synthetic_arch"] = key if gemma4 else SPECS[key].arch  # what synthetic_path takes
+        own = next((m for m in (synthetic_gemma4, synthetic_qwen35) if key in m.SPECS), None)
+        golden["generator_version"] = own.GENERATOR_VERSION if own else GENERATOR_VERSION
+        golden["synthetic_arch"] = key if own else SPECS[key].arch  # what synthetic_path takes
     for r in [recorder, *others]:
         r.llm.close()
     return golden
