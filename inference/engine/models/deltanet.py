@@ -72,8 +72,9 @@ class HybridCache(KVCache):
 
     Token bookkeeping is KVCache's. The recurrent state summarises every token so far, so the
     cache can only be kept whole or emptied: ``truncate`` to the current length is a no-op, to
-    zero a reset, and anything else is refused (a caller that needs a shorter prefix must
-    start again from an empty cache)."""
+    zero a reset, and anything else is refused; ``common_prefix`` is all cached tokens when a
+    prompt continues them and 0 otherwise (so ``Engine.reuse_prefix`` either runs on or starts
+    again from an empty cache)."""
 
     def __init__(self, geometry: KVGeometry, n_ctx: int, shape: DeltaNetShape, n_linear: int):
         super().__init__(geometry, n_ctx)
@@ -92,6 +93,12 @@ class HybridCache(KVCache):
             )
         super().truncate(0)
         self.recurrent.reset()
+
+    def common_prefix(self, tokens: list[int]) -> int:
+        """The cached tokens if ``tokens`` continues them (the state then runs on), else 0: a
+        shorter match is of no use, since the state cannot be cut back to it."""
+        n = self.n_tokens
+        return n if len(tokens) > n and super().common_prefix(tokens) == n else 0
 
     def install_prefix(self, prefix, key: str = "") -> None:
         if prefix is not None:
