@@ -33,7 +33,9 @@ def test_qwen3_families_think_and_call_tools_llama_does_neither():
     assert FAMILIES["qwen2"].tools is not None and FAMILIES["qwen2"].think is None
     assert FAMILIES["llama"].think is None and FAMILIES["llama"].tools is None
     assert FAMILIES["llama"].sampling == LLAMA_CPP_SAMPLING
-    assert all(family.kv_reuse for family in FAMILIES.values())
+    # Only the recurrent families (own backend, fresh cache per request) forgo KV reuse.
+    assert {name for name, family in FAMILIES.items() if not family.kv_reuse} == {"qwen35", "qwen35moe"}
+    assert all(family.kv_reuse == (family.backend == "conversation") for family in FAMILIES.values())
 
 
 def test_family_stop_tokens_join_the_vocabulary_end_ids():
