@@ -72,6 +72,8 @@ PROSE = (
     "The lighthouse keeper climbed the spiral stairs every evening, counting the steps as his "
     "father had taught him. On the night of the great storm, he noticed"
 )
+# Combining marks: Qwen3.5's pre-tokenizer counts them as letters, Qwen2's does not.
+MARKS = "Cafe\u0301 au lait and a na\u0308ive re\u0301sume\u0301 for Zoe\u0308 in Ko\u0308ln."
 CODE = 'def is_prime(n: int) -> bool:\n    """Return True when n is a prime number."""\n    if n < 2:\n'
 
 
@@ -221,6 +223,7 @@ def prompts_for(name: str, path: Path) -> list[tuple[str, str]]:
     prompts = [("chat", chat_prompt(path)), ("prose", PROSE), ("code", CODE)]
     if "qwen35" in name:  # Qwen3.5's generation prompt opens the think block itself
         prompts[0] = ("chat", CHATML + "<think>\n")
+        prompts.append(("marks", MARKS))
     if "gemma3" in name or "qwen35" in name:  # long enough for many DeltaNet steps, two ubatches of 512
         prompts.append(("long", long_prompt()))
     return prompts

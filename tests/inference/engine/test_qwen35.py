@@ -169,3 +169,11 @@ def test_family_serving_facts(engine):
     off = engine.render_chat(hi, enable_thinking=False)
     assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert engine.tokenizer.token_id("<|im_end|>") in engine.stop_ids
+
+
+def test_the_qwen35_pre_tokenizer_keeps_combining_marks_in_words():
+    from inference.engine.tokenizer.pretokenizers import PreTokenizer
+
+    text = "Cafe\u0301 na\u0308ive 12"
+    assert PreTokenizer("qwen35").split(text) == ["Cafe\u0301", " na\u0308ive", " ", "1", "2"]
+    assert PreTokenizer("qwen2").split(text)[:2] == ["Cafe", "\u0301"]  # Qwen2 splits the mark off
