@@ -83,7 +83,9 @@ class Qwen35Model(DecoderModel):
     rope_style = ROPE_NEOX
 
     def __init__(self, f: GGUFFile):
-        super().__init__(f, ModelConfig.from_gguf(f, **self.config_overrides(f)))
+        # The last ``nextn_predict_layers`` blocks are multi-token-prediction heads, not run here.
+        trunk = int(f.require(f"{f.architecture}.block_count")) - int(f.arch_value("nextn_predict_layers", 0))
+        super().__init__(f, ModelConfig.from_gguf(f, n_layers=trunk, **self.config_overrides(f)))
         c = self.config
         self.recurrent = recurrent_layers(f, c.n_layers)
         self.shape = deltanet_shape(f)
