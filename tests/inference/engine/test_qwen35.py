@@ -177,3 +177,33 @@ def test_the_qwen35_pre_tokenizer_keeps_combining_marks_in_words():
     text = "Cafe\u0301 na\u0308ive 12"
     assert PreTokenizer("qwen35").split(text) == ["Cafe\u0301", " na\u0308ive", " ", "1", "2"]
     assert PreTokenizer("qwen2").split(text)[:2] == ["Cafe", "\u0301"]  # Qwen2 splits the mark off
+
+
+class FakeFile:
+    """Just the metadata the layer-kind and DeltaNet readers take."""
+
+    path, architecture = "fake.gguf", "qwen35"
+
+    def __init__(self, **values):
+        self.values = values
+
+    def arch_value(self, key, default=None):
+        return self.values.get(key, default)
+
+
+def test_layer_kinds_and_deltanet_metadata_errors():
+    from inference.engine.gguf_file import GGUFError
+    from inference.engine.models.qwen35 import deltanet_shape, recurrent_layers
+
+    assert recurrent_layers(FakeFile(), 8) == [True, True, True, False] * 2  # the default interval 4
+    assert recurrent_layers(FakeFile(**{"attention.recurrent_layers": [1, 0, 0, 1, 1]}), 4) == [
+        True, False, False, True
+    ]  # fmt: skip
+    keys = {"ssm.group_count": 2, "ssm.time_step_rank": 4, "ssm.state_size": 8, "ssm.inner_size": 32}
+    with pytest.raises(GGUFError, match="qwen35.ssm.conv_kernel is missing"):
+        deltanet_shape(FakeFile(**keys))
+    with pytest.raises(GGUFError, match="unsupported DeltaNet geometry"):
+        deltanet_shape(
+            FakeFile(**{**keys, "ssm.conv_kernel": 4, "ssm.time_step_rank": 3, "ssm.inner_size": 24})
+        )
+    assert deltanet_shape(FakeFile(**keys, **{"ssm.conv_kernel": 4})).conv_dim == 2 * 16 + 32
