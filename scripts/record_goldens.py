@@ -245,6 +245,9 @@ def record_model(name: str, path: Path, synthetic: bool) -> dict:
         architecture=recorder.llm.metadata.get("general.architecture"),
         n_vocab=recorder.n_vocab,
         llama_cpp_version=llama_cpp.__version__,
+        # The build's SIMD flavour: its vector expf (SiLU, softmax) rounds differently with
+        # AVX-512 than with AVX2, the one the engine reproduces (docs/FIDELITY.md).
+        system_info=llama_cpp.llama_print_system_info().decode().strip(),
         settings=recorder.settings,
         greedy_steps=GREEDY_STEPS,
         probe_seed=PROBE_SEED,
