@@ -113,6 +113,19 @@ class Family:
         )
 
 
+# Qwen3.5's facts beside its layer code: the DeltaNet state allows no KV reuse, so it has its
+# own backend (a fresh cache per request), and its template prefills the think opener.
+RECURRENT_QWEN35 = dict(
+    sampling=QWEN35_SAMPLING,
+    think=QWEN_THINK,
+    tools=HERMES_TOOLS,
+    think_prefilled=True,
+    kv_reuse=False,
+    backend=RECURRENT_BACKEND,
+    batch=False,
+    spec=False,
+)
+
 FAMILIES: dict[str, Family] = {
     family.architecture: family
     for family in (
@@ -121,21 +134,8 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3", Qwen3Model, sampling=QWEN3_SAMPLING, think=QWEN_THINK, tools=HERMES_TOOLS),
         Family("qwen3moe", Qwen3MoeModel, sampling=QWEN3_SAMPLING, think=QWEN_THINK, tools=HERMES_TOOLS),
         Family("gemma3", Gemma3Model, template_fallback="gemma"),
-        *(
-            Family(
-                arch,
-                model,
-                sampling=QWEN35_SAMPLING,
-                think=QWEN_THINK,
-                tools=HERMES_TOOLS,
-                think_prefilled=True,
-                kv_reuse=False,
-                backend=RECURRENT_BACKEND,
-                batch=False,
-                spec=False,
-            )
-            for arch, model in (("qwen35", Qwen35Model), ("qwen35moe", Qwen35MoeModel))
-        ),  # fmt: skip
+        Family("qwen35", Qwen35Model, **RECURRENT_QWEN35),
+        Family("qwen35moe", Qwen35MoeModel, **RECURRENT_QWEN35),
         Family("gemma4", Gemma4Model, template_fallback="gemma4", stop_tokens=("<turn|>", "<eos>")),
     )
 }
