@@ -100,3 +100,17 @@ def test_flags_that_need_a_cut_back_cache_are_refused(engine):
         backend_for(BackendSetup(engine, n_ctx=64, disk=object(), spec=True))
     with pytest.raises(ValueError, match="cannot run behind a KV prefix"):
         backend_for(BackendSetup(engine, n_ctx=64, prefix_source=object()))
+
+
+def test_an_engine_failure_ends_the_request_with_a_500(backend, monkeypatch):
+    def broken(cache, token):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(backend.engine, "decode_one", broken)
+    request = GenerationRequest(ASK, GREEDY, max_tokens=4)
+    sink = RecordingSink()
+    assert (
+        backend.generate(request, backend.validate(request), sink) == 1
+    )  # the first token came from the prefill
+    final = sink.events[-1]
+    assert isinstance(final, Error) and final.status == 500 and "boom" in final.message
