@@ -38,7 +38,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from inference.engine.gguf_file import GGUFFile  # noqa: E402
-from tests.fixtures import synthetic_gemma4  # noqa: E402
+from tests.fixtures import synthetic_gemma4, synthetic_qwen35  # noqa: E402
 from tests.fixtures.synthetic_gguf import (  # noqa: E402
     GENERATOR_VERSION,
     SPECS,
@@ -72,6 +72,8 @@ PROSE = (
     "The lighthouse keeper climbed the spiral stairs every evening, counting the steps as his "
     "father had taught him. On the night of the great storm, he noticed"
 )
+# Combining marks: Qwen3.5's pre-tokenizer counts them as letters, Qwen2's does not.
+MARKS = "Cafe\u0301 au lait and a na\u0308ive re\u0301sume\u0301 for Zoe\u0308 in Ko\u0308ln."
 CODE = 'def is_prime(n: int) -> bool:\n    """Return True when n is a prime number."""\n    if n < 2:\n'
 
 
@@ -98,7 +100,7 @@ def chat_prompt(model_path: Path) -> str:
 
 
 REAL_MODELS = {"smollm2": "smollm2", "gemma3-270m": "gemma3", "qwen2.5-coder-0.5b": "qwen2.5"}
-SYNTHETIC_NAMES = (*SYNTHETIC_ARCHS, *synthetic_gemma4.SPECS)
+SYNTHETIC_NAMES = (*SYNTHETIC_ARCHS, *synthetic_gemma4.SPECS, *synthetic_qwen35.SPECS)
 ALL_NAMES = (*REAL_MODELS, *(f"synthetic-{arch}" for arch in SYNTHETIC_NAMES))
 
 
@@ -219,7 +221,10 @@ def self_spread(logits: np.ndarray, alternates: list[np.ndarray], top: np.ndarra
 
 def prompts_for(name: str, path: Path) -> list[tuple[str, str]]:
     prompts = [("chat", chat_prompt(path)), ("prose", PROSE), ("code", CODE)]
-    if "gemma3" in name:
+    if "qwen35" in name:  # Qwen3.5's generation prompt opens the think block itself
+        prompts[0] = ("chat", CHATML + "<think>\n")
+        prompts.append(("marks", MARKS))
+    if "gemma3" in name or "qwen35" in name:  # long enough for many DeltaNet steps, two ubatches of 512
         prompts.append(("long", long_prompt()))
     return prompts
 
@@ -240,6 +245,9 @@ def record_model(name: str, path: Path, synthetic: bool) -> dict:
         architecture=recorder.llm.metadata.get("general.architecture"),
         n_vocab=recorder.n_vocab,
         llama_cpp_version=llama_cpp.__version__,
+        # The build's SIMD flavour: its vector expf (SiLU, softmax) rounds differently with
+        # AVX-512 than with AVX2, the one the engine reproduces (docs/FIDELITY.md).
+        system_info=llama_cpp.llama_print_system_info().decode().strip(),
         settings=recorder.settings,
         greedy_steps=GREEDY_STEPS,
         probe_seed=PROBE_SEED,
@@ -248,9 +256,9 @@ def record_model(name: str, path: Path, synthetic: bool) -> dict:
     )
     if synthetic:
         key = name.removeprefix("synthetic-")
-        gemma4 = key in synthetic_gemma4.SPECS
-        golden["generator_version"] = synthetic_gemma4.GENERATOR_VERSION if gemma4 else GENERATOR_VERSION
-        golden["synthetic_arch"] = key if gemma4 else SPECS[key].arch  # what synthetic_path takes
+        own = next((m for m in (synthetic_gemma4, synthetic_qwen35) if key in m.SPECS), None)
+        golden["generator_version"] = own.GENERATOR_VERSION if own else GENERATOR_VERSION
+        golden["synthetic_arch"] = key if own else SPECS[key].arch  # what synthetic_path takes
     for r in [recorder, *others]:
         r.llm.close()
     return golden

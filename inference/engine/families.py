@@ -21,6 +21,8 @@ from .models.llama import LlamaModel
 from .models.qwen2 import Qwen2Model
 from .models.qwen3 import Qwen3Model
 from .models.qwen3moe import Qwen3MoeModel
+from .models.qwen35 import Qwen35Model
+from .models.qwen35moe import Qwen35MoeModel
 from .sampler import SamplingParams
 
 
@@ -50,6 +52,8 @@ class ToolConvention:
 # llama.cpp's defaults: what a family gets when neither it nor the GGUF recommends anything.
 LLAMA_CPP_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
 QWEN3_SAMPLING = SamplingParams(temperature=0.7, top_k=20, top_p=0.8)
+# Qwen3.5's model card, thinking mode (the GGUF's general.sampling.* keys win when present).
+QWEN35_SAMPLING = SamplingParams(temperature=1.0, top_k=20, top_p=0.95, min_p=0.0)
 QWEN_THINK = ThinkTags("<think>", "</think>")
 # The reference serves Inkling with these (backend_inkling.zig: coherent without client overrides).
 INKLING_SAMPLING = SamplingParams(temperature=0.7, top_p=0.9)
@@ -59,6 +63,7 @@ INKLING_THINK = ThinkTags("<|content_thinking|>", "<|content_text|>")
 GEMMA4_THINK = ThinkTags("<|channel>thought\n", "<channel|>", special=("<|channel>", "<channel|>"))
 HERMES_TOOLS = ToolConvention("hermes", "<tool_call>", "</tool_call>")
 CONVERSATION_BACKEND = "conversation"
+RECURRENT_BACKEND = "recurrent"
 
 
 @dataclass(frozen=True)
@@ -90,7 +95,9 @@ class Family:
     from the cached rows of an earlier one (false for recurrent state, which cannot be cut back
     to a token prefix); ``backend`` names the generation loop in ``inference.generation``'s
     backend registry; ``grammar``, ``batch`` and ``spec`` say whether its backend constrains
-    output, and whether its forward takes several caches at once or verifies a run."""
+    output, and whether its forward takes several caches at once or verifies a run;
+    ``think_prefilled``: the generation prompt already opens the think block (Qwen3.5/3.6), so
+    the reply starts inside it and the backend feeds the opener to the reply's think router."""
 
     architecture: str
     model: type[DecoderModel]
@@ -104,6 +111,7 @@ class Family:
     grammar: bool = True
     batch: bool = True
     spec: bool = True
+    think_prefilled: bool = False
 
     def features(self, template_renders_tools: bool) -> Features:
         """The family's features for a file whose chat template does (or does not) render
@@ -118,6 +126,19 @@ class Family:
         )
 
 
+# Qwen3.5's facts beside its layer code: the DeltaNet state allows no KV reuse, so it has its
+# own backend (a fresh cache per request), and its template prefills the think opener.
+RECURRENT_QWEN35 = dict(
+    sampling=QWEN35_SAMPLING,
+    think=QWEN_THINK,
+    tools=HERMES_TOOLS,
+    think_prefilled=True,
+    kv_reuse=False,
+    backend=RECURRENT_BACKEND,
+    batch=False,
+    spec=False,
+)
+
 FAMILIES: dict[str, Family] = {
     family.architecture: family
     for family in (
@@ -126,6 +147,8 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3", Qwen3Model, sampling=QWEN3_SAMPLING, think=QWEN_THINK, tools=HERMES_TOOLS),
         Family("qwen3moe", Qwen3MoeModel, sampling=QWEN3_SAMPLING, think=QWEN_THINK, tools=HERMES_TOOLS),
         Family("gemma3", Gemma3Model, template_fallback="gemma"),
+        Family("qwen35", Qwen35Model, **RECURRENT_QWEN35),
+        Family("qwen35moe", Qwen35MoeModel, **RECURRENT_QWEN35),
         Family(
             "gemma4",
             Gemma4Model,

@@ -87,10 +87,25 @@ def _diffusion(setup: BackendSetup) -> GenerationBackend:
     return DiffusionBackend(setup.engine, setup.n_ctx)
 
 
+def _recurrent(setup: BackendSetup) -> GenerationBackend:
+    from inference.generation.recurrent import RecurrentBackend
+
+    refused = [
+        flag for flag, on in (("--kv-cache-dir", setup.disk is not None), ("--spec", setup.spec)) if on
+    ]
+    if refused:
+        raise ValueError(
+            f"{setup.engine.family.architecture} keeps recurrent state that cannot be cut back to a "
+            f"token prefix: {' and '.join(refused)} cannot serve it"
+        )
+    return RecurrentBackend(setup.engine, setup.n_ctx, setup.prefix_source)
+
+
 BACKENDS: dict[str, Callable[[BackendSetup], GenerationBackend]] = {
     "conversation": _conversation,
     "nanochat": _nanochat,  # not a GGUF family: chosen by BackendSetup.nanochat
     "diffusion": _diffusion,
+    "recurrent": _recurrent,  # qwen35 / qwen35moe: a fresh cache per request (recurrent.py)
 }
 
 

@@ -108,7 +108,8 @@ class DecoderModel(ABC):
         return self.vector(name) if self.file.has_tensor(name) else None
 
     def new_cache(self, n_ctx: int) -> KVCache:
-        """A conversation's cache (a family with more per-conversation state extends it)."""
+        """An empty per-conversation cache of ``n_ctx`` positions (a family with recurrent
+        state returns a cache that carries it too)."""
         return KVCache(self.config.kv_geometry, n_ctx)
 
     # -- the fused forward -----------------------------------------------------------------

@@ -83,6 +83,12 @@ INKLING = (
     rf"|[^\r\n\p{{L}}\p{{N}}]?{_O200K_UPPER}+{_O200K_LOWER}*{_O200K_SUFFIX}"
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+
+# Qwen3.5: Qwen2's words with combining marks (\p{M}) counted as letters.
+QWEN35 = (
+    _CONTRACTIONS_ANY_CASE
+    + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 DEFAULT = [r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"]
 
 # tokenizer.ggml.pre values, grouped as llama.cpp's llm_tokenizer_bpe groups them
@@ -98,6 +104,7 @@ _GPT2_NAMES = (
 PRE_REGEXES: dict[str, list[str]] = {
     **dict.fromkeys(_LLAMA3_NAMES.split(), [LLAMA3]),
     **dict.fromkeys(_QWEN2_NAMES.split(), [QWEN2]),
+    "qwen35": [QWEN35],
     **dict.fromkeys(_SMOLLM_NAMES.split(), [r"\p{N}", GPT2]),
     **dict.fromkeys(_GPT2_NAMES.split(), [GPT2]),
     "inkling": [INKLING],

@@ -33,11 +33,11 @@ def test_qwen3_families_think_and_call_tools_llama_does_neither():
     assert FAMILIES["qwen2"].tools is not None and FAMILIES["qwen2"].think is None
     assert FAMILIES["llama"].think is None and FAMILIES["llama"].tools is None
     assert FAMILIES["llama"].sampling == LLAMA_CPP_SAMPLING
-    # Inkling's short-conv state only rolls forward, diffusion commits whole canvases: no
-    # request of theirs may start from another's rows.
-    assert all(f.kv_reuse for f in FAMILIES.values() if f.architecture not in {"inkling", "diffusion-gemma"})
-    assert not FAMILIES["inkling"].kv_reuse and not FAMILIES["inkling"].spec
-    assert not FAMILIES["diffusion-gemma"].kv_reuse
+    # Recurrent state (qwen35, inkling's short convs) only rolls forward and diffusion commits
+    # whole canvases: no request of theirs may start from another's rows.
+    stateful = {"qwen35", "qwen35moe", "inkling", "diffusion-gemma"}
+    assert {name for name, family in FAMILIES.items() if not family.kv_reuse} == stateful
+    assert not FAMILIES["inkling"].spec
 
 
 def test_family_stop_tokens_join_the_vocabulary_end_ids():
