@@ -57,7 +57,7 @@ def cache_key(cpu_name: str, features: str, sources: str, overrides: dict[str, s
 def keyed_cache_dir(base: str | os.PathLike) -> Path:
     """Where this process's kernels are cached under ``base``."""
     name, features = host_cpu()
-    overrides = {v: os.environ[v] for v in NUMBA_TARGET_VARIABLES if v in os.environ}
+    overrides = {v: os.environ[v] for v in NUMBA_TARGET_VARIABLES if os.environ.get(v)}
     return Path(base) / cache_key(name, features, source_digest(), overrides)
 
 

@@ -141,19 +141,44 @@ def lane_sum(builder, total):
     )
 
 
-def row_dots(builder, simd: str, group: int, weight_rows, act_rows, n_groups, nibble_offset=None):
+def _min_chains(builder, weight_mins, act_sums, g, chains) -> None:
+    """One step of every (weight row, activation row) min-term chain: chain = fma(mins[g],
+    group_sums[g], chain), the in-order chain intdot.min_sum computes."""
+    for m0, row_chains in zip(weight_mins, chains, strict=True):
+        m = builder.load(builder.gep(m0, [g]))
+        for chain, s0 in zip(row_chains, act_sums, strict=True):
+            step = _call(
+                builder, "llvm.fma.f32", m.type, [m, builder.load(builder.gep(s0, [g])), builder.load(chain)]
+            )
+            builder.store(step, chain)
+
+
+def row_dots(
+    builder, simd: str, group: int, weight_rows, act_rows, n_groups, nibble_offset=None, min_terms=None
+):
     """For every weight row (q pointer, scales pointer) and activation row (codes pointer,
     code scales pointer): sum over groups g of fl(scale[g] * code_scale[g]) * lanes(g),
     accumulated lane-wise with FMA -> [weight row][activation row] float32 values. Each weight
     group is loaded and prepared once for all activation rows; every pair gets the same
     instructions, so the same bits, whichever other rows it is computed with. With
     ``nibble_offset`` the weight codes are packed 4-bit (prepare_weights): the same integer
-    lanes, so the same bits as their int8 copy, from half the bytes."""
+    lanes, so the same bits as their int8 copy, from half the bytes.
+
+    ``min_terms`` (mins pointer per weight row, group sums pointer per activation row) adds
+    each pair's min term, min_sum's chain of fused multiply-adds run in the same group loop
+    (its latency hidden behind the vector work) and added to the lane sum as the callers of a
+    separate min_sum add it: the same bits."""
     weight_bytes = group if nibble_offset is None else group // 2
     floats = ir.VectorType(ir.FloatType(), LANES)
     accs = [
         [cgutils.alloca_once_value(builder, ir.Constant(floats, None)) for _ in act_rows] for _ in weight_rows
     ]
+    zero = ir.Constant(ir.FloatType(), 0.0)
+    chains = (
+        [[cgutils.alloca_once_value(builder, zero) for _ in act_rows] for _ in weight_rows]
+        if min_terms
+        else None
+    )
     with cgutils.for_range(builder, n_groups) as loop:
         g = loop.index
         offset = builder.mul(g, ir.Constant(g.type, group))
@@ -167,4 +192,15 @@ def row_dots(builder, simd: str, group: int, weight_rows, act_rows, n_groups, ni
                 splat = builder.shuffle_vector(splat, splat, _constant_vector([0] * LANES))
                 lanes = group_lanes(builder, simd, group, weights, builder.gep(a0, [offset]))
                 builder.store(_fma(builder, builder.sitofp(lanes, floats), splat, builder.load(acc)), acc)
-    return [[lane_sum(builder, builder.load(acc)) for acc in row_accs] for row_accs in accs]
+        if min_terms:
+            _min_chains(builder, *min_terms, g, chains)
+    sums = [[lane_sum(builder, builder.load(acc)) for acc in row_accs] for row_accs in accs]
+    if not min_terms:
+        return sums
+    return [
+        [
+            builder.fadd(total, builder.load(chain), flags=EXACT)
+            for total, chain in zip(row, row_chains, strict=True)
+        ]
+        for row, row_chains in zip(sums, chains, strict=True)
+    ]
