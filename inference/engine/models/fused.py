@@ -19,7 +19,7 @@ import numpy as np
 from ..kv_cache import KVCache
 from ..quants.layout import GroupLayout
 from ..quants.matrix import FloatMatrix, GroupedMatrix, QuantMatrix
-from ..quants.nibbles import pack_nibbles, packable_offset, packed_row_bytes
+from ..quants.nibbles import pack_nibbles, packable_offset
 from . import step_kernels as sk
 from . import step_region
 from .rowops import gelu_table
@@ -43,7 +43,7 @@ class LayerWeights:
 
 class _Arena:
     """Flat arrays holding every matrix of the step; matrices are re-pointed at their slices
-    so the weights are held once. 4/5-bit codes go in packed (quants/nibbles.py):
+    so the weights are held once. 4-bit codes go in as packed nibbles (quants/nibbles.py):
     those matrices keep their int8 copy for their own products (the numpy path, tests)."""
 
     def __init__(self, matrices: list[QuantMatrix]):
@@ -51,7 +51,7 @@ class _Arena:
         grouped = [m for m in unique if isinstance(m, GroupedMatrix)]
         floating = [m for m in unique if isinstance(m, FloatMatrix)]
         self.nibble_offsets = {id(m): packable_offset(m.layout.q, m.layout.group_size) for m in grouped}
-        q_bytes = sum(self._q_bytes(m.layout, self.nibble_offsets[id(m)]) for m in grouped)
+        q_bytes = sum(m.layout.q.size // (1 if self.nibble_offsets[id(m)] is None else 2) for m in grouped)
         self.q = np.empty(q_bytes, np.int8)  # (int8 codes and packed nibbles of every matrix,)
         self.scales = np.empty(sum(m.layout.scales.size for m in grouped), np.float32)  # (groups,)
         n_mins = sum(m.layout.mins.size for m in grouped if m.layout.mins is not None)
@@ -79,7 +79,7 @@ class _Arena:
                 q_view = self.q[q_at : q_at + lay.q.size].reshape(lay.q.shape)
                 q_view[...] = lay.q
             else:
-                packed = pack_nibbles(lay.q, nib).view(np.int8)  # (rows, packed_row_bytes(cols, nib))
+                packed = pack_nibbles(lay.q, nib).view(np.int8)  # (rows, cols // 2)
                 self.q[q_at : q_at + packed.size] = packed.ravel()
                 q_view = lay.q
             m_view, m_off = None, -1
@@ -91,13 +91,7 @@ class _Arena:
             self.rows[id(m)] = [
                 q_at, m.rows, m.cols, s_at, m_off, lay.group_shift, m.activation_kind, -1, -1 if nib is None else nib
             ]  # fmt: skip
-            q_at, s_at = q_at + self._q_bytes(lay, nib), s_at + lay.scales.size
-
-    @staticmethod
-    def _q_bytes(layout: GroupLayout, nib: int | None) -> int:
-        """Arena bytes of a matrix's codes: int8, or packed 4/5-bit (``nib`` their offset)."""
-        rows, cols = layout.q.shape
-        return layout.q.size if nib is None else rows * packed_row_bytes(cols, nib)
+            q_at, s_at = q_at + lay.q.size // (1 if nib is None else 2), s_at + lay.scales.size
 
     def row(self, matrix: GroupedMatrix | None, bias: np.ndarray | None) -> list[int]:
         """The table row of a matrix (zero rows for an empty slot), with its bias appended."""

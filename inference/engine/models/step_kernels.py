@@ -35,7 +35,7 @@ from ..layers import silu_one
 from ..quants.intdot import (
     ROW_BLOCK, dot_pair_int, dot_row_int, dot_rows_int, min_sum, min_sums_tile,
 )  # fmt: skip
-from ..quants.nibbles import dot_pair_nib, dot_row_nib, dot_rows_nib, packed_row_bytes
+from ..quants.nibbles import dot_pair_nib, dot_row_nib, dot_rows_nib
 from ..quants.pair_mins import dot_pair_min
 from ..quants.quantize import round_row, round_row_int
 from ..worksharing import claim, mark_done, wait_done
@@ -44,7 +44,7 @@ from .rowops import gelu_lookup, rms_norm_into
 
 # Columns of the linear table: offsets into the arenas (-1: none), shape, format. A float
 # matrix (F32/F16/BF16) has SHIFT 0 and Q_OFF into the float arena. NIB: -1 for int8 codes,
-# else the weights are packed 4- or 5-bit codes (quants/nibbles.py) stored plus this offset.
+# else the weights are packed nibbles (quants/nibbles.py) stored plus this offset.
 Q_OFF, ROWS, COLS, S_OFF, M_OFF, SHIFT, KIND, B_OFF, NIB = range(9)
 FLOAT_SHIFT = 0
 LINEAR_FIELDS = 9
@@ -84,7 +84,7 @@ def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, 
     groups = cols >> shift
     codes, code_scales, group_sums = rounded.ints[k, 0], rounded.int_scales[k, 0], rounded.sums[k, 0]
     nib = lin[NIB]
-    row_bytes = cols if nib < 0 else packed_row_bytes(cols, nib)
+    row_bytes = cols if nib < 0 else cols >> 1
     ahead = max(1, PREFETCH_BYTES // row_bytes) * row_bytes
     end = lin[Q_OFF] + lin[ROWS] * row_bytes
     has_mins, has_bias, b_first = lin[M_OFF] >= 0, lin[B_OFF] >= 0, lin[B_OFF]
@@ -131,7 +131,7 @@ def _dot_tile_rows(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, sc
     groups = cols >> shift
     codes, code_scales, group_sums = rounded.ints[k], rounded.int_scales[k], rounded.sums[k]
     nib = lin[NIB]
-    row_bytes = cols if nib < 0 else packed_row_bytes(cols, nib)
+    row_bytes = cols if nib < 0 else cols >> 1
     ahead = max(1, PREFETCH_BYTES // row_bytes) * row_bytes
     end = lin[Q_OFF] + lin[ROWS] * row_bytes
     has_mins, has_bias, b_first = lin[M_OFF] >= 0, lin[B_OFF] >= 0, lin[B_OFF]

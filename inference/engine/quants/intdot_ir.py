@@ -27,7 +27,6 @@ from llvmlite import ir
 from numba.core import cgutils
 
 LANES = 8
-QUINT_OFFSET = 16  # packed codes stored plus 16 have five bits (nibbles.py)
 # Float operations carry this flag, which changes no result: numba's fastmath pass adds its
 # reassociating flags only to instructions that have none, and this code can end up inside a
 # fastmath kernel, where the one-row and the multi-row sums would then be reordered differently.
@@ -50,37 +49,25 @@ def _load_codes(builder, pointer, group: int):
     return builder.load(builder.bitcast(pointer, ir.VectorType(I8, group).as_pointer()), align=1)
 
 
-def _load_nibbles(builder, pointer, offset: int, subtract: bool = True):
+def _load_nibbles(builder, pointer, offset: int):
     """A group of 32 codes from 16 bytes: code j in the low nibble of byte j, code j + 16 in
-    its high nibble (Q4_0's layout); with ``offset`` QUINT_OFFSET a fifth bit per code from
-    the uint32 after them (bit j: code j). Each minus ``offset`` if ``subtract`` -> <32 x i8>."""
+    its high nibble (Q4_0's layout), each minus ``offset`` -> <32 x i8>."""
     packed = builder.load(builder.bitcast(pointer, ir.VectorType(I8, 16).as_pointer()), align=1)
     low = builder.and_(packed, ir.Constant(packed.type, [0x0F] * 16))
     high = builder.lshr(packed, ir.Constant(packed.type, [4] * 16))
     codes = builder.shuffle_vector(low, high, _constant_vector(list(range(32))))
-    if offset == QUINT_OFFSET:  # (AVX-512: kmov + a masked move; AVX2: a broadcast, and, compare)
-        word = builder.gep(pointer, [ir.Constant(ir.IntType(64), 16)])
-        fifth = builder.load(builder.bitcast(word, I32.as_pointer()), align=1)
-        bits = builder.bitcast(fifth, ir.VectorType(ir.IntType(1), 32))
-        sixteens = builder.select(bits, ir.Constant(codes.type, [16] * 32), ir.Constant(codes.type, None))
-        codes = builder.or_(codes, sixteens)
-    return builder.sub(codes, ir.Constant(codes.type, [offset] * 32)) if offset and subtract else codes
-
-
-def packed_group_bytes(nibble_offset: int) -> int:
-    """Bytes of a packed group of 32 codes stored plus ``nibble_offset`` (nibbles.py)."""
-    return 20 if nibble_offset == QUINT_OFFSET else 16
+    return builder.sub(codes, ir.Constant(codes.type, [offset] * 32)) if offset else codes
 
 
 def prepare_weights(builder, simd: str, group: int, q_ptr, nibble_offset: int | None = None):
     """What every row's product with this weight group reuses: (codes, magnitudes or None,
     offset still in the codes). ``nibble_offset`` None: int8 codes; else 4-bit codes packed
-    two a byte (groups of 32), stored plus this offset, or five-bit ones (QUINT_OFFSET)."""
+    two a byte (groups of 32), stored plus this offset."""
     vnni = simd == "vnni" and group == 32
     if nibble_offset is None:
         w = _load_codes(builder, q_ptr, group)
     else:  # vpdpbusd takes the stored (unsigned) codes and subtracts the offset in its accumulator
-        w = _load_nibbles(builder, q_ptr, nibble_offset, subtract=not vnni)
+        w = _load_nibbles(builder, q_ptr, 0 if vnni else nibble_offset)
     if simd == "generic":
         return builder.sext(w, ir.VectorType(I32, group)), None, 0
     if nibble_offset == 0 or (vnni and nibble_offset):
@@ -181,7 +168,7 @@ def row_dots(
     each pair's min term, min_sum's chain of fused multiply-adds run in the same group loop
     (its latency hidden behind the vector work) and added to the lane sum as the callers of a
     separate min_sum add it: the same bits."""
-    weight_bytes = group if nibble_offset is None else packed_group_bytes(nibble_offset)
+    weight_bytes = group if nibble_offset is None else group // 2
     floats = ir.VectorType(ir.FloatType(), LANES)
     accs = [
         [cgutils.alloca_once_value(builder, ir.Constant(floats, None)) for _ in act_rows] for _ in weight_rows

@@ -8,10 +8,7 @@ low and code j + 16 in its high nibble (Q4_0's own order; Q4_K's 64-weight runs 
 reordered once at load), and the vector kernel unpacks them in registers (intdot_ir.py). The
 unpacked integer lanes are those of the int8 copy, so every product has the same bits; only
 the bytes read per weight halve. Q4_0's codes are stored plus 8 (``NIBBLE_OFFSET``) and the
-kernel subtracts it. Codes of five bits, -16..15 (Q5_0, 133 of Qwen2.5-Coder-0.5B's 170
-matrices), are stored plus 16 (``QUINT_OFFSET``): their low four bits as above, then the
-fifth bits of the group's 32 codes as one little-endian uint32 (bit j: code j), 20 bytes per
-group instead of 32. The offset names the packing: 0 and 8 four bits, 16 five.
+kernel subtracts it.
 
 The functions mirror intdot.py's ``dot_row_int``, ``dot_rows_int`` and ``dot_pair_int`` with
 ``offset`` (0 or 8) in place of the group shift (groups are 32 weights).
@@ -29,76 +26,52 @@ from .intdot import (
     _group_dot_pair_intrinsic,
     _group_dot_rows_intrinsic,
 )
-from .intdot_ir import QUINT_OFFSET  # codes -16..15 are stored as 0..31, five bits
 
 GROUP = 32
 NIBBLE_OFFSET = 8  # codes -8..7 are stored as 0..15
 
 
 def packable_offset(q: np.ndarray, group_size: int) -> int | None:
-    """The offset under which int8 codes ``q`` fit in nibbles (0 for 0..15, 8 for -8..7) or
-    in five bits (16 for -16..15), or None when they do not or groups are not 32 wide."""
+    """The offset under which int8 codes ``q`` fit in nibbles (0 for 0..15, 8 for -8..7), or
+    None when they do not or groups are not 32 wide."""
     if group_size != GROUP or q.size == 0:
         return None
     low, high = int(q.min()), int(q.max())
-    for offset in (0, NIBBLE_OFFSET, QUINT_OFFSET):
-        if -offset <= low and high <= (31 if offset == QUINT_OFFSET else 15) - offset:
-            return offset
+    if 0 <= low and high <= 15:
+        return 0
+    if -NIBBLE_OFFSET <= low and high <= 15 - NIBBLE_OFFSET:
+        return NIBBLE_OFFSET
     return None
 
 
-@numba.njit(cache=True)
-def packed_row_bytes(cols, offset):
-    """Bytes of a packed row of ``cols`` weights: half a byte each, or 5/8 with offset 16."""
-    return cols * 5 >> 3 if offset == QUINT_OFFSET else cols >> 1
-
-
 def pack_nibbles(q: np.ndarray, offset: int) -> np.ndarray:
-    """int8 codes (rows, cols) -> packed bytes (rows, packed_row_bytes(cols, offset)) uint8: per
-    group of 32 with u = code + offset, byte j = (u_j & 15) | (u_{j+16} & 15) << 4, j < 16, then
-    for five bits the uint32 of the u_j >> 4 (bit j), little-endian."""
+    """int8 codes (rows, cols) -> packed bytes (rows, cols // 2) uint8: per group of 32, byte
+    j = (code j + offset) | (code j + 16 + offset) << 4."""
     rows, cols = q.shape
     codes = (q.astype(np.int16) + offset).astype(np.uint8).reshape(rows, cols // GROUP, 2, GROUP // 2)
-    low = (codes[:, :, 0] & 0x0F) | ((codes[:, :, 1] & 0x0F) << 4)  # (rows, groups, 16)
-    if offset != QUINT_OFFSET:
-        return low.reshape(rows, cols // 2)
-    bits = (codes.reshape(rows, cols // GROUP, GROUP) >> 4).astype(np.uint32)  # (rows, groups, 32)
-    high = (bits << np.arange(GROUP, dtype=np.uint32)).sum(axis=2, dtype=np.uint32)  # (rows, groups)
-    high_bytes = high.astype("<u4").view(np.uint8).reshape(rows, cols // GROUP, 4)  # (rows, groups, 4)
-    return np.concatenate([low, high_bytes], axis=2).reshape(rows, cols * 5 // 8)
+    return (codes[:, :, 0] | (codes[:, :, 1] << 4)).reshape(rows, cols // 2)
 
 
 def unpack_nibbles(packed: np.ndarray, offset: int) -> np.ndarray:
-    """pack_nibbles undone: (rows, packed bytes) uint8 -> int8 codes (rows, cols)."""
-    rows = packed.shape[0]
-    per_group = 20 if offset == QUINT_OFFSET else 16
-    groups = packed.reshape(rows, -1, per_group)  # (rows, groups, bytes)
-    low = groups[:, :, None, :16]  # (rows, groups, 1, 16)
-    codes = np.concatenate([low & 0x0F, low >> 4], axis=2).astype(np.int16).reshape(rows, -1, GROUP)
-    if offset == QUINT_OFFSET:
-        high = np.ascontiguousarray(groups[:, :, 16:]).view("<u4")  # (rows, groups, 1)
-        codes |= ((high >> np.arange(GROUP, dtype=np.uint32)) & 1).astype(np.int16) << 4
-    return (codes - offset).astype(np.int8).reshape(rows, -1)
+    """pack_nibbles undone: (rows, cols // 2) uint8 -> int8 codes (rows, cols)."""
+    rows, half = packed.shape
+    groups = packed.reshape(rows, half * 2 // GROUP, 1, GROUP // 2)
+    codes = np.concatenate([groups & 0x0F, groups >> 4], axis=2).astype(np.int16) - offset
+    return codes.astype(np.int8).reshape(rows, half * 2)
 
 
-OFFSETS = (0, NIBBLE_OFFSET, QUINT_OFFSET)
-_generic_0, _generic_8, _generic_16 = (_group_dot_intrinsic(GROUP, "generic", o) for o in OFFSETS)
-_avx2_0, _avx2_8, _avx2_16 = (_group_dot_intrinsic(GROUP, "avx2", o) for o in OFFSETS)
-_vnni_0, _vnni_8, _vnni_16 = (_group_dot_intrinsic(GROUP, "vnni", o) for o in OFFSETS)
-_generic_rows_0, _generic_rows_8, _generic_rows_16 = (
+OFFSETS = (0, NIBBLE_OFFSET)
+_generic_0, _generic_8 = (_group_dot_intrinsic(GROUP, "generic", o) for o in OFFSETS)
+_avx2_0, _avx2_8 = (_group_dot_intrinsic(GROUP, "avx2", o) for o in OFFSETS)
+_generic_rows_0, _generic_rows_8 = (
     _group_dot_rows_intrinsic(GROUP, ROW_BLOCK, "generic", o) for o in OFFSETS
-)
-_avx2_rows_0, _avx2_rows_8, _avx2_rows_16 = (
-    _group_dot_rows_intrinsic(GROUP, ROW_BLOCK, "avx2", o) for o in OFFSETS
-)
-_vnni_rows_0, _vnni_rows_8, _vnni_rows_16 = (
-    _group_dot_rows_intrinsic(GROUP, ROW_BLOCK, "vnni", o) for o in OFFSETS
-)
-_generic_pair_0, _generic_pair_8, _generic_pair_16 = (
-    _group_dot_pair_intrinsic(GROUP, "generic", o) for o in OFFSETS
-)
-_avx2_pair_0, _avx2_pair_8, _avx2_pair_16 = (_group_dot_pair_intrinsic(GROUP, "avx2", o) for o in OFFSETS)
-_vnni_pair_0, _vnni_pair_8, _vnni_pair_16 = (_group_dot_pair_intrinsic(GROUP, "vnni", o) for o in OFFSETS)
+)  # noqa: E501
+_avx2_rows_0, _avx2_rows_8 = (_group_dot_rows_intrinsic(GROUP, ROW_BLOCK, "avx2", o) for o in OFFSETS)
+_generic_pair_0, _generic_pair_8 = (_group_dot_pair_intrinsic(GROUP, "generic", o) for o in OFFSETS)
+_avx2_pair_0, _avx2_pair_8 = (_group_dot_pair_intrinsic(GROUP, "avx2", o) for o in OFFSETS)
+_vnni_0, _vnni_8 = (_group_dot_intrinsic(GROUP, "vnni", o) for o in OFFSETS)
+_vnni_rows_0, _vnni_rows_8 = (_group_dot_rows_intrinsic(GROUP, ROW_BLOCK, "vnni", o) for o in OFFSETS)
+_vnni_pair_0, _vnni_pair_8 = (_group_dot_pair_intrinsic(GROUP, "vnni", o) for o in OFFSETS)
 
 
 @numba.njit(cache=True)
@@ -106,9 +79,7 @@ def generic_dot_row_nib(q, q_start, ints, scales, s_start, int_scales, n_groups,
     """dot_row_nib through the generic instruction selection."""
     if offset == 0:
         return _generic_0(q, q_start, ints, scales, s_start, int_scales, n_groups)
-    if offset == NIBBLE_OFFSET:
-        return _generic_8(q, q_start, ints, scales, s_start, int_scales, n_groups)
-    return _generic_16(q, q_start, ints, scales, s_start, int_scales, n_groups)
+    return _generic_8(q, q_start, ints, scales, s_start, int_scales, n_groups)
 
 
 @numba.njit(cache=True)
@@ -116,9 +87,7 @@ def avx2_dot_row_nib(q, q_start, ints, scales, s_start, int_scales, n_groups, of
     """dot_row_nib through AVX2 (only where the CPU has AVX2)."""
     if offset == 0:
         return _avx2_0(q, q_start, ints, scales, s_start, int_scales, n_groups)
-    if offset == NIBBLE_OFFSET:
-        return _avx2_8(q, q_start, ints, scales, s_start, int_scales, n_groups)
-    return _avx2_16(q, q_start, ints, scales, s_start, int_scales, n_groups)
+    return _avx2_8(q, q_start, ints, scales, s_start, int_scales, n_groups)
 
 
 @numba.njit(cache=True)
@@ -126,9 +95,7 @@ def vnni_dot_row_nib(q, q_start, ints, scales, s_start, int_scales, n_groups, of
     """dot_row_nib through VNNI (only where the CPU has it)."""
     if offset == 0:
         return _vnni_0(q, q_start, ints, scales, s_start, int_scales, n_groups)
-    if offset == NIBBLE_OFFSET:
-        return _vnni_8(q, q_start, ints, scales, s_start, int_scales, n_groups)
-    return _vnni_16(q, q_start, ints, scales, s_start, int_scales, n_groups)
+    return _vnni_8(q, q_start, ints, scales, s_start, int_scales, n_groups)
 
 
 @numba.njit(cache=True)
@@ -136,10 +103,8 @@ def generic_dot_rows_nib(q, q_start, ints, n0, scales, s_start, int_scales, n_gr
     """dot_rows_nib through the generic instruction selection."""
     if offset == 0:
         _generic_rows_0(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
-    elif offset == NIBBLE_OFFSET:
-        _generic_rows_8(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
     else:
-        _generic_rows_16(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+        _generic_rows_8(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
 
 
 @numba.njit(cache=True)
@@ -147,10 +112,8 @@ def avx2_dot_rows_nib(q, q_start, ints, n0, scales, s_start, int_scales, n_group
     """dot_rows_nib through AVX2 (only where the CPU has AVX2)."""
     if offset == 0:
         _avx2_rows_0(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
-    elif offset == NIBBLE_OFFSET:
-        _avx2_rows_8(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
     else:
-        _avx2_rows_16(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+        _avx2_rows_8(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
 
 
 @numba.njit(cache=True)
@@ -158,10 +121,8 @@ def vnni_dot_rows_nib(q, q_start, ints, n0, scales, s_start, int_scales, n_group
     """dot_rows_nib through VNNI (only where the CPU has it)."""
     if offset == 0:
         _vnni_rows_0(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
-    elif offset == NIBBLE_OFFSET:
-        _vnni_rows_8(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
     else:
-        _vnni_rows_16(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+        _vnni_rows_8(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
 
 
 @numba.njit(cache=True)
@@ -171,10 +132,8 @@ def generic_dot_pair_nib(
     """dot_pair_nib through the generic instruction selection."""
     if offset == 0:
         _generic_pair_0(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
-    elif offset == NIBBLE_OFFSET:
-        _generic_pair_8(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
     else:
-        _generic_pair_16(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+        _generic_pair_8(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
 
 
 @numba.njit(cache=True)
@@ -182,10 +141,8 @@ def avx2_dot_pair_nib(q, q_start, q_next, ints, scales, s_start, s_next, int_sca
     """dot_pair_nib through AVX2 (only where the CPU has AVX2)."""
     if offset == 0:
         _avx2_pair_0(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
-    elif offset == NIBBLE_OFFSET:
-        _avx2_pair_8(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
     else:
-        _avx2_pair_16(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+        _avx2_pair_8(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
 
 
 @numba.njit(cache=True)
@@ -193,10 +150,8 @@ def vnni_dot_pair_nib(q, q_start, q_next, ints, scales, s_start, s_next, int_sca
     """dot_pair_nib through VNNI (only where the CPU has it)."""
     if offset == 0:
         _vnni_pair_0(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
-    elif offset == NIBBLE_OFFSET:
-        _vnni_pair_8(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
     else:
-        _vnni_pair_16(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+        _vnni_pair_8(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
 
 
 # Each selection's (dot_row_nib, dot_rows_nib, dot_pair_nib).
@@ -206,5 +161,5 @@ SELECTED = {
     "generic": (generic_dot_row_nib, generic_dot_rows_nib, generic_dot_pair_nib),
 }
 # The host's selection (all give the same bits); q holds packed bytes (as int8), q_start and
-# q_next are byte offsets: a row of cols weights is packed_row_bytes(cols, offset) bytes.
+# q_next are byte offsets: a row of cols weights is cols // 2 bytes.
 dot_row_nib, dot_rows_nib, dot_pair_nib = SELECTED[HOST_SIMD]

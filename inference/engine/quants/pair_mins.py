@@ -61,19 +61,18 @@ def _pair_min_intrinsic(group: int, simd: str, nibble_offset: int | None = None)
 
 
 def _variants(simd: str):
-    """(int8 groups of 16, int8 groups of 32, packed codes offset 0, 8 and 16)."""
+    """(int8 groups of 16, int8 groups of 32, nibbles offset 0, nibbles offset 8)."""
     return (
         _pair_min_intrinsic(16, simd),
         _pair_min_intrinsic(32, simd),
         _pair_min_intrinsic(32, simd, 0),
         _pair_min_intrinsic(32, simd, 8),
-        _pair_min_intrinsic(32, simd, 16),
     )
 
 
-_generic_16, _generic_32, _generic_nib0, _generic_nib8, _generic_nib16 = _variants("generic")
-_avx2_16, _avx2_32, _avx2_nib0, _avx2_nib8, _avx2_nib16 = _variants("avx2")
-_vnni_16, _vnni_32, _vnni_nib0, _vnni_nib8, _vnni_nib16 = _variants("vnni")
+_generic_16, _generic_32, _generic_nib0, _generic_nib8 = _variants("generic")
+_avx2_16, _avx2_32, _avx2_nib0, _avx2_nib8 = _variants("avx2")
+_vnni_16, _vnni_32, _vnni_nib0, _vnni_nib8 = _variants("vnni")
 
 
 @numba.njit(cache=True)
@@ -83,10 +82,8 @@ def generic_dot_pair_min(
     """dot_pair_min through the generic instruction selection."""
     if nib == 0:
         _generic_nib0(q, q0, q1, ints, scales, s0, s1, int_scales, mins, m0, m1, sums, n_groups, out)
-    elif nib == 8:
-        _generic_nib8(q, q0, q1, ints, scales, s0, s1, int_scales, mins, m0, m1, sums, n_groups, out)
     elif nib > 0:
-        _generic_nib16(q, q0, q1, ints, scales, s0, s1, int_scales, mins, m0, m1, sums, n_groups, out)
+        _generic_nib8(q, q0, q1, ints, scales, s0, s1, int_scales, mins, m0, m1, sums, n_groups, out)
     elif shift == 4:
         _generic_16(q, q0, q1, ints, scales, s0, s1, int_scales, mins, m0, m1, sums, n_groups, out)
     else:
@@ -100,10 +97,8 @@ def avx2_dot_pair_min(
     """dot_pair_min through AVX2 (only where the CPU has it)."""
     if nib == 0:
         _avx2_nib0(q, q0, q1, ints, scales, s0, s1, int_scales, mins, m0, m1, sums, n_groups, out)
-    elif nib == 8:
-        _avx2_nib8(q, q0, q1, ints, scales, s0, s1, int_scales, mins, m0, m1, sums, n_groups, out)
     elif nib > 0:
-        _avx2_nib16(q, q0, q1, ints, scales, s0, s1, int_scales, mins, m0, m1, sums, n_groups, out)
+        _avx2_nib8(q, q0, q1, ints, scales, s0, s1, int_scales, mins, m0, m1, sums, n_groups, out)
     elif shift == 4:
         _avx2_16(q, q0, q1, ints, scales, s0, s1, int_scales, mins, m0, m1, sums, n_groups, out)
     else:
@@ -117,10 +112,8 @@ def vnni_dot_pair_min(
     """dot_pair_min through VNNI (only where the CPU has it)."""
     if nib == 0:
         _vnni_nib0(q, q0, q1, ints, scales, s0, s1, int_scales, mins, m0, m1, sums, n_groups, out)
-    elif nib == 8:
-        _vnni_nib8(q, q0, q1, ints, scales, s0, s1, int_scales, mins, m0, m1, sums, n_groups, out)
     elif nib > 0:
-        _vnni_nib16(q, q0, q1, ints, scales, s0, s1, int_scales, mins, m0, m1, sums, n_groups, out)
+        _vnni_nib8(q, q0, q1, ints, scales, s0, s1, int_scales, mins, m0, m1, sums, n_groups, out)
     elif shift == 4:
         _vnni_16(q, q0, q1, ints, scales, s0, s1, int_scales, mins, m0, m1, sums, n_groups, out)
     else:
@@ -130,6 +123,6 @@ def vnni_dot_pair_min(
 SELECTED = {"vnni": vnni_dot_pair_min, "avx2": avx2_dot_pair_min, "generic": generic_dot_pair_min}
 # dot_pair_min(q, q0, q1, ints, scales, s0, s1, int_scales, mins, m0, m1, sums, n_groups, shift,
 # nib, out): weight rows at q0 and q1 (int8 codes in groups of 1 << shift when nib < 0, else
-# packed codes stored plus nib (nibbles.py), q0/q1 byte offsets), scales at s0/s1, mins at m0/m1; one
+# packed nibbles stored plus nib, q0/q1 byte offsets), scales at s0/s1, mins at m0/m1; one
 # activation row's codes, code scales and group sums -> out[0], out[1].
 dot_pair_min = SELECTED[HOST_SIMD]

@@ -18,12 +18,10 @@ from inference.engine.quants.intdot import (
 from inference.engine.quants.intdot_reference import dot_row_bitwise_reference, round_to_float32
 from inference.engine.quants.nibbles import (
     NIBBLE_OFFSET,
-    QUINT_OFFSET,
     generic_dot_row_nib,
     generic_dot_rows_nib,
     pack_nibbles,
     packable_offset,
-    packed_row_bytes,
     unpack_nibbles,
 )
 from inference.engine.quants.quantize import ACT_Q8_0, ACT_Q8_1, ACT_Q8_K, round_row_int
@@ -168,22 +166,20 @@ def _nibble_variants(packed, q, ints, scales, int_scales, n_groups, offset, rows
 
 
 @pytest.mark.parametrize("simd", SELECTIONS)
-@pytest.mark.parametrize("offset", [0, NIBBLE_OFFSET, QUINT_OFFSET])
+@pytest.mark.parametrize("offset", [0, NIBBLE_OFFSET])
 def test_packed_nibbles_give_the_int8_codes_bits(simd, offset):
-    # Every 4-bit code (0..15, or -8..7 for Q4_0) and 5-bit code (-16..15, Q5_0) against
-    # extreme and random activation codes: unpacked in registers, the packed codes give the
-    # int8 copy's integer lanes, so its bits, in every instruction selection and row shape,
-    # and the bitwise numpy reference's.
+    # Every 4-bit code (0..15, or -8..7 for Q4_0) against extreme and random activation codes:
+    # unpacked in registers, the nibbles give the int8 copy's integer lanes, so its bits, in
+    # every instruction selection and row shape, and the bitwise numpy reference's.
     host_row, host_rows, host_pair = nibbles.SELECTED[_runnable(simd)]
     rng = np.random.default_rng(offset)
-    cols, levels = 1024, 32 if offset == QUINT_OFFSET else 16
-    q = (rng.integers(0, levels, (2, cols)) - offset).astype(np.int8)
+    cols = 1024
+    q = (rng.integers(0, 16, (2, cols)) - offset).astype(np.int8)
     q[0, :32] = -offset  # a whole group of the lowest code and one of the highest
-    q[0, 32:64] = levels - 1 - offset
-    q[0, 64:96] = np.arange(32) % levels - offset  # every code in order (each lane's fifth bit)
+    q[0, 32:64] = 15 - offset
     assert packable_offset(q, 32) == offset
     packed = pack_nibbles(q, offset)
-    assert packed.shape == (2, packed_row_bytes(cols, offset)) == (2, cols * (5 if levels == 32 else 4) // 8)
+    assert packed.shape == (2, cols // 2)
     np.testing.assert_array_equal(unpack_nibbles(packed, offset), q)
     ints = rng.integers(-127, 128, (4, cols)).astype(np.int8)
     ints[0, :], ints[1, :] = 127, -127
@@ -204,25 +200,5 @@ def test_only_four_bit_groups_of_32_are_packed():
     assert packable_offset(np.arange(-8, 8, dtype=np.int8), 32) == NIBBLE_OFFSET
     assert packable_offset(np.arange(0, 16, dtype=np.int8), 32) == 0
     assert packable_offset(np.arange(0, 16, dtype=np.int8), 16) is None  # groups of 16 stay int8
-    assert packable_offset(np.arange(-8, 9, dtype=np.int8), 32) == QUINT_OFFSET  # five bits
-    assert packable_offset(np.arange(-16, 16, dtype=np.int8), 32) == QUINT_OFFSET  # Q5_0
-    assert packable_offset(np.arange(-1, 15, dtype=np.int8), 32) == QUINT_OFFSET
-    assert packable_offset(np.arange(0, 17, dtype=np.int8), 32) is None  # 16 needs a sixth bit here
-    assert packable_offset(np.arange(-17, 0, dtype=np.int8), 32) is None
-
-
-def test_five_bit_packing_matches_the_q5_0_file_layout():
-    # The file's own Q5_0 block: 16 bytes of nibbles then the fifth bits as a uint32 in the
-    # file (after the f16 scale); ours is the same bytes without the scale, repacked at load.
-    from inference.engine.quants.formats import FORMATS, GGMLType
-
-    fmt = FORMATS[GGMLType.Q5_0]
-    rng = np.random.default_rng(5)
-    blocks = rng.integers(0, 256, (6, fmt.type_size()), dtype=np.uint8)  # (blocks, 22)
-    blocks[:, :2] = np.frombuffer(np.float16(0.5).tobytes(), np.uint8)
-    codes = fmt.unpack(blocks).q.reshape(2, 96)  # (rows, cols) int8, -16..15
-    packed = pack_nibbles(codes, QUINT_OFFSET).reshape(2, 3, 20)
-    qh_qs = blocks.reshape(2, 3, 22)[:, :, 2:]  # (rows, groups, qh 4 + qs 16)
-    np.testing.assert_array_equal(packed[:, :, :16], qh_qs[:, :, 4:])
-    np.testing.assert_array_equal(packed[:, :, 16:], qh_qs[:, :, :4])
-    np.testing.assert_array_equal(unpack_nibbles(packed.reshape(2, 60), QUINT_OFFSET), codes)
+    assert packable_offset(np.arange(-8, 9, dtype=np.int8), 32) is None  # needs five bits
+    assert packable_offset(np.arange(-1, 15, dtype=np.int8), 32) is None

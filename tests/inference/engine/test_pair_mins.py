@@ -10,7 +10,7 @@ import pytest
 from inference.engine.quants import intdot, nibbles, pair_mins
 from inference.engine.quants.intdot import min_sum, min_sums_pair
 from inference.engine.quants.intdot_reference import dot_row_bitwise_reference, fma_float32
-from inference.engine.quants.nibbles import NIBBLE_OFFSET, QUINT_OFFSET, pack_nibbles
+from inference.engine.quants.nibbles import NIBBLE_OFFSET, pack_nibbles
 from inference.engine.simd import SELECTIONS, missing_features, target_features
 
 
@@ -58,7 +58,7 @@ def _reference(q, ints, scales, int_scales, mins, sums) -> np.float32:
 
 
 @pytest.mark.parametrize("simd", SELECTIONS)
-@pytest.mark.parametrize("layout", ["int16", "int32", "nib0", "nib8", "nib16"])
+@pytest.mark.parametrize("layout", ["int16", "int32", "nib0", "nib8"])
 def test_folded_min_terms_give_the_bits_of_the_separate_chain(simd, layout):
     missing = missing_features(simd, target_features())
     if missing:
@@ -72,9 +72,8 @@ def test_folded_min_terms_give_the_bits_of_the_separate_chain(simd, layout):
         q[0, :64] = -128
         weights, pair = q.ravel(), intdot.SELECTED[simd][2]
     else:
-        levels = 32 if nib == 16 else 16
-        q = (rng.integers(0, levels, (2, cols)) - nib).astype(np.int8)
-        q[0, :32], q[1, :32] = -nib, levels - 1 - nib
+        q = (rng.integers(0, 16, (2, cols)) - nib).astype(np.int8)
+        q[0, :32], q[1, :32] = -nib, 15 - nib
         weights, pair = pack_nibbles(q, nib).view(np.int8).ravel(), nibbles.SELECTED[simd][2]
     ints = rng.integers(-127, 128, cols).astype(np.int8)
     ints[:32] = 127
@@ -95,5 +94,5 @@ def test_folded_min_terms_give_the_bits_of_the_separate_chain(simd, layout):
     assert min_sum(mins.ravel(), n_groups, sums, n_groups) + 0 == min_sum(mins[1], 0, sums, n_groups)
 
 
-def test_the_offsets_pair_mins_dispatches_on():
-    assert (NIBBLE_OFFSET, QUINT_OFFSET) == (8, 16)  # pair_mins: nib 8, else any positive nib is 16
+def test_nibble_offset_is_eight():
+    assert NIBBLE_OFFSET == 8  # pair_mins takes any positive nib as the offset-8 variant
