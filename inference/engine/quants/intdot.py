@@ -11,8 +11,11 @@ one horizontal sum per row in ggml's order. ``dot_rows_int`` does ROW_BLOCK acti
 pass over a weight row with the same instructions per row, so it gives each row the bits
 ``dot_row_int`` gives it: a token's product does not depend on the tokens beside it.
 
-Activation codes are int8 (ggml's Q8_0/Q8_1/Q8_K range, -127..127). dot_row_reference is the
-numpy reference.
+Each kernel exists in every instruction selection (``vnni``, ``avx2``, ``generic``: simd.py,
+``SELECTED``); ``dot_row_int``, ``dot_rows_int`` and ``dot_pair_int`` are the process's
+(HOST_SIMD), and all give the same bits. Activation codes are int8 (ggml's Q8_0/Q8_1/Q8_K
+range, -127..127). dot_row_reference is the numpy reference within a rounding bound,
+intdot_reference.dot_row_bitwise_reference the one bit for bit.
 """
 
 from __future__ import annotations
