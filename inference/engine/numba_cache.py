@@ -19,12 +19,15 @@ import hashlib
 import os
 from pathlib import Path
 
+from .simd import SIMD_VARIABLE
+
 ENGINE_DIR = Path(__file__).resolve().parent
 # The directory the user asked for, remembered so that child processes (which inherit the keyed
 # NUMBA_CACHE_DIR) key from it again instead of nesting one key inside another.
 BASE_VARIABLE = "LMSERVE_NUMBA_CACHE_BASE"
-# numba's own overrides of what it compiles for; they change the code, so they join the key.
-NUMBA_TARGET_VARIABLES = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_OPT")
+# numba's own overrides of what it compiles for, and the engine's choice of instructions for the
+# integer dot products (simd.py): they change the code, so they join the key.
+NUMBA_TARGET_VARIABLES = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_OPT", SIMD_VARIABLE)
 
 
 def host_cpu() -> tuple[str, str]:
@@ -54,7 +57,7 @@ def cache_key(cpu_name: str, features: str, sources: str, overrides: dict[str, s
 def keyed_cache_dir(base: str | os.PathLike) -> Path:
     """Where this process's kernels are cached under ``base``."""
     name, features = host_cpu()
-    overrides = {v: os.environ[v] for v in NUMBA_TARGET_VARIABLES if v in os.environ}
+    overrides = {v: os.environ[v] for v in NUMBA_TARGET_VARIABLES if os.environ.get(v)}
     return Path(base) / cache_key(name, features, source_digest(), overrides)
 
 

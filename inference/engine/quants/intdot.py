@@ -11,26 +11,31 @@ one horizontal sum per row in ggml's order. ``dot_rows_int`` does ROW_BLOCK acti
 pass over a weight row with the same instructions per row, so it gives each row the bits
 ``dot_row_int`` gives it: a token's product does not depend on the tokens beside it.
 
-Activation codes are int8 (ggml's Q8_0/Q8_1/Q8_K range, -127..127). dot_row_reference is the
-numpy reference.
+Each kernel exists in every instruction selection (``vnni``, ``avx2``, ``generic``: simd.py,
+``SELECTED``); ``dot_row_int``, ``dot_rows_int`` and ``dot_pair_int`` are the process's
+(HOST_SIMD), and all give the same bits. Activation codes are int8 (ggml's Q8_0/Q8_1/Q8_K
+range, -127..127). dot_row_reference is the numpy reference within a rounding bound,
+intdot_reference.dot_row_bitwise_reference the one bit for bit.
 """
 
 from __future__ import annotations
 
 import numba
 import numpy as np
-from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..intrinsics import element_pointer, fma32
+from ..simd import host_simd
 from .intdot_ir import row_dots
 
 ROW_BLOCK = 4  # activation rows per weight pass in dot_rows_int
-# The instruction selection of the host (intdot_ir.py); both give the same bits.
-HOST_SIMD = "avx2" if "+avx2" in llvm_binding.get_host_cpu_features().flatten() else "generic"
+# The instruction selection of this process (simd.py: the best the CPU has, or LMSERVE_SIMD);
+# all give the same bits. The kernels of every selection are defined (tests compare them);
+# only those of the CPU's features compile and run.
+HOST_SIMD = host_simd()
 
 
 def _group_dot_intrinsic(group: int, simd: str, nibble_offset: int | None = None):
@@ -146,6 +151,10 @@ _generic_rows_16 = _group_dot_rows_intrinsic(16, ROW_BLOCK, "generic")
 _generic_rows_32 = _group_dot_rows_intrinsic(32, ROW_BLOCK, "generic")
 _avx2_rows_16 = _group_dot_rows_intrinsic(16, ROW_BLOCK, "avx2")
 _avx2_rows_32 = _group_dot_rows_intrinsic(32, ROW_BLOCK, "avx2")
+_vnni_16, _vnni_32 = _group_dot_intrinsic(16, "vnni"), _group_dot_intrinsic(32, "vnni")
+_vnni_rows_16 = _group_dot_rows_intrinsic(16, ROW_BLOCK, "vnni")
+_vnni_rows_32 = _group_dot_rows_intrinsic(32, ROW_BLOCK, "vnni")
+_vnni_pair_16, _vnni_pair_32 = _group_dot_pair_intrinsic(16, "vnni"), _group_dot_pair_intrinsic(32, "vnni")
 _generic_pair_16, _generic_pair_32 = (
     _group_dot_pair_intrinsic(16, "generic"),
     _group_dot_pair_intrinsic(32, "generic"),
@@ -170,6 +179,14 @@ def avx2_dot_row_int(q, q_start, ints, scales, s_start, int_scales, n_groups, gr
 
 
 @numba.njit(cache=True)
+def vnni_dot_row_int(q, q_start, ints, scales, s_start, int_scales, n_groups, group_shift):
+    """dot_row_int through VNNI's ``vpdpbusd`` (only where the CPU has it)."""
+    if group_shift == 4:
+        return _vnni_16(q, q_start, ints, scales, s_start, int_scales, n_groups)
+    return _vnni_32(q, q_start, ints, scales, s_start, int_scales, n_groups)
+
+
+@numba.njit(cache=True)
 def generic_dot_rows_int(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, group_shift, out):
     """dot_rows_int through the generic instruction selection."""
     if group_shift == 4:
@@ -185,6 +202,15 @@ def avx2_dot_rows_int(q, q_start, ints, n0, scales, s_start, int_scales, n_group
         _avx2_rows_16(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
     else:
         _avx2_rows_32(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+
+
+@numba.njit(cache=True)
+def vnni_dot_rows_int(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, group_shift, out):
+    """dot_rows_int through VNNI (only where the CPU has it)."""
+    if group_shift == 4:
+        _vnni_rows_16(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+    else:
+        _vnni_rows_32(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
 
 
 @numba.njit(cache=True)
@@ -209,18 +235,35 @@ def avx2_dot_pair_int(
         _avx2_pair_32(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
 
 
+@numba.njit(cache=True)
+def vnni_dot_pair_int(
+    q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, group_shift, out
+):
+    """dot_pair_int through VNNI (only where the CPU has it)."""
+    if group_shift == 4:
+        _vnni_pair_16(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+    else:
+        _vnni_pair_32(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+
+
+# Each selection's (dot_row_int, dot_rows_int, dot_pair_int).
+SELECTED = {
+    "vnni": (vnni_dot_row_int, vnni_dot_rows_int, vnni_dot_pair_int),
+    "avx2": (avx2_dot_row_int, avx2_dot_rows_int, avx2_dot_pair_int),
+    "generic": (generic_dot_row_int, generic_dot_rows_int, generic_dot_pair_int),
+}
+
+
 # dot_row_int(q, q_start, ints, scales, s_start, int_scales, n_groups, group_shift): the sum over
 # groups of scales * int_scales * (int8 codes . int8 codes), for groups of 16 (group_shift 4) or
 # 32 weights; q, ints, scales, int_scales contiguous 1-D arrays.
 # dot_rows_int(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, group_shift, out):
 # out[i] = dot_row_int with activation rows n0 + i of the 2-D ``ints`` (rows, cols) and
 # ``int_scales`` (rows, groups), i < ROW_BLOCK: bitwise the same values, weights read once.
-dot_row_int = avx2_dot_row_int if HOST_SIMD == "avx2" else generic_dot_row_int
-dot_rows_int = avx2_dot_rows_int if HOST_SIMD == "avx2" else generic_dot_rows_int
 # dot_pair_int(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups,
 # group_shift, out): out[0], out[1] = dot_row_int of the weight rows at q_start and q_next with
 # one activation row (bitwise the same values; two sums in flight).
-dot_pair_int = avx2_dot_pair_int if HOST_SIMD == "avx2" else generic_dot_pair_int
+dot_row_int, dot_rows_int, dot_pair_int = SELECTED[HOST_SIMD]
 
 
 @numba.njit(cache=True)

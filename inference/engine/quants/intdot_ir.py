@@ -9,8 +9,16 @@ integer lanes, so the same bits:
 - ``avx2``: ggml's own sequence, |w| (``psign``) times sign-moved a (``pmaddubsw``, two
   products per int16; |w| <= 128 and |a| <= 127 never saturate), then pairs to int32
   (``pmaddwd``): 32 multiply-adds in three instructions;
+- ``vnni``: for groups of 32, ``vpdpbusd`` (AVX-512 VNNI + VL, or AVX-VNNI) sums four
+  products |w| x sign-moved a into each int32 lane in one instruction: the avx2 lanes exactly
+  (no saturation). Unsigned codes need no sign moved; 4-bit codes stored plus an offset
+  (Q4_0's 8) are multiplied as stored with -offset * (sums of four a's) as the accumulator,
+  which is sum (w - offset) a again. Groups of 16 fold in pairs, which vpdpbusd does not: they
+  keep the avx2 sequence;
 - ``generic``: sign-extend both to int32, multiply, add lane pairs, which LLVM lowers to the
   best the CPU has (``pmaddwd`` on SSE2 and up). Chosen when the CPU lacks AVX2.
+
+The selection is chosen once per process (simd.py).
 """
 
 from __future__ import annotations
@@ -52,18 +60,20 @@ def _load_nibbles(builder, pointer, offset: int):
 
 
 def prepare_weights(builder, simd: str, group: int, q_ptr, nibble_offset: int | None = None):
-    """What every row's product with this weight group reuses. ``nibble_offset`` None: int8
-    codes; else 4-bit codes packed two a byte (groups of 32), stored plus this offset."""
+    """What every row's product with this weight group reuses: (codes, magnitudes or None,
+    offset still in the codes). ``nibble_offset`` None: int8 codes; else 4-bit codes packed
+    two a byte (groups of 32), stored plus this offset."""
+    vnni = simd == "vnni" and group == 32
     if nibble_offset is None:
         w = _load_codes(builder, q_ptr, group)
-    else:
-        w = _load_nibbles(builder, q_ptr, nibble_offset)
+    else:  # vpdpbusd takes the stored (unsigned) codes and subtracts the offset in its accumulator
+        w = _load_nibbles(builder, q_ptr, 0 if vnni else nibble_offset)
     if simd == "generic":
-        return builder.sext(w, ir.VectorType(I32, group))
-    if nibble_offset == 0:
-        return w, None  # codes 0..15: already their own magnitudes, no sign to move
+        return builder.sext(w, ir.VectorType(I32, group)), None, 0
+    if nibble_offset == 0 or (vnni and nibble_offset):
+        return w, None, nibble_offset if vnni else 0  # codes 0..15: their own magnitudes
     sign = "llvm.x86.avx2.psign.b" if group == 32 else "llvm.x86.ssse3.psign.b.128"
-    return w, _call(builder, sign, w.type, [w, w])  # (w, |w|)
+    return w, _call(builder, sign, w.type, [w, w]), 0  # (w, |w|)
 
 
 def _pair_fold(builder, values, n: int):
@@ -73,14 +83,36 @@ def _pair_fold(builder, values, n: int):
     return builder.add(evens, odds)
 
 
+def _vpdpbusd(builder, acc, unsigned, signed):
+    """acc + per int32 lane j the sum of unsigned[4j + i] * signed[4j + i], i < 4 (exact)."""
+    words = ir.VectorType(I32, LANES)
+    args = [acc, builder.bitcast(unsigned, words), builder.bitcast(signed, words)]
+    return _call(builder, "llvm.x86.avx512.vpdpbusd.256", words, args)
+
+
+def _vnni_lanes(builder, weights, a):
+    """group_lanes for groups of 32 with vpdpbusd."""
+    w, w_abs, offset = weights
+    zero = ir.Constant(ir.VectorType(I32, LANES), None)
+    if w_abs is not None:  # signed codes: |w| times a with w's sign moved onto it
+        return _vpdpbusd(builder, zero, w_abs, _call(builder, "llvm.x86.avx2.psign.b", a.type, [a, w]))
+    if not offset:
+        return _vpdpbusd(builder, zero, w, a)
+    # sum (w - offset) a = sum w a - offset * sum a: start from the second term.
+    quad_sums = _vpdpbusd(builder, zero, ir.Constant(w.type, [offset] * 32), a)
+    return _vpdpbusd(builder, builder.sub(zero, quad_sums), w, a)
+
+
 def group_lanes(builder, simd: str, group: int, weights, a_ptr):
     """8 int32 lanes of one group's products: for groups of 32, lane j sums products
     4j..4j+3; for groups of 16, products 2j and 2j+1 (ggml's maddubs/madd layout)."""
     a = _load_codes(builder, a_ptr, group)
+    w, w_abs, _ = weights
     if simd == "generic":
-        pairs = _pair_fold(builder, builder.mul(weights, builder.sext(a, ir.VectorType(I32, group))), group)
+        pairs = _pair_fold(builder, builder.mul(w, builder.sext(a, ir.VectorType(I32, group))), group)
         return _pair_fold(builder, pairs, 16) if group == 32 else pairs
-    w, w_abs = weights
+    if group == 32 and simd == "vnni":
+        return _vnni_lanes(builder, weights, a)
     if group == 32:
         if w_abs is None:  # unsigned codes: maddubs takes them as they are (same products)
             pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", ir.VectorType(I16, 16), [w, a])
@@ -109,19 +141,44 @@ def lane_sum(builder, total):
     )
 
 
-def row_dots(builder, simd: str, group: int, weight_rows, act_rows, n_groups, nibble_offset=None):
+def _min_chains(builder, weight_mins, act_sums, g, chains) -> None:
+    """One step of every (weight row, activation row) min-term chain: chain = fma(mins[g],
+    group_sums[g], chain), the in-order chain intdot.min_sum computes."""
+    for m0, row_chains in zip(weight_mins, chains, strict=True):
+        m = builder.load(builder.gep(m0, [g]))
+        for chain, s0 in zip(row_chains, act_sums, strict=True):
+            step = _call(
+                builder, "llvm.fma.f32", m.type, [m, builder.load(builder.gep(s0, [g])), builder.load(chain)]
+            )
+            builder.store(step, chain)
+
+
+def row_dots(
+    builder, simd: str, group: int, weight_rows, act_rows, n_groups, nibble_offset=None, min_terms=None
+):
     """For every weight row (q pointer, scales pointer) and activation row (codes pointer,
     code scales pointer): sum over groups g of fl(scale[g] * code_scale[g]) * lanes(g),
     accumulated lane-wise with FMA -> [weight row][activation row] float32 values. Each weight
     group is loaded and prepared once for all activation rows; every pair gets the same
     instructions, so the same bits, whichever other rows it is computed with. With
     ``nibble_offset`` the weight codes are packed 4-bit (prepare_weights): the same integer
-    lanes, so the same bits as their int8 copy, from half the bytes."""
+    lanes, so the same bits as their int8 copy, from half the bytes.
+
+    ``min_terms`` (mins pointer per weight row, group sums pointer per activation row) adds
+    each pair's min term, min_sum's chain of fused multiply-adds run in the same group loop
+    (its latency hidden behind the vector work) and added to the lane sum as the callers of a
+    separate min_sum add it: the same bits."""
     weight_bytes = group if nibble_offset is None else group // 2
     floats = ir.VectorType(ir.FloatType(), LANES)
     accs = [
         [cgutils.alloca_once_value(builder, ir.Constant(floats, None)) for _ in act_rows] for _ in weight_rows
     ]
+    zero = ir.Constant(ir.FloatType(), 0.0)
+    chains = (
+        [[cgutils.alloca_once_value(builder, zero) for _ in act_rows] for _ in weight_rows]
+        if min_terms
+        else None
+    )
     with cgutils.for_range(builder, n_groups) as loop:
         g = loop.index
         offset = builder.mul(g, ir.Constant(g.type, group))
@@ -135,4 +192,15 @@ def row_dots(builder, simd: str, group: int, weight_rows, act_rows, n_groups, ni
                 splat = builder.shuffle_vector(splat, splat, _constant_vector([0] * LANES))
                 lanes = group_lanes(builder, simd, group, weights, builder.gep(a0, [offset]))
                 builder.store(_fma(builder, builder.sitofp(lanes, floats), splat, builder.load(acc)), acc)
-    return [[lane_sum(builder, builder.load(acc)) for acc in row_accs] for row_accs in accs]
+        if min_terms:
+            _min_chains(builder, *min_terms, g, chains)
+    sums = [[lane_sum(builder, builder.load(acc)) for acc in row_accs] for row_accs in accs]
+    if not min_terms:
+        return sums
+    return [
+        [
+            builder.fadd(total, builder.load(chain), flags=EXACT)
+            for total, chain in zip(row, row_chains, strict=True)
+        ]
+        for row, row_chains in zip(sums, chains, strict=True)
+    ]

@@ -69,6 +69,9 @@ _generic_rows_0, _generic_rows_8 = (
 _avx2_rows_0, _avx2_rows_8 = (_group_dot_rows_intrinsic(GROUP, ROW_BLOCK, "avx2", o) for o in OFFSETS)
 _generic_pair_0, _generic_pair_8 = (_group_dot_pair_intrinsic(GROUP, "generic", o) for o in OFFSETS)
 _avx2_pair_0, _avx2_pair_8 = (_group_dot_pair_intrinsic(GROUP, "avx2", o) for o in OFFSETS)
+_vnni_0, _vnni_8 = (_group_dot_intrinsic(GROUP, "vnni", o) for o in OFFSETS)
+_vnni_rows_0, _vnni_rows_8 = (_group_dot_rows_intrinsic(GROUP, ROW_BLOCK, "vnni", o) for o in OFFSETS)
+_vnni_pair_0, _vnni_pair_8 = (_group_dot_pair_intrinsic(GROUP, "vnni", o) for o in OFFSETS)
 
 
 @numba.njit(cache=True)
@@ -88,6 +91,14 @@ def avx2_dot_row_nib(q, q_start, ints, scales, s_start, int_scales, n_groups, of
 
 
 @numba.njit(cache=True)
+def vnni_dot_row_nib(q, q_start, ints, scales, s_start, int_scales, n_groups, offset):
+    """dot_row_nib through VNNI (only where the CPU has it)."""
+    if offset == 0:
+        return _vnni_0(q, q_start, ints, scales, s_start, int_scales, n_groups)
+    return _vnni_8(q, q_start, ints, scales, s_start, int_scales, n_groups)
+
+
+@numba.njit(cache=True)
 def generic_dot_rows_nib(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, offset, out):
     """dot_rows_nib through the generic instruction selection."""
     if offset == 0:
@@ -103,6 +114,15 @@ def avx2_dot_rows_nib(q, q_start, ints, n0, scales, s_start, int_scales, n_group
         _avx2_rows_0(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
     else:
         _avx2_rows_8(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+
+
+@numba.njit(cache=True)
+def vnni_dot_rows_nib(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, offset, out):
+    """dot_rows_nib through VNNI (only where the CPU has it)."""
+    if offset == 0:
+        _vnni_rows_0(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+    else:
+        _vnni_rows_8(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
 
 
 @numba.njit(cache=True)
@@ -125,8 +145,21 @@ def avx2_dot_pair_nib(q, q_start, q_next, ints, scales, s_start, s_next, int_sca
         _avx2_pair_8(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
 
 
-# The host's selection (both give the same bits); q holds packed bytes (as int8), q_start and
+@numba.njit(cache=True)
+def vnni_dot_pair_nib(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, offset, out):
+    """dot_pair_nib through VNNI (only where the CPU has it)."""
+    if offset == 0:
+        _vnni_pair_0(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+    else:
+        _vnni_pair_8(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+
+
+# Each selection's (dot_row_nib, dot_rows_nib, dot_pair_nib).
+SELECTED = {
+    "vnni": (vnni_dot_row_nib, vnni_dot_rows_nib, vnni_dot_pair_nib),
+    "avx2": (avx2_dot_row_nib, avx2_dot_rows_nib, avx2_dot_pair_nib),
+    "generic": (generic_dot_row_nib, generic_dot_rows_nib, generic_dot_pair_nib),
+}
+# The host's selection (all give the same bits); q holds packed bytes (as int8), q_start and
 # q_next are byte offsets: a row of cols weights is cols // 2 bytes.
-dot_row_nib = avx2_dot_row_nib if HOST_SIMD == "avx2" else generic_dot_row_nib
-dot_rows_nib = avx2_dot_rows_nib if HOST_SIMD == "avx2" else generic_dot_rows_nib
-dot_pair_nib = avx2_dot_pair_nib if HOST_SIMD == "avx2" else generic_dot_pair_nib
+dot_row_nib, dot_rows_nib, dot_pair_nib = SELECTED[HOST_SIMD]

@@ -1,4 +1,5 @@
-"""The integer group dot product (quants/intdot.py) against its numpy reference, and the
+"""The integer group dot product (quants/intdot.py) against its numpy references (within a
+bound, and bit for bit), in every instruction selection (simd.py) the CPU can run, and the
 integer codes of activation rounding against the float values they stand for."""
 
 from __future__ import annotations
@@ -7,21 +8,16 @@ import numba
 import numpy as np
 import pytest
 
+from inference.engine.quants import intdot, nibbles
 from inference.engine.quants.intdot import (
-    HOST_SIMD,
-    avx2_dot_row_int,
-    avx2_dot_rows_int,
     dot_row_int,
     dot_row_reference,
     generic_dot_row_int,
     generic_dot_rows_int,
 )
+from inference.engine.quants.intdot_reference import dot_row_bitwise_reference, round_to_float32
 from inference.engine.quants.nibbles import (
     NIBBLE_OFFSET,
-    avx2_dot_pair_nib,
-    avx2_dot_row_nib,
-    avx2_dot_rows_nib,
-    generic_dot_pair_nib,
     generic_dot_row_nib,
     generic_dot_rows_nib,
     pack_nibbles,
@@ -29,6 +25,15 @@ from inference.engine.quants.nibbles import (
     unpack_nibbles,
 )
 from inference.engine.quants.quantize import ACT_Q8_0, ACT_Q8_1, ACT_Q8_K, round_row_int
+from inference.engine.simd import SELECTIONS, missing_features, target_features
+
+
+def _runnable(simd: str) -> str:
+    """``simd``, skipping the test with the features the CPU lacks for it."""
+    missing = missing_features(simd, target_features())
+    if missing:
+        pytest.skip(f"the CPU lacks {', '.join(missing)} for the {simd} selection")
+    return simd
 
 
 @numba.njit(cache=True)
@@ -88,13 +93,9 @@ def _both_selections(q, ints, scales, int_scales, n_groups, group_shift, host_ro
     return out
 
 
-@pytest.mark.skipif(HOST_SIMD != "avx2", reason="the CPU has no AVX2: only the generic selection runs")
-@pytest.mark.parametrize("group_shift", [4, 5])
-def test_avx2_and_generic_selections_and_row_blocks_give_the_same_bits(group_shift):
-    # Every weight code from -128 to 127 (maddubs's |w| = 128 included) against the extreme
-    # activation codes and random ones; the block of four rows equals four single rows.
-    rng = np.random.default_rng(group_shift + 10)
-    cols = 1024
+def _extreme_codes(rng, group_shift: int, cols: int = 1024):
+    """Every weight code from -128 to 127 (maddubs's |w| = 128 included, and vpdpbusd's) in
+    random order, against rows of activation codes 127, -127 and random ones, random scales."""
     q = np.resize(np.arange(-128, 128, dtype=np.int16), cols).astype(np.int8)
     rng.shuffle(q)
     ints = rng.integers(-127, 128, (4, cols)).astype(np.int8)
@@ -103,11 +104,45 @@ def test_avx2_and_generic_selections_and_row_blocks_give_the_same_bits(group_shi
     n_groups = cols >> group_shift
     scales = rng.standard_normal(n_groups).astype(np.float32)
     int_scales = rng.random((4, n_groups), dtype=np.float32)
-    out = _both_selections(
-        q, ints, scales, int_scales, n_groups, group_shift, avx2_dot_row_int, avx2_dot_rows_int
+    return q, ints, scales, int_scales, n_groups
+
+
+@pytest.mark.parametrize("simd", SELECTIONS)
+@pytest.mark.parametrize("group_shift", [4, 5])
+def test_every_selection_and_row_block_gives_the_same_bits(simd, group_shift):
+    # The block of four rows equals four single rows, in every selection, and equals generic.
+    q, ints, scales, int_scales, n_groups = _extreme_codes(
+        np.random.default_rng(group_shift + 10), group_shift
     )
+    row, rows, _ = intdot.SELECTED[_runnable(simd)]
+    out = _both_selections(q, ints, scales, int_scales, n_groups, group_shift, row, rows)
     for variant in out[1:]:
         np.testing.assert_array_equal(variant, out[0])
+
+
+@pytest.mark.parametrize("simd", SELECTIONS)
+@pytest.mark.parametrize("group_shift", [4, 5])
+def test_every_selection_equals_the_bitwise_numpy_reference(simd, group_shift):
+    q, ints, scales, int_scales, n_groups = _extreme_codes(
+        np.random.default_rng(group_shift + 20), group_shift, 512
+    )
+    row, rows, _ = intdot.SELECTED[_runnable(simd)]
+    out = _both_selections(q, ints, scales, int_scales, n_groups, group_shift, row, rows)
+    expected = [dot_row_bitwise_reference(q, ints[i], scales, int_scales[i]) for i in range(4)]
+    np.testing.assert_array_equal(out[1], np.array(expected, np.float32))
+    np.testing.assert_array_equal(out[3], out[1])
+
+
+def test_the_bitwise_reference_rounds_once():
+    # 1 + 2^-24 lies halfway between two float32s: ties go to even (1.0); a hair above it
+    # rounds up, which float64-then-float32 would get wrong (it lands on the tie first).
+    from fractions import Fraction
+
+    assert round_to_float32(Fraction(1) + Fraction(1, 2**24)) == np.float32(1.0)
+    assert round_to_float32(Fraction(1) + Fraction(1, 2**24) + Fraction(1, 2**60)) == np.nextafter(
+        np.float32(1.0), np.float32(2.0)
+    )
+    assert round_to_float32(Fraction(1) + Fraction(3, 2**24)) == np.float32(1.0) + np.float32(2.0**-22)
 
 
 @numba.njit(cache=True)
@@ -130,14 +165,18 @@ def _nibble_variants(packed, q, ints, scales, int_scales, n_groups, offset, rows
     return out
 
 
+@pytest.mark.parametrize("simd", SELECTIONS)
 @pytest.mark.parametrize("offset", [0, NIBBLE_OFFSET])
-def test_packed_nibbles_give_the_int8_codes_bits(offset):
+def test_packed_nibbles_give_the_int8_codes_bits(simd, offset):
     # Every 4-bit code (0..15, or -8..7 for Q4_0) against extreme and random activation codes:
     # unpacked in registers, the nibbles give the int8 copy's integer lanes, so its bits, in
-    # every instruction selection and row shape.
+    # every instruction selection and row shape, and the bitwise numpy reference's.
+    host_row, host_rows, host_pair = nibbles.SELECTED[_runnable(simd)]
     rng = np.random.default_rng(offset)
     cols = 1024
     q = (rng.integers(0, 16, (2, cols)) - offset).astype(np.int8)
+    q[0, :32] = -offset  # a whole group of the lowest code and one of the highest
+    q[0, 32:64] = 15 - offset
     assert packable_offset(q, 32) == offset
     packed = pack_nibbles(q, offset)
     assert packed.shape == (2, cols // 2)
@@ -147,17 +186,14 @@ def test_packed_nibbles_give_the_int8_codes_bits(offset):
     n_groups = cols // 32
     scales = rng.standard_normal((2, n_groups)).astype(np.float32)
     int_scales = rng.random((4, n_groups), dtype=np.float32)
-    host_row, host_rows, host_pair = (
-        (avx2_dot_row_nib, avx2_dot_rows_nib, avx2_dot_pair_nib)
-        if HOST_SIMD == "avx2"
-        else (generic_dot_row_nib, generic_dot_rows_nib, generic_dot_pair_nib)
-    )
     out = _nibble_variants(
         packed.view(np.int8), q, ints, scales, int_scales, n_groups, offset, host_rows, host_pair, host_row
     )
     for variant in out[1:5]:
         np.testing.assert_array_equal(variant, out[0])
     assert out[5, 0] == out[0, 0] and out[5, 1] == out[6, 0]
+    expected = [dot_row_bitwise_reference(q[0], ints[i], scales[0], int_scales[i]) for i in range(4)]
+    np.testing.assert_array_equal(out[2], np.array(expected, np.float32))
 
 
 def test_only_four_bit_groups_of_32_are_packed():
