@@ -1,0 +1,161 @@
+"""LLVM IR of the tiled attention's two products (attention_tile.py), with 16 query heads in the
+16 lanes of one vector: every lane does exactly the float32 operations the one-row kernels do
+for its own query, in the same order, so each lane's result has the one-row kernel's bits.
+
+- ``scores_lanes``: one key against 16 queries. The one-row score (attention_ir.py) keeps an
+  8-lane FMA accumulator over the head's 8-wide chunks (lane j sums q[8c+j] * k[8c+j] over c in
+  order) and adds the 8 lanes in hsum8's order. Here accumulator j is a 16-query vector, FMA'd
+  with the broadcast k[8c+j], and the 8 accumulators are added vector-wise in hsum8's order.
+  Two keys share each load of the queries.
+- ``values_lanes``: the weighted values. The one-row kernel sends key t to accumulator lane
+  (t mod 8) of every output dimension and FMAs v[t, d] * p[t] there in key order. Here, for
+  each lane j and a chunk of 8 dimensions, the 8 accumulators (16 queries each) stay in
+  registers while the keys t = j, j + 8, ... of the block stream by.
+
+Operands are float32 (the tile converts its f16 cache rows once per key block) so that each
+key element is a broadcast memory operand of the FMA.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ..intrinsics import element_pointer
+
+WIDTH = 8  # the one-row kernels' accumulator lanes (tinyBLAS's 8-wide vectors)
+QUERIES = 16  # query heads per vector
+EXACT = ("ninf",)  # see quants/intdot_ir.py: keeps numba's fastmath pass off these operations
+F32, I64 = ir.FloatType(), ir.IntType(64)
+VEC = ir.VectorType(F32, QUERIES)
+
+
+def _fma(builder, a, b, c):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VEC, [VEC] * 3), "llvm.fma.v16f32")
+    return builder.call(fn, [a, b, c])
+
+
+def _splat(builder, value):
+    """value (float) in all 16 lanes."""
+    one = builder.insert_element(ir.Constant(VEC, None), value, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(one, ir.Constant(VEC, None), ir.Constant(ir.VectorType(ir.IntType(32), QUERIES), [0] * QUERIES))
+
+
+def _load_vec(builder, pointer):
+    return builder.load(builder.bitcast(pointer, VEC.as_pointer()), align=4)
+
+
+def _store_vec(builder, value, pointer):
+    builder.store(value, builder.bitcast(pointer, VEC.as_pointer()), align=4)
+
+
+def _hsum8(builder, acc):
+    """hsum8 of 8 vectors, lane-wise: ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3))."""
+    r = [builder.fadd(acc[4 + i], acc[i], flags=EXACT) for i in range(4)]
+    return builder.fadd(builder.fadd(r[0], r[2], flags=EXACT), builder.fadd(r[1], r[3], flags=EXACT), flags=EXACT)
+
+
+def _as_i64(context, builder, value, value_type):
+    return context.cast(builder, value, value_type, types.int64)
+
+
+def _emit_scores(builder, q_first, key_rows, hd, scale, out_rows):
+    """Scores of len(key_rows) keys (pointers to their float32 rows) against the 16 queries at
+    q_first (hd, 16), each stored times ``scale`` at its out_rows pointer."""
+    zero = ir.Constant(VEC, None)
+    accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(WIDTH)] for _ in key_rows]
+    with cgutils.for_range(builder, builder.udiv(hd, ir.Constant(I64, WIDTH))) as loop:
+        d0 = builder.mul(loop.index, ir.Constant(I64, WIDTH))
+        for j in range(WIDTH):
+            d = builder.add(d0, ir.Constant(I64, j))
+            qv = _load_vec(builder, builder.gep(q_first, [builder.mul(d, ir.Constant(I64, QUERIES))]))
+            for row, acc in zip(key_rows, accs, strict=True):
+                kv = _splat(builder, builder.load(builder.gep(row, [d])))
+                builder.store(_fma(builder, qv, kv, builder.load(acc[j])), acc[j])
+    for acc, out in zip(accs, out_rows, strict=True):
+        total = _hsum8(builder, [builder.load(a) for a in acc])
+        _store_vec(builder, builder.fmul(total, scale, flags=EXACT), out)
+
+
+@intrinsic
+def scores_lanes(typingctx, q_lanes, keys, n_keys, scale, out, out_first):
+    """out[out_first + b, l] = scale * (query l . keys[b]) for b < n_keys: q_lanes (hd, 16) the
+    16 queries, keys (>= n_keys, hd) float32 rows, out (rows, 16) float32; all C-contiguous,
+    hd a multiple of 8."""
+    sig = types.void(q_lanes, keys, n_keys, scale, out, out_first)
+
+    def codegen(context, builder, signature, args):
+        q_t, k_t, n_t, s_t, o_t, f_t = signature.args
+        q_arr, k_arr, n_val, s_val, o_arr, f_val = args
+        zero = ir.Constant(I64, 0)
+        q_first = element_pointer(context, builder, q_t, q_arr, zero)
+        k_first = element_pointer(context, builder, k_t, k_arr, zero)
+        o_first = element_pointer(context, builder, o_t, o_arr, zero)
+        hd = cgutils.unpack_tuple(builder, context.make_array(k_t)(context, builder, k_arr).shape)[1]
+        n = _as_i64(context, builder, n_val, n_t)
+        first = _as_i64(context, builder, f_val, f_t)
+        scale = _splat(builder, context.cast(builder, s_val, s_t, types.float32))
+
+        def key_row(b):
+            return builder.gep(k_first, [builder.mul(b, hd)])
+
+        def out_row(b):
+            return builder.gep(o_first, [builder.mul(builder.add(first, b), ir.Constant(I64, QUERIES))])
+
+        with cgutils.for_range(builder, builder.udiv(n, ir.Constant(I64, 2))) as loop:
+            b = builder.mul(loop.index, ir.Constant(I64, 2))
+            b1 = builder.add(b, ir.Constant(I64, 1))
+            _emit_scores(builder, q_first, [key_row(b), key_row(b1)], hd, scale, [out_row(b), out_row(b1)])
+        odd = builder.icmp_unsigned("!=", builder.urem(n, ir.Constant(I64, 2)), zero)
+        with builder.if_then(odd):
+            last = builder.sub(n, ir.Constant(I64, 1))
+            _emit_scores(builder, q_first, [key_row(last)], hd, scale, [out_row(last)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def values_lanes(typingctx, probs, probs_first, values, n_keys, lanes):
+    """lanes[(b mod 8), d, l] = fma(values[b, d], probs[probs_first + b, l], ...) for keys b <
+    n_keys in order: probs (rows, 16), values (>= n_keys, hd) float32 rows, lanes (8, hd, 16)
+    float32 accumulators; all C-contiguous, hd a multiple of 8. Key b of this call is key
+    (b mod 8) of its lane: callers start every block at a multiple of 8 from cache row 0."""
+    sig = types.void(probs, probs_first, values, n_keys, lanes)
+
+    def codegen(context, builder, signature, args):
+        p_t, f_t, v_t, n_t, l_t = signature.args
+        p_arr, f_val, v_arr, n_val, l_arr = args
+        zero = ir.Constant(I64, 0)
+        p_first = element_pointer(context, builder, p_t, p_arr, zero)
+        v_first = element_pointer(context, builder, v_t, v_arr, zero)
+        l_first = element_pointer(context, builder, l_t, l_arr, zero)
+        hd = cgutils.unpack_tuple(builder, context.make_array(v_t)(context, builder, v_arr).shape)[1]
+        n = _as_i64(context, builder, n_val, n_t)
+        first = _as_i64(context, builder, f_val, f_t)
+        sixteen, eight = ir.Constant(I64, QUERIES), ir.Constant(I64, WIDTH)
+        accs = [cgutils.alloca_once(builder, VEC) for _ in range(WIDTH)]
+        with cgutils.for_range(builder, builder.udiv(hd, eight)) as chunk:
+            d0 = builder.mul(chunk.index, eight)
+            with cgutils.for_range(builder, eight) as lane_loop:
+                j = lane_loop.index
+                # lanes[j, d0 + i, :] for the 8 dimensions of this chunk
+                base = builder.mul(builder.add(builder.mul(j, hd), d0), sixteen)
+                acc_ptrs = [builder.gep(l_first, [builder.add(base, ir.Constant(I64, 16 * i))]) for i in range(WIDTH)]
+                for acc, ptr in zip(accs, acc_ptrs, strict=True):
+                    builder.store(_load_vec(builder, ptr), acc)
+                count = builder.udiv(builder.add(builder.sub(n, j), ir.Constant(I64, WIDTH - 1)), eight)
+                with cgutils.for_range(builder, builder.select(builder.icmp_unsigned("<", j, n), count, zero)) as key:
+                    b = builder.add(j, builder.mul(key.index, eight))
+                    p = _load_vec(builder, builder.gep(p_first, [builder.mul(builder.add(first, b), sixteen)]))
+                    row = builder.gep(v_first, [builder.add(builder.mul(b, hd), d0)])
+                    for i, acc in enumerate(accs):
+                        v = _splat(builder, builder.load(builder.gep(row, [ir.Constant(I64, i)])))
+                        builder.store(_fma(builder, v, p, builder.load(acc)), acc)
+                for acc, ptr in zip(accs, acc_ptrs, strict=True):
+                    _store_vec(builder, builder.load(acc), ptr)
+        return context.get_dummy_value()
+
+    return sig, codegen
