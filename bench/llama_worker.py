@@ -1,7 +1,8 @@
 """The llama.cpp half of bench/engine.py, run by an interpreter where llama-cpp-python imports.
 
 Reads JSON requests from stdin, one a line, and answers each with one JSON line:
-``{"op": "load", "model": path, "threads": n, "n_ctx": n}`` -> ``{"seconds": load time}``;
+``{"op": "load", "model": path, "threads": n, "n_ctx": n}`` (optional n_batch, n_ubatch,
+flash_attn) -> ``{"seconds": load time}``;
 ``{"op": "prefill", "tokens": [...]}`` -> ``{"seconds": ...}`` (a fresh context each time);
 ``{"op": "decode", "first": id, "steps": n}`` -> ``{"seconds": ...}`` (one-token steps after
 one prefilled token). A dev tool only: nothing in the project imports llama_cpp.
@@ -23,8 +24,9 @@ def load(request: dict) -> float:
     state["llm"] = llama_cpp.Llama(
         model_path=request["model"],
         n_ctx=request["n_ctx"],
-        n_batch=request["n_ctx"],
-        n_ubatch=512,
+        n_batch=request.get("n_batch", request["n_ctx"]),
+        n_ubatch=request.get("n_ubatch", 512),
+        flash_attn=request.get("flash_attn", False),
         n_threads=request["threads"],
         n_threads_batch=request["threads"],
         verbose=False,

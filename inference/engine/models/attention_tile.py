@@ -23,11 +23,33 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..ggml_math import expf_ggml, hsum8
-from .attention_tile_ir import QUERIES, values_lanes, scores_lanes
-from .kernels import F16_MIN_NORMAL, F16_SUBNORMAL_STEP, half_value, round_f16_inplace
+from ..ggml_math import hsum8
+from .attention_tile_ir import QUERIES, halves_f16c, halves_generic, scores_lanes, values_lanes
+from .kernels import HOST_F16C, round_f16_inplace
+from .softmax_ir import softmax_lanes
 
 BLOCK = 64  # keys converted to float32 at a time (a multiple of 8: blocks keep key t in lane t mod 8)
+TILE_QUERIES = 64  # queries per tile: rows x the q heads of one kv head, 4 vectors
+MIN_TILE_QUERIES = 8  # fewer fill too little of a vector: such rows go one head at a time
+
+
+@numba.njit(cache=True)
+def tile_vectors(n_queries):
+    """16-lane vectors for n_queries queries."""
+    return -(-n_queries // QUERIES)
+
+
+@numba.njit(cache=True)
+def tile_rows(group):
+    """Rows per tile for ``group`` q heads per kv head."""
+    return max(1, TILE_QUERIES // group)
+
+
+@numba.njit(cache=True)
+def attend_scratch_size(n_keys, hd, hd_v, group):
+    """float32 elements of one thread's attention scratch: a tile's work buffer over up to
+    n_keys cache rows, or the scores of one row."""
+    return max(n_keys, tile_scratch_size(tile_vectors(tile_rows(group) * group), n_keys + 8, hd, hd_v))
 
 
 @numba.njit(cache=True)
@@ -37,57 +59,9 @@ def tile_scratch_size(n_vecs, n_keys, hd, hd_v):
     return n_vecs * (n_keys + 16) * QUERIES + BLOCK * (hd + hd_v) + n_vecs * 8 * hd_v * QUERIES
 
 
-@numba.njit(cache=True)
-def halves_into(src, t0, n, dst):
-    """dst[b, :] = float32 of the f16 bits src[t0 + b, :] for b < n."""
-    for b in range(n):
-        row, out = src[t0 + b], dst[b]
-        for d in range(row.shape[0]):
-            out[d] = half_value(row[d])
-
-
-@numba.njit(cache=True)
-def round_f16_lanes(x):
-    """x (16,) rounded to nearest-even float16 values, as kernels.round_f16_inplace rounds."""
-    bits = x.view(np.uint32)
-    for i in range(QUERIES):
-        b = bits[i]
-        normal = np.uint32((b + np.uint32(0xFFF) + ((b >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000))
-        sub = np.rint(x[i] / F16_SUBNORMAL_STEP) * F16_SUBNORMAL_STEP
-        if abs(x[i]) < F16_MIN_NORMAL:
-            x[i] = sub
-        else:
-            bits[i] = normal
-
-
-@numba.njit(cache=True)
-def softmax_lanes(scores, first, last):
-    """llama.cpp's softmax per lane of scores (rows, 16), rows a multiple of 8 with row 0 at a
-    multiple of 8 from cache row 0; lane l's keys are rows first[l]..last[l], every other row
-    becomes probability 0. In place: probabilities rounded to f16."""
-    top = np.full(QUERIES, -np.inf, np.float32)  # (16,)
-    for t in range(scores.shape[0]):
-        for i in range(QUERIES):
-            if first[i] <= t <= last[i] and scores[t, i] > top[i]:
-                top[i] = scores[t, i]
-    total = np.zeros(QUERIES, np.float64)  # (16,)
-    for start in range(0, scores.shape[0], 8):
-        block = scores[start : start + 8]
-        for t in range(8):
-            for i in range(QUERIES):
-                inside = first[i] <= start + t <= last[i]
-                block[t, i] = expf_ggml(block[t, i] - top[i]) if inside else np.float32(0.0)
-        for i in range(QUERIES):
-            s = hsum8(block[0, i], block[1, i], block[2, i], block[3, i], block[4, i], block[5, i], block[6, i], block[7, i])
-            total[i] += np.float64(s)
-    inverse = np.empty(QUERIES, np.float32)  # (16,)
-    for i in range(QUERIES):
-        inverse[i] = np.float32(1.0 / total[i])
-    for t in range(scores.shape[0]):
-        row = scores[t]
-        for i in range(QUERIES):
-            row[i] *= inverse[i]
-        round_f16_lanes(row)
+# halves_into(src, t0, n, dst): dst[b, :] = float32 of the f16 bits src[t0 + b, :] for b < n,
+# 8 at a time; both selections give the same (exact) values, the host's is used.
+halves_into = halves_f16c if HOST_F16C else halves_generic
 
 
 @numba.njit(cache=True)
@@ -126,7 +100,8 @@ def attend_tile(q_lanes, first, last, keys, values, scale, work, out):
     at += BLOCK * hd
     value_block = work[at : at + BLOCK * hd_v].reshape((BLOCK, hd_v))  # (BLOCK, hd_v)
     at += BLOCK * hd_v
-    lanes = work[at : at + n_vecs * 8 * hd_v * QUERIES].reshape((n_vecs, 8, hd_v, QUERIES))  # (vecs, 8, hd_v, 16)
+    lanes = work[at : at + n_vecs * 8 * hd_v * QUERIES]
+    lanes = lanes.reshape((n_vecs, 8, hd_v, QUERIES))  # (vecs, 8, hd_v, 16)
     _scores_pass(q_lanes, keys, base, end, scale, scores, key_block)
     for v in range(n_vecs):
         softmax_lanes(scores[v], first[v] - base, last[v] - base)
@@ -135,7 +110,8 @@ def attend_tile(q_lanes, first, last, keys, values, scale, work, out):
         acc = lanes[v]
         for d in range(hd_v):
             for i in range(QUERIES):
-                out[v, i, d] = hsum8(acc[0, d, i], acc[1, d, i], acc[2, d, i], acc[3, d, i], acc[4, d, i], acc[5, d, i], acc[6, d, i], acc[7, d, i])
+                a = acc[:, d, i]  # (8,) the lanes of one output
+                out[v, i, d] = hsum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])
 
 
 @numba.njit(cache=True)
@@ -158,23 +134,18 @@ def pad_lanes(q_lanes, first, last, n_queries):
         first[v, i], last[v, i] = first[0, 0], last[0, 0]
 
 
-@numba.njit(cache=True)
-def tile_vectors(n_queries):
-    return -(-n_queries // QUERIES)
-
-
 @numba.njit(parallel=True, cache=True)
-def attend_rows_tiled(q, cache_k, cache_v, start, window, scale, out, tile_rows):
+def attend_rows_tiled(q, cache_k, cache_v, start, window, scale, out, rows_per_tile):
     """kernels.attend_rows with the same bits, by tiles of ``tile_rows`` rows times the heads
     of one kv head: q (n, heads, hd) rotated, at positions start..start+n, over cache rows
     (kvh, ctx, hd) of f16 bits that already hold the new rows; writes out (n, heads, hd_v)."""
     n, n_heads, hd = q.shape
     n_kv, hd_v = cache_k.shape[0], cache_v.shape[2]
     group = n_heads // n_kv
-    n_tiles = -(-n // tile_rows)
+    n_tiles = -(-n // rows_per_tile)
     for item in numba.prange(n_tiles * n_kv):
-        r0, g = (item // n_kv) * tile_rows, item % n_kv
-        r1 = min(n, r0 + tile_rows)
+        r0, g = (item // n_kv) * rows_per_tile, item % n_kv
+        r1 = min(n, r0 + rows_per_tile)
         n_queries = (r1 - r0) * group
         n_vecs = tile_vectors(n_queries)
         q_lanes = np.empty((n_vecs, hd, QUERIES), np.float32)  # (vecs, hd, 16)

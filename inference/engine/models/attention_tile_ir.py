@@ -24,6 +24,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..intrinsics import element_pointer
+from .attention_ir import _halves_to_floats
 
 WIDTH = 8  # the one-row kernels' accumulator lanes (tinyBLAS's 8-wide vectors)
 QUERIES = 16  # query heads per vector
@@ -40,7 +41,9 @@ def _fma(builder, a, b, c):
 def _splat(builder, value):
     """value (float) in all 16 lanes."""
     one = builder.insert_element(ir.Constant(VEC, None), value, ir.Constant(ir.IntType(32), 0))
-    return builder.shuffle_vector(one, ir.Constant(VEC, None), ir.Constant(ir.VectorType(ir.IntType(32), QUERIES), [0] * QUERIES))
+    return builder.shuffle_vector(
+        one, ir.Constant(VEC, None), ir.Constant(ir.VectorType(ir.IntType(32), QUERIES), [0] * QUERIES)
+    )
 
 
 def _load_vec(builder, pointer):
@@ -54,7 +57,9 @@ def _store_vec(builder, value, pointer):
 def _hsum8(builder, acc):
     """hsum8 of 8 vectors, lane-wise: ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3))."""
     r = [builder.fadd(acc[4 + i], acc[i], flags=EXACT) for i in range(4)]
-    return builder.fadd(builder.fadd(r[0], r[2], flags=EXACT), builder.fadd(r[1], r[3], flags=EXACT), flags=EXACT)
+    return builder.fadd(
+        builder.fadd(r[0], r[2], flags=EXACT), builder.fadd(r[1], r[3], flags=EXACT), flags=EXACT
+    )
 
 
 def _as_i64(context, builder, value, value_type):
@@ -117,12 +122,36 @@ def scores_lanes(typingctx, q_lanes, keys, n_keys, scale, out, out_first):
     return sig, codegen
 
 
+def _emit_values_chunk(builder, accs, p_first, first, v_first, hd, d0, j, n, lanes_first):
+    """lanes[j, d0 : d0 + len(accs), :] += the keys b = j, j + 8, ... < n, accumulators in
+    registers."""
+    sixteen, eight, zero = ir.Constant(I64, QUERIES), ir.Constant(I64, WIDTH), ir.Constant(I64, 0)
+    base = builder.mul(builder.add(builder.mul(j, hd), d0), sixteen)
+    pointers = [
+        builder.gep(lanes_first, [builder.add(base, ir.Constant(I64, QUERIES * i))]) for i in range(len(accs))
+    ]
+    for acc, ptr in zip(accs, pointers, strict=True):
+        builder.store(_load_vec(builder, ptr), acc)
+    count = builder.udiv(builder.add(builder.sub(n, j), ir.Constant(I64, WIDTH - 1)), eight)
+    with cgutils.for_range(builder, builder.select(builder.icmp_unsigned("<", j, n), count, zero)) as key:
+        b = builder.add(j, builder.mul(key.index, eight))
+        p = _load_vec(builder, builder.gep(p_first, [builder.mul(builder.add(first, b), sixteen)]))
+        row = builder.gep(v_first, [builder.add(builder.mul(b, hd), d0)])
+        for i, acc in enumerate(accs):
+            v = _splat(builder, builder.load(builder.gep(row, [ir.Constant(I64, i)])))
+            builder.store(_fma(builder, v, p, builder.load(acc)), acc)
+    for acc, ptr in zip(accs, pointers, strict=True):
+        _store_vec(builder, builder.load(acc), ptr)
+
+
 @intrinsic
 def values_lanes(typingctx, probs, probs_first, values, n_keys, lanes):
     """lanes[(b mod 8), d, l] = fma(values[b, d], probs[probs_first + b, l], ...) for keys b <
     n_keys in order: probs (rows, 16), values (>= n_keys, hd) float32 rows, lanes (8, hd, 16)
     float32 accumulators; all C-contiguous, hd a multiple of 8. Key b of this call is key
-    (b mod 8) of its lane: callers start every block at a multiple of 8 from cache row 0."""
+    (b mod 8) of its lane: callers start every block at a multiple of 8 from cache row 0.
+    Dimensions go 16 at a time (16 accumulators in registers), the last 8 alone if hd is odd
+    in eights."""
     sig = types.void(probs, probs_first, values, n_keys, lanes)
 
     def codegen(context, builder, signature, args):
@@ -135,27 +164,54 @@ def values_lanes(typingctx, probs, probs_first, values, n_keys, lanes):
         hd = cgutils.unpack_tuple(builder, context.make_array(v_t)(context, builder, v_arr).shape)[1]
         n = _as_i64(context, builder, n_val, n_t)
         first = _as_i64(context, builder, f_val, f_t)
-        sixteen, eight = ir.Constant(I64, QUERIES), ir.Constant(I64, WIDTH)
-        accs = [cgutils.alloca_once(builder, VEC) for _ in range(WIDTH)]
-        with cgutils.for_range(builder, builder.udiv(hd, eight)) as chunk:
-            d0 = builder.mul(chunk.index, eight)
-            with cgutils.for_range(builder, eight) as lane_loop:
-                j = lane_loop.index
-                # lanes[j, d0 + i, :] for the 8 dimensions of this chunk
-                base = builder.mul(builder.add(builder.mul(j, hd), d0), sixteen)
-                acc_ptrs = [builder.gep(l_first, [builder.add(base, ir.Constant(I64, 16 * i))]) for i in range(WIDTH)]
-                for acc, ptr in zip(accs, acc_ptrs, strict=True):
-                    builder.store(_load_vec(builder, ptr), acc)
-                count = builder.udiv(builder.add(builder.sub(n, j), ir.Constant(I64, WIDTH - 1)), eight)
-                with cgutils.for_range(builder, builder.select(builder.icmp_unsigned("<", j, n), count, zero)) as key:
-                    b = builder.add(j, builder.mul(key.index, eight))
-                    p = _load_vec(builder, builder.gep(p_first, [builder.mul(builder.add(first, b), sixteen)]))
-                    row = builder.gep(v_first, [builder.add(builder.mul(b, hd), d0)])
-                    for i, acc in enumerate(accs):
-                        v = _splat(builder, builder.load(builder.gep(row, [ir.Constant(I64, i)])))
-                        builder.store(_fma(builder, v, p, builder.load(acc)), acc)
-                for acc, ptr in zip(accs, acc_ptrs, strict=True):
-                    _store_vec(builder, builder.load(acc), ptr)
+        accs = [cgutils.alloca_once(builder, VEC) for _ in range(2 * WIDTH)]
+        wide = ir.Constant(I64, 2 * WIDTH)
+        with cgutils.for_range(builder, builder.udiv(hd, wide)) as chunk:
+            with cgutils.for_range(builder, ir.Constant(I64, WIDTH)) as lane:
+                d0 = builder.mul(chunk.index, wide)
+                _emit_values_chunk(builder, accs, p_first, first, v_first, hd, d0, lane.index, n, l_first)
+        odd = builder.icmp_unsigned("!=", builder.urem(hd, wide), zero)
+        with builder.if_then(odd):
+            with cgutils.for_range(builder, ir.Constant(I64, WIDTH)) as lane:
+                d0 = builder.sub(hd, ir.Constant(I64, WIDTH))
+                _emit_values_chunk(
+                    builder, accs[:WIDTH], p_first, first, v_first, hd, d0, lane.index, n, l_first
+                )
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _halves_intrinsic(f16c: bool):
+    @intrinsic
+    def halves(typingctx, src, t0, n_rows, dst):
+        """dst[b, :] = the float32 values of the f16 bits src[t0 + b, :] for b < n_rows: src
+        (rows, hd) uint16, dst (>= n_rows, hd) float32, C-contiguous, hd a multiple of 8."""
+        sig = types.void(src, t0, n_rows, dst)
+
+        def codegen(context, builder, signature, args):
+            s_t, t_t, n_t, d_t = signature.args
+            s_arr, t_val, n_val, d_arr = args
+            hd = cgutils.unpack_tuple(builder, context.make_array(s_t)(context, builder, s_arr).shape)[1]
+            start = builder.mul(_as_i64(context, builder, t_val, t_t), hd)
+            src0 = element_pointer(context, builder, s_t, s_arr, ir.Constant(I64, 0))
+            dst0 = element_pointer(context, builder, d_t, d_arr, ir.Constant(I64, 0))
+            count = builder.mul(_as_i64(context, builder, n_val, n_t), hd)
+            eight = ir.Constant(I64, WIDTH)
+            with cgutils.for_range(builder, builder.udiv(count, eight)) as loop:
+                at = builder.mul(loop.index, eight)
+                pointer = builder.gep(src0, [builder.add(start, at)])
+                h = builder.load(
+                    builder.bitcast(pointer, ir.VectorType(ir.IntType(16), WIDTH).as_pointer()), align=2
+                )
+                out = builder.bitcast(builder.gep(dst0, [at]), ir.VectorType(F32, WIDTH).as_pointer())
+                builder.store(_halves_to_floats(builder, h, f16c), out, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return halves
+
+
+halves_f16c = _halves_intrinsic(True)
+halves_generic = _halves_intrinsic(False)

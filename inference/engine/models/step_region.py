@@ -12,12 +12,14 @@ import numba
 import numpy as np
 
 from ..quants.intdot import ROW_BLOCK
+from .attention_tile import attend_scratch_size
 from .step_kernels import (
     ATTEND, COLS, DOWN, FFN, FFN_POST, FLAGS, GELU, HEAD_DIM, KV, N_FF, N_HEADS, N_KV, OUT, OUT_POST,
     POST_NORMS, PREP_DOWN, PREP_FFN, PREP_OUT, PREP_QKV, QKV, SLOT_DOWN, SLOT_GATE, SLOT_OUT, SLOT_Q,
     SOLO_ROWS, STAGES_PER_LAYER, Rounded, StepModel, StepRows, StepWeights, add_normed_stage,
-    attend_stage, ffn_stage, kv_stage, prepare_stage, rows_stage,
+    ffn_stage, kv_stage, prepare_stage, rows_stage,
 )  # fmt: skip
+from .step_attention import attend_stage
 
 Scratch = namedtuple(
     "Scratch",
@@ -115,7 +117,7 @@ def forward_rows(n_threads, x, model, rows, logits):
         np.zeros((copies, 3, padded, max_cols // 16), np.float32),  # (copies, slots, rows, groups) code scales
         np.zeros((copies, 3, padded, max_cols // 16), np.float32),  # group sums
         np.empty((n_threads, hd), np.float32),  # (threads, hd) one q head
-        np.empty((n_threads, rows.positions.max() + 1), np.float32),  # (threads, keys) scores
+        np.empty((n_threads, attend_scratch_size(rows.positions.max() + 1, hd, hd, n_heads // dims[N_KV])), np.float32),  # (threads, attention scratch)
         np.arange(n_rows),  # (N,) every row, in order
     )
     counters = (np.zeros(n_stages, np.int64), np.zeros(n_stages, np.int64))  # claimed, done per stage
