@@ -1,9 +1,9 @@
-"""Attention for a tile of query heads that share one kv head and one cache: up to 16 queries
+"""Attention for a tile of query heads that share one kv head and one cache: 16 (or 8) queries
 per vector, several vectors per tile, every key and value row converted once per tile.
 
 A prefill chunk over a long cache spends its time in attention, and the one-row kernels
 (kernels.attend_head) stream every key and value once per (row, head). Here the queries of R
-consecutive rows times the G heads of one kv group (GQA) sit in the lanes of 16-wide vectors
+consecutive rows times the G heads of one kv group (GQA) sit in the lanes of vectors
 (lane = one query), so a key row is read once for all of them. Each lane still performs the
 one-row kernel's float32 operations in the same order (attention_tile_ir.py):
 
@@ -22,21 +22,32 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import binding as llvm_binding
 
 from ..ggml_math import hsum8
-from .attention_tile_ir import QUERIES, halves_f16c, halves_generic, scores_lanes, values_lanes
+from .attention_tile_ir import (
+    halves_f16c,
+    halves_generic,
+    scores_lanes8,
+    scores_lanes16,
+    values_lanes8,
+    values_lanes16,
+)
 from .kernels import HOST_F16C, round_f16_inplace
-from .softmax_ir import softmax_lanes
+from .softmax_ir import softmax_lanes8, softmax_lanes16
 
+# Queries per vector: 16 where the CPU has AVX-512's 32 registers, else 8 (AVX2's 16 registers
+# would spill 16-wide accumulators). Both widths are compiled and tested; the bits are the same.
+LANES = 16 if "+avx512f" in llvm_binding.get_host_cpu_features().flatten() else 8
 BLOCK = 64  # keys converted to float32 at a time (a multiple of 8: blocks keep key t in lane t mod 8)
-TILE_QUERIES = 64  # queries per tile: rows x the q heads of one kv head, 4 vectors
+TILE_QUERIES = 64  # queries per tile: rows x the q heads of one kv head
 MIN_TILE_QUERIES = 8  # fewer fill too little of a vector: such rows go one head at a time
 
 
 @numba.njit(cache=True)
-def tile_vectors(n_queries):
-    """16-lane vectors for n_queries queries."""
-    return -(-n_queries // QUERIES)
+def tile_vectors(n_queries, lanes):
+    """Vectors of ``lanes`` queries for n_queries queries."""
+    return -(-n_queries // lanes)
 
 
 @numba.njit(cache=True)
@@ -46,17 +57,18 @@ def tile_rows(group):
 
 
 @numba.njit(cache=True)
-def attend_scratch_size(n_keys, hd, hd_v, group):
-    """float32 elements of one thread's attention scratch: a tile's work buffer over up to
-    n_keys cache rows, or the scores of one row."""
-    return max(n_keys, tile_scratch_size(tile_vectors(tile_rows(group) * group), n_keys + 8, hd, hd_v))
+def tile_scratch_size(n_vecs, n_keys, hd, hd_v, lanes):
+    """float32 elements of the work buffer of attend_tile over up to n_keys cache rows: scores
+    (vecs, keys + 16, lanes), key and value blocks, accumulators (vecs, 8, hd_v, lanes)."""
+    return n_vecs * (n_keys + 16) * lanes + BLOCK * (hd + hd_v) + n_vecs * 8 * hd_v * lanes
 
 
 @numba.njit(cache=True)
-def tile_scratch_size(n_vecs, n_keys, hd, hd_v):
-    """float32 elements of the work buffer of attend_tile: scores (vecs, keys + 16, 16), key and
-    value blocks, lane accumulators (vecs, 8, hd_v, 16)."""
-    return n_vecs * (n_keys + 16) * QUERIES + BLOCK * (hd + hd_v) + n_vecs * 8 * hd_v * QUERIES
+def attend_scratch_size(n_keys, hd, hd_v, group):
+    """float32 elements of one thread's attention scratch in the fused forward: a tile's work
+    buffer (LANES-wide) over up to n_keys cache rows, or the scores of one row."""
+    n_vecs = tile_vectors(tile_rows(group) * group, LANES)
+    return max(n_keys, tile_scratch_size(n_vecs, n_keys + 8, hd, hd_v, LANES))
 
 
 # halves_into(src, t0, n, dst): dst[b, :] = float32 of the f16 bits src[t0 + b, :] for b < n,
@@ -71,54 +83,68 @@ def _scores_pass(q_lanes, keys, base, end, scale, scores, key_block):
         n = min(BLOCK, end - b0)
         halves_into(keys, b0, n, key_block)
         for v in range(q_lanes.shape[0]):
-            scores_lanes(q_lanes[v], key_block, n, scale, scores[v], b0 - base)
+            if q_lanes.shape[2] == 16:
+                scores_lanes16(q_lanes[v], key_block, n, scale, scores[v], b0 - base)
+            else:
+                scores_lanes8(q_lanes[v], key_block, n, scale, scores[v], b0 - base)
 
 
 @numba.njit(cache=True)
-def _values_pass(scores, values, base, end, value_block, lanes):
-    """lanes[v] += the weighted values of cache rows base..end (scores now probabilities)."""
-    lanes[:] = 0.0
+def _softmax_pass(scores, first, last):
+    for v in range(scores.shape[0]):
+        if scores.shape[2] == 16:
+            softmax_lanes16(scores[v], first[v], last[v])
+        else:
+            softmax_lanes8(scores[v], first[v], last[v])
+
+
+@numba.njit(cache=True)
+def _values_pass(scores, values, base, end, value_block, acc):
+    """acc[v] += the weighted values of cache rows base..end (scores now probabilities)."""
+    acc[:] = 0.0
     for b0 in range(base, end, BLOCK):
         n = min(BLOCK, end - b0)
         halves_into(values, b0, n, value_block)
         for v in range(scores.shape[0]):
-            values_lanes(scores[v], b0 - base, value_block, n, lanes[v])
+            if scores.shape[2] == 16:
+                values_lanes16(scores[v], b0 - base, value_block, n, acc[v])
+            else:
+                values_lanes8(scores[v], b0 - base, value_block, n, acc[v])
 
 
 @numba.njit(cache=True)
 def attend_tile(q_lanes, first, last, keys, values, scale, work, out):
-    """Attention of the queries q_lanes (vecs, hd, 16) (rotated, f16-rounded; lane l of vector v
-    attends cache rows first[v, l]..last[v, l]) over keys and values (ctx, hd) of f16 bits;
-    writes out (vecs, 16, hd_v). ``work``: float32 scratch of tile_scratch_size elements."""
-    n_vecs, hd, hd_v = q_lanes.shape[0], q_lanes.shape[1], values.shape[1]
+    """Attention of the queries q_lanes (vecs, hd, lanes) (rotated, f16-rounded; lane l of
+    vector v attends cache rows first[v, l]..last[v, l]) over keys and values (ctx, hd) of f16
+    bits; writes out (vecs, lanes, hd_v). ``work``: float32 scratch of tile_scratch_size."""
+    n_vecs, hd, lanes, hd_v = q_lanes.shape[0], q_lanes.shape[1], q_lanes.shape[2], values.shape[1]
     lo, end = first.min(), last.max() + 1
     base = lo - lo % 8  # blocks of 8 rows aligned to cache row 0 (softmax sums, value lanes)
     rows = -(-(end - base) // 8) * 8
-    at = n_vecs * rows * QUERIES
-    scores = work[:at].reshape((n_vecs, rows, QUERIES))  # (vecs, keys, 16)
+    at = n_vecs * rows * lanes
+    scores = work[:at].reshape((n_vecs, rows, lanes))  # (vecs, keys, lanes)
     key_block = work[at : at + BLOCK * hd].reshape((BLOCK, hd))  # (BLOCK, hd)
     at += BLOCK * hd
     value_block = work[at : at + BLOCK * hd_v].reshape((BLOCK, hd_v))  # (BLOCK, hd_v)
     at += BLOCK * hd_v
-    lanes = work[at : at + n_vecs * 8 * hd_v * QUERIES]
-    lanes = lanes.reshape((n_vecs, 8, hd_v, QUERIES))  # (vecs, 8, hd_v, 16)
+    acc = work[at : at + n_vecs * 8 * hd_v * lanes].reshape(
+        (n_vecs, 8, hd_v, lanes)
+    )  # (vecs, 8, hd_v, lanes)
     _scores_pass(q_lanes, keys, base, end, scale, scores, key_block)
+    _softmax_pass(scores, first - base, last - base)
+    _values_pass(scores, values, base, end, value_block, acc)
     for v in range(n_vecs):
-        softmax_lanes(scores[v], first[v] - base, last[v] - base)
-    _values_pass(scores, values, base, end, value_block, lanes)
-    for v in range(n_vecs):
-        acc = lanes[v]
         for d in range(hd_v):
-            for i in range(QUERIES):
-                a = acc[:, d, i]  # (8,) the lanes of one output
+            for i in range(lanes):
+                a = acc[v, :, d, i]  # (8,) the accumulator lanes of one output
                 out[v, i, d] = hsum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])
 
 
 @numba.njit(cache=True)
 def set_lane(q_lanes, first, last, k, q, pos, window):
-    """Query k of a tile (vector k // 16, lane k % 16): q (hd,) rotated and f16-rounded, at
-    ``pos``, attending the last ``window`` rows if > 0."""
-    v, i = k // QUERIES, k % QUERIES
+    """Query k of a tile (vector k // lanes, lane k % lanes): q (hd,) rotated and f16-rounded,
+    at ``pos``, attending the last ``window`` rows if > 0."""
+    v, i = k // q_lanes.shape[2], k % q_lanes.shape[2]
     for d in range(q.shape[0]):
         q_lanes[v, d, i] = q[d]
     first[v, i] = max(0, pos + 1 - window) if window > 0 else 0
@@ -128,17 +154,19 @@ def set_lane(q_lanes, first, last, k, q, pos, window):
 @numba.njit(cache=True)
 def pad_lanes(q_lanes, first, last, n_queries):
     """Lanes from n_queries on: zero queries over query 0's rows (finite, then discarded)."""
-    for k in range(n_queries, q_lanes.shape[0] * QUERIES):
-        v, i = k // QUERIES, k % QUERIES
+    lanes = q_lanes.shape[2]
+    for k in range(n_queries, q_lanes.shape[0] * lanes):
+        v, i = k // lanes, k % lanes
         q_lanes[v, :, i] = 0.0
         first[v, i], last[v, i] = first[0, 0], last[0, 0]
 
 
 @numba.njit(parallel=True, cache=True)
-def attend_rows_tiled(q, cache_k, cache_v, start, window, scale, out, rows_per_tile):
-    """kernels.attend_rows with the same bits, by tiles of ``tile_rows`` rows times the heads
-    of one kv head: q (n, heads, hd) rotated, at positions start..start+n, over cache rows
-    (kvh, ctx, hd) of f16 bits that already hold the new rows; writes out (n, heads, hd_v)."""
+def attend_rows_tiled(q, cache_k, cache_v, start, window, scale, out, rows_per_tile, lanes):
+    """kernels.attend_rows with the same bits, by tiles of ``rows_per_tile`` rows times the
+    heads of one kv head in vectors of ``lanes`` (16 or 8) queries: q (n, heads, hd) rotated,
+    at positions start..start+n, over cache rows (kvh, ctx, hd) of f16 bits that already hold
+    the new rows; writes out (n, heads, hd_v)."""
     n, n_heads, hd = q.shape
     n_kv, hd_v = cache_k.shape[0], cache_v.shape[2]
     group = n_heads // n_kv
@@ -147,18 +175,18 @@ def attend_rows_tiled(q, cache_k, cache_v, start, window, scale, out, rows_per_t
         r0, g = (item // n_kv) * rows_per_tile, item % n_kv
         r1 = min(n, r0 + rows_per_tile)
         n_queries = (r1 - r0) * group
-        n_vecs = tile_vectors(n_queries)
-        q_lanes = np.empty((n_vecs, hd, QUERIES), np.float32)  # (vecs, hd, 16)
-        first = np.empty((n_vecs, QUERIES), np.int64)  # (vecs, 16)
-        last = np.empty((n_vecs, QUERIES), np.int64)  # (vecs, 16)
+        n_vecs = tile_vectors(n_queries, lanes)
+        q_lanes = np.empty((n_vecs, hd, lanes), np.float32)  # (vecs, hd, lanes)
+        first = np.empty((n_vecs, lanes), np.int64)  # (vecs, lanes)
+        last = np.empty((n_vecs, lanes), np.int64)  # (vecs, lanes)
         for k in range(n_queries):
             r, h = r0 + k // group, g * group + k % group
             qh = q[r, h].copy()  # (hd,)
             round_f16_inplace(qh)
             set_lane(q_lanes, first, last, k, qh, start + r, window)
         pad_lanes(q_lanes, first, last, n_queries)
-        work = np.empty(tile_scratch_size(n_vecs, start + r1 + 8, hd, hd_v), np.float32)
-        res = np.empty((n_vecs, QUERIES, hd_v), np.float32)  # (vecs, 16, hd_v)
+        work = np.empty(tile_scratch_size(n_vecs, start + r1 + 8, hd, hd_v, lanes), np.float32)
+        res = np.empty((n_vecs, lanes, hd_v), np.float32)  # (vecs, lanes, hd_v)
         attend_tile(q_lanes, first, last, cache_k[g], cache_v[g], scale, work, res)
         for k in range(n_queries):
-            out[r0 + k // group, g * group + k % group] = res[k // QUERIES, k % QUERIES]
+            out[r0 + k // group, g * group + k % group] = res[k // lanes, k % lanes]

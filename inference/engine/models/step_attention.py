@@ -14,8 +14,8 @@ import numpy as np
 
 from ..worksharing import claim, mark_done, wait_done
 from .attention_tile import (
+    LANES,
     MIN_TILE_QUERIES,
-    QUERIES,
     attend_tile,
     pad_lanes,
     set_lane,
@@ -76,11 +76,11 @@ def _attend_tile(qkv, q_norm, eps, rows, rope, dims, cache, window, scale, item,
     """The heads of kv head g for rows r0..r1 as one tile (attention_tile.attend_tile)."""
     hd, g, group = dims[HEAD_DIM], item[2], dims[N_HEADS] // dims[N_KV]
     n_queries = (item[1] - item[0]) * group
-    n_vecs = tile_vectors(n_queries)
-    q_lanes = np.empty((n_vecs, hd, QUERIES), np.float32)  # (vecs, hd, 16)
-    first = np.empty((n_vecs, QUERIES), np.int64)  # (vecs, 16)
-    last = np.empty((n_vecs, QUERIES), np.int64)  # (vecs, 16)
-    result = np.empty((n_vecs, QUERIES, hd), np.float32)  # (vecs, 16, hd)
+    n_vecs = tile_vectors(n_queries, LANES)
+    q_lanes = np.empty((n_vecs, hd, LANES), np.float32)  # (vecs, hd, lanes)
+    first = np.empty((n_vecs, LANES), np.int64)  # (vecs, lanes)
+    last = np.empty((n_vecs, LANES), np.int64)  # (vecs, lanes)
+    result = np.empty((n_vecs, LANES, hd), np.float32)  # (vecs, lanes, hd)
     for k in range(n_queries):
         n, h = item[0] + k // group, g * group + k % group
         q = _prepared_q(qkv, n, h, q_norm, eps, rows, rope, dims, q_buf)
@@ -89,7 +89,7 @@ def _attend_tile(qkv, q_norm, eps, rows, rope, dims, cache, window, scale, item,
     attend_tile(q_lanes, first, last, cache[0][g], cache[1][g], scale, work, result)
     for k in range(n_queries):
         n, h = item[0] + k // group, g * group + k % group
-        out[n, h * hd : (h + 1) * hd] = result[k // QUERIES, k % QUERIES]
+        out[n, h * hd : (h + 1) * hd] = result[k // LANES, k % LANES]
 
 
 @numba.njit(cache=True)

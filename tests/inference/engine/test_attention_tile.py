@@ -15,9 +15,9 @@ import pytest
 
 from inference.engine.kv_cache import KVCache, KVGeometry
 from inference.engine.layers import attention
-from inference.engine.models.attention_tile import QUERIES, attend_rows_tiled
+from inference.engine.models.attention_tile import LANES, attend_rows_tiled
 from inference.engine.models.kernels import attend_rows, softmax_f16_inplace
-from inference.engine.models.softmax_ir import softmax_lanes
+from inference.engine.models.softmax_ir import softmax_lanes8, softmax_lanes16
 from inference.engine.models.step_attention import attend_items
 from inference.engine.models.step_kernels import CACHE_K
 
@@ -47,24 +47,26 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("lanes", [16, 8])
 @pytest.mark.parametrize("heads, n_kv, hd, start, n, window, per_tile", CASES)
-def test_tiled_rows_equal_the_one_row_kernel_bitwise(heads, n_kv, hd, start, n, window, per_tile):
+def test_tiled_rows_equal_the_one_row_kernel_bitwise(heads, n_kv, hd, start, n, window, per_tile, lanes):
     keys, values = _random_cache(n_kv, start + n + 5, hd, seed=start + n)
     q = np.random.default_rng(n).standard_normal((n, heads, hd)).astype(np.float32)  # (n, heads, hd)
     expected = np.empty((n, heads, hd), np.float32)  # (n, heads, hd)
     attend_rows(q, keys, values, start, window, np.float32(0.125), expected)
     got = np.full((n, heads, hd), np.nan, np.float32)  # (n, heads, hd)
-    attend_rows_tiled(q, keys, values, start, window, np.float32(0.125), got, per_tile)
+    attend_rows_tiled(q, keys, values, start, window, np.float32(0.125), got, per_tile, lanes)
     assert np.array_equal(_bits(got), _bits(expected))
 
 
-def test_tiled_rows_equal_bitwise_where_probabilities_go_subnormal():
+@pytest.mark.parametrize("lanes", [16, 8])
+def test_tiled_rows_equal_bitwise_where_probabilities_go_subnormal(lanes):
     # Scores spread over ~40 units: many exp(s - max) fall below f16's normal range.
     keys, values = _random_cache(2, 300, 64, seed=7, spread=6.0)
     q = (np.random.default_rng(8).standard_normal((13, 14, 64)) * 4).astype(np.float32)  # (13, 14, 64)
     expected, got = np.empty_like(q), np.empty_like(q)
     attend_rows(q, keys, values, 287, 0, np.float32(0.125), expected)
-    attend_rows_tiled(q, keys, values, 287, 0, np.float32(0.125), got, 9)
+    attend_rows_tiled(q, keys, values, 287, 0, np.float32(0.125), got, 9, lanes)
     assert np.array_equal(_bits(got), _bits(expected))
 
 
@@ -78,32 +80,36 @@ def test_tiled_rows_agree_with_the_numpy_reference():
     q = rng.standard_normal((20, 14, 64)).astype(np.float32)  # (20, heads, hd)
     expected = attention(q, cache, 0, 130, 0.125, 0)
     got = np.empty_like(expected)  # (20, heads, hd)
-    attend_rows_tiled(q, cache.k_bits[0], cache.v_bits[0], 130, 0, np.float32(0.125), got, 9)
+    attend_rows_tiled(q, cache.k_bits[0], cache.v_bits[0], 130, 0, np.float32(0.125), got, 9, LANES)
     np.testing.assert_allclose(got, expected, atol=TOLERANCE)
 
 
 @numba.njit(cache=True)
 def _softmax_both(scores, first, last):
-    """(lanes version, one-row version per lane) of the softmax of scores (rows, 16)."""
+    """(lanes version, one-row version per lane) of the softmax of scores (rows, 16 or 8)."""
     lanes = scores.copy()
-    softmax_lanes(lanes, first, last)
-    rows = np.zeros_like(scores)  # (rows, 16)
-    for i in range(QUERIES):
+    if scores.shape[1] == 16:
+        softmax_lanes16(lanes, first, last)
+    else:
+        softmax_lanes8(lanes, first, last)
+    rows = np.zeros_like(scores)  # (rows, lanes)
+    for i in range(scores.shape[1]):
         probs = scores[first[i] : last[i] + 1, i].copy()  # (keys of lane i,)
         softmax_f16_inplace(probs, first[i])
         rows[first[i] : last[i] + 1, i] = probs
     return lanes, rows
 
 
+@pytest.mark.parametrize("lanes", [16, 8])
 @pytest.mark.parametrize("seed", range(4))
-def test_softmax_lanes_equal_the_one_row_softmax_bitwise(seed):
+def test_softmax_lanes_equal_the_one_row_softmax_bitwise(seed, lanes):
     rng = np.random.default_rng(seed)
     rows = 8 * int(rng.integers(1, 30))
-    scores = (rng.standard_normal((rows, QUERIES)) * 10.0 ** rng.uniform(-2, 1.5)).astype(np.float32)
-    first = rng.integers(0, rows, QUERIES)
-    last = np.minimum(rows - 1, first + rng.integers(0, rows, QUERIES))
-    lanes, expected = _softmax_both(scores, first, last)
-    assert np.array_equal(_bits(lanes), _bits(expected))
+    scores = (rng.standard_normal((rows, lanes)) * 10.0 ** rng.uniform(-2, 1.5)).astype(np.float32)
+    first = rng.integers(0, rows, lanes)
+    last = np.minimum(rows - 1, first + rng.integers(0, rows, lanes))
+    got, expected = _softmax_both(scores, first, last)
+    assert np.array_equal(_bits(got), _bits(expected))
 
 
 def test_attend_items_cut_tiles_at_cache_changes_and_split_small_ones_by_head():
@@ -117,3 +123,13 @@ def test_attend_items_cut_tiles_at_cache_changes_and_split_small_ones_by_head():
     single = items[items[:, 2] < 0]  # one row x 7 queries is under a vector's worth
     assert sorted(single[:, 0].tolist()) == sorted([20] * 14 + [21] * 14 + [22] * 14)
     assert sorted((-1 - single[single[:, 0] == 21, 2]).tolist()) == list(range(14))
+
+
+def test_a_strided_cache_view_is_refused_at_compile_time():
+    # The kernels step through rows by their length: a slice of the last axis must not compile.
+    keys, values = _random_cache(2, 40, 64, seed=3)
+    q = np.zeros((4, 4, 32), np.float32)  # (n, heads, hd)
+    with pytest.raises(numba.core.errors.TypingError):
+        attend_rows_tiled(
+            q, keys[:, :, :32], values[:, :, :32], 30, 0, np.float32(0.1), np.empty_like(q), 2, 16
+        )
