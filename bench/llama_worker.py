@@ -1,6 +1,7 @@
 """The llama.cpp half of bench/engine.py, run by an interpreter where llama-cpp-python imports.
 
-Reads JSON requests from stdin, one a line, and answers each with one JSON line:
+Reads JSON requests from stdin, one a line, and answers each with one JSON line (the op's wall
+seconds, and the CPU seconds of all the worker's threads as ``cpu_seconds``):
 ``{"op": "load", "model": path, "threads": n, "n_ctx": n}`` (optional n_batch, n_ubatch,
 flash_attn) -> ``{"seconds": load time}``;
 ``{"op": "prefill", "tokens": [...]}`` -> ``{"seconds": ...}`` (a fresh context each time);
@@ -59,8 +60,9 @@ OPS = {"load": load, "prefill": prefill, "decode": decode}
 def main() -> None:
     for line in sys.stdin:
         request = json.loads(line)
+        cpu = time.process_time()
         seconds = OPS[request["op"]](request)
-        print(json.dumps({"seconds": seconds}), flush=True)
+        print(json.dumps({"seconds": seconds, "cpu_seconds": time.process_time() - cpu}), flush=True)
 
 
 if __name__ == "__main__":

@@ -44,11 +44,12 @@ class Ours:
         self.engine = Engine.load(path)
         self.cache = self.engine.new_cache(n_ctx)
 
-    def prefill(self, tokens: list[int]) -> float:
+    def prefill(self, tokens: list[int]) -> tuple[float, float]:
+        """(wall seconds, CPU seconds of all threads) of one prefill into the empty cache."""
         self.cache.truncate(0)
-        t0 = time.perf_counter()
+        t0, cpu = time.perf_counter(), time.process_time()
         self.engine.prefill(self.cache, tokens)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - cpu
 
 
 class Llama:
@@ -69,16 +70,17 @@ class Llama:
             n_ubatch=SERVER_N_UBATCH, flash_attn=flash_attn,
         )  # fmt: skip
 
-    def ask(self, **request) -> float:
+    def ask(self, **request) -> dict:
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError("llama.cpp worker exited")
-        return json.loads(line)["seconds"]
+        return json.loads(line)
 
-    def prefill(self, tokens: list[int]) -> float:
-        return self.ask(op="prefill", tokens=tokens)
+    def prefill(self, tokens: list[int]) -> tuple[float, float]:
+        answer = self.ask(op="prefill", tokens=tokens)
+        return answer["seconds"], answer["cpu_seconds"]
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -90,25 +92,29 @@ def _load() -> str:
 
 
 def run(runners: dict, tokens: list[int], sizes: list[int], reps: int) -> list[str]:
-    """Table rows: per size, each runner's best tok/s over ``reps`` and the load around it."""
+    """Table rows: per size, each runner's best wall tok/s over ``reps``, the CPU seconds of that
+    run (all threads: the load shows as wall >> CPU / threads) and the load average around it."""
     for runner in runners.values():  # compile, page the weights in
         runner.prefill(tokens[:16])
     lines = []
     for n in sizes:
-        best: dict[str, float] = {}
+        best: dict[str, tuple[float, float]] = {}
         loads = [_load()]
         for _ in range(reps):
             for name, runner in runners.items():
-                best[name] = max(best.get(name, 0.0), n / runner.prefill(tokens[:n]))
+                wall, cpu = runner.prefill(tokens[:n])
+                if name not in best or wall < best[name][0]:
+                    best[name] = (wall, cpu)
                 loads.append(_load())
-                print(
-                    f"  {name} pp{n}: {n / best[name]:.1f} s, {best[name]:.1f} tok/s, load {loads[-1]}",
-                    flush=True,
-                )
-        theirs = best.get("llama.cpp")
-        ratio = f"{best['ours'] / theirs:.2f}x" if theirs else "-"
-        their_text = f"{theirs:.1f}" if theirs else "-"
-        lines.append(f"| pp{n} | {best['ours']:.1f} | {their_text} | {ratio} | {' -> '.join(loads)} |")
+                print(f"  {name} pp{n}: {wall:.1f} s wall, {cpu:.1f} s CPU, load {loads[-1]}", flush=True)
+        ours, theirs = best["ours"], best.get("llama.cpp")
+        cells = [f"pp{n}", f"{n / ours[0]:.1f}", f"{ours[1]:.0f} s"]
+        if theirs:
+            cells += [f"{n / theirs[0]:.1f}", f"{theirs[1]:.0f} s", f"{theirs[0] / ours[0]:.2f}x"]
+            cells.append(f"{theirs[1] / ours[1]:.2f}x")
+        else:
+            cells += ["-"] * 4
+        lines.append("| " + " | ".join(cells + [" -> ".join(loads)]) + " |")
     return lines
 
 
@@ -143,8 +149,11 @@ def main() -> None:
     finally:
         if "llama.cpp" in runners:
             runners["llama.cpp"].close()
-    print("\n| prompt | ours tok/s | llama.cpp tok/s | ours / llama.cpp | load average (1/5/15 min) |")
-    print("|---|---|---|---|---|")
+    print(
+        "\n| prompt | ours tok/s | ours CPU | llama.cpp tok/s | llama.cpp CPU | ours / llama.cpp (wall) "
+        "| (CPU) | load average (1/5/15 min) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 
 
