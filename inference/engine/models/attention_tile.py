@@ -41,7 +41,19 @@ from .softmax_ir import softmax_lanes8, softmax_lanes16
 LANES = 16 if "+avx512f" in llvm_binding.get_host_cpu_features().flatten() else 8
 BLOCK = 64  # keys converted to float32 at a time (a multiple of 8: blocks keep key t in lane t mod 8)
 TILE_QUERIES = 64  # queries per tile: rows x the q heads of one kv head
-MIN_TILE_QUERIES = 8  # fewer fill too little of a vector: such rows go one head at a time
+# A tile of this many queries or fewer goes in one 8-lane vector (on one AVX-512 core 8 lanes
+# cost ~1.75x the time of 16 for half the work); fewer than MIN_TILE_QUERIES go one head at a
+# time instead: a vector of 6 of 8 useful lanes costs ~0.85x the one-row kernel per query, 5 of
+# 8 ~1.05x (bench/attention_kernel.py, head_dim 64). A decode step of Qwen2.5 (7 q heads per
+# kv head) is one 8-lane tile per kv head; SmolLM2 (3) and Gemma 3 (4) decode one head at a time.
+NARROW_QUERIES = 8
+MIN_TILE_QUERIES = 6
+
+
+@numba.njit(cache=True)
+def tile_lanes(n_queries):
+    """Lanes per vector for a tile of n_queries queries."""
+    return 8 if n_queries <= NARROW_QUERIES else LANES
 
 
 @numba.njit(cache=True)

@@ -14,11 +14,11 @@ import numpy as np
 
 from ..worksharing import claim, mark_done, wait_done
 from .attention_tile import (
-    LANES,
     MIN_TILE_QUERIES,
     attend_tile,
     pad_lanes,
     set_lane,
+    tile_lanes,
     tile_rows,
     tile_vectors,
 )
@@ -43,9 +43,9 @@ def _prepared_q(qkv, n, h, q_norm, eps, rows, rope, dims, q_buf):
 def attend_items(caches, group, n_kv):
     """The work items of the attention stage, (items, 3): rows r0..r1 of one cache and a head.
     Runs of rows of one cache are cut into tiles of tile_rows(group) rows, one item per kv
-    head; a tile with too few queries for a vector (a decode step, a lockstep row) is one item
-    per query head instead (head < 0 then: q head -1 - head), which spreads it over more
-    threads. Either way a row's bits are the same."""
+    head; a tile of fewer than MIN_TILE_QUERIES queries (a decode step or a lockstep row of a
+    model with few q heads per kv head) is one item per query head instead (head < 0 then: q
+    head -1 - head). Either way a row's bits are the same."""
     n, per_tile = caches.shape[0], tile_rows(group)
     items = np.empty((n * group * n_kv, 3), np.int64)  # (most items, r0|r1|head)
     count, r0 = 0, 0
@@ -76,11 +76,12 @@ def _attend_tile(qkv, q_norm, eps, rows, rope, dims, cache, window, scale, item,
     """The heads of kv head g for rows r0..r1 as one tile (attention_tile.attend_tile)."""
     hd, g, group = dims[HEAD_DIM], item[2], dims[N_HEADS] // dims[N_KV]
     n_queries = (item[1] - item[0]) * group
-    n_vecs = tile_vectors(n_queries, LANES)
-    q_lanes = np.empty((n_vecs, hd, LANES), np.float32)  # (vecs, hd, lanes)
-    first = np.empty((n_vecs, LANES), np.int64)  # (vecs, lanes)
-    last = np.empty((n_vecs, LANES), np.int64)  # (vecs, lanes)
-    result = np.empty((n_vecs, LANES, hd), np.float32)  # (vecs, lanes, hd)
+    lanes = tile_lanes(n_queries)
+    n_vecs = tile_vectors(n_queries, lanes)
+    q_lanes = np.empty((n_vecs, hd, lanes), np.float32)  # (vecs, hd, lanes)
+    first = np.empty((n_vecs, lanes), np.int64)  # (vecs, lanes)
+    last = np.empty((n_vecs, lanes), np.int64)  # (vecs, lanes)
+    result = np.empty((n_vecs, lanes, hd), np.float32)  # (vecs, lanes, hd)
     for k in range(n_queries):
         n, h = item[0] + k // group, g * group + k % group
         q = _prepared_q(qkv, n, h, q_norm, eps, rows, rope, dims, q_buf)
@@ -89,7 +90,7 @@ def _attend_tile(qkv, q_norm, eps, rows, rope, dims, cache, window, scale, item,
     attend_tile(q_lanes, first, last, cache[0][g], cache[1][g], scale, work, result)
     for k in range(n_queries):
         n, h = item[0] + k // group, g * group + k % group
-        out[n, h * hd : (h + 1) * hd] = result[k // LANES, k % LANES]
+        out[n, h * hd : (h + 1) * hd] = result[k // lanes, k % lanes]
 
 
 @numba.njit(cache=True)

@@ -15,7 +15,7 @@ import pytest
 
 from inference.engine.kv_cache import KVCache, KVGeometry
 from inference.engine.layers import attention
-from inference.engine.models.attention_tile import LANES, attend_rows_tiled
+from inference.engine.models.attention_tile import LANES, attend_rows_tiled, tile_lanes
 from inference.engine.models.kernels import attend_rows, softmax_f16_inplace
 from inference.engine.models.softmax_ir import softmax_lanes8, softmax_lanes16
 from inference.engine.models.step_attention import attend_items
@@ -118,11 +118,16 @@ def test_attend_items_cut_tiles_at_cache_changes_and_split_small_ones_by_head():
     caches[:20, CACHE_K] = 1000
     caches[20:, CACHE_K] = [2000, 3000, 4000]
     items = attend_items(caches, 7, 2)  # 7 q heads per kv head, 2 kv heads: 9 rows per tile
-    tiles = items[items[:, 2] >= 0]
-    assert tiles[:, :2].tolist() == [[0, 9], [0, 9], [9, 18], [9, 18], [18, 20], [18, 20]]
-    single = items[items[:, 2] < 0]  # one row x 7 queries is under a vector's worth
-    assert sorted(single[:, 0].tolist()) == sorted([20] * 14 + [21] * 14 + [22] * 14)
-    assert sorted((-1 - single[single[:, 0] == 21, 2]).tolist()) == list(range(14))
+    assert (items[:, 2] >= 0).all()  # a lone row's 7 queries still fill an 8-lane vector
+    assert items[:, :2].tolist() == [[r0, r1] for r0, r1 in [(0, 9), (9, 18), (18, 20)] for _ in range(2)] + [
+        [r, r + 1] for r in (20, 21, 22) for _ in range(2)
+    ]
+    items = attend_items(caches, 3, 3)  # 3 q heads per kv head: a lone row goes head by head
+    single = items[items[:, 2] < 0]
+    assert sorted(single[:, 0].tolist()) == sorted([20] * 9 + [21] * 9 + [22] * 9)
+    assert sorted((-1 - single[single[:, 0] == 21, 2]).tolist()) == list(range(9))
+    assert items[items[:, 2] >= 0][:, :2].tolist() == [[0, 20]] * 3  # 21 rows per tile
+    assert (tile_lanes(7), tile_lanes(8), tile_lanes(9)) == (8, 8, LANES)
 
 
 def test_a_strided_cache_view_is_refused_at_compile_time():
