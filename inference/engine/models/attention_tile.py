@@ -41,11 +41,12 @@ from .softmax_ir import softmax_lanes8, softmax_lanes16
 LANES = 16 if "+avx512f" in llvm_binding.get_host_cpu_features().flatten() else 8
 BLOCK = 64  # keys converted to float32 at a time (a multiple of 8: blocks keep key t in lane t mod 8)
 TILE_QUERIES = 64  # queries per tile: rows x the q heads of one kv head
-# A tile of this many queries or fewer goes in one 8-lane vector (on one AVX-512 core 8 lanes
+# A tile of this many queries or fewer goes in one 8-lane vector (on an AVX-512 core 8 lanes
 # cost ~1.75x the time of 16 for half the work); fewer than MIN_TILE_QUERIES go one head at a
-# time instead: a vector of 6 of 8 useful lanes costs ~0.85x the one-row kernel per query, 5 of
-# 8 ~1.05x (bench/attention_kernel.py, head_dim 64). A decode step of Qwen2.5 (7 q heads per
-# kv head) is one 8-lane tile per kv head; SmolLM2 (3) and Gemma 3 (4) decode one head at a time.
+# time instead. Per useful query an 8-lane vector costs 4.9 ns x 8 / used lanes per key against
+# 6.3-7.5 ns for the one-row kernel (bench/attention_kernel.py, head_dim 64): 6 lanes break even,
+# 7 win 1.3x. A decode step of Qwen2.5 (7 q heads per kv head) is one 8-lane tile per kv head;
+# SmolLM2 (3) and Gemma 3 (4) decode one head at a time.
 NARROW_QUERIES = 8
 MIN_TILE_QUERIES = 6
 
@@ -139,9 +140,8 @@ def attend_tile(q_lanes, first, last, keys, values, scale, work, out):
     at += BLOCK * hd
     value_block = work[at : at + BLOCK * hd_v].reshape((BLOCK, hd_v))  # (BLOCK, hd_v)
     at += BLOCK * hd_v
-    acc = work[at : at + n_vecs * 8 * hd_v * lanes].reshape(
-        (n_vecs, 8, hd_v, lanes)
-    )  # (vecs, 8, hd_v, lanes)
+    n_acc = n_vecs * 8 * hd_v * lanes
+    acc = work[at : at + n_acc].reshape((n_vecs, 8, hd_v, lanes))  # (vecs, 8, hd_v, lanes)
     _scores_pass(q_lanes, keys, base, end, scale, scores, key_block)
     _softmax_pass(scores, first - base, last - base)
     _values_pass(scores, values, base, end, value_block, acc)
