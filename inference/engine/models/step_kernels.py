@@ -12,7 +12,8 @@ counters (worksharing.py) and waiting for each stage to complete before the next
 
     PREP_QKV  per row: rms_norm(x), rounded per weight format    QKV   tiles of q|k|v rows
     KV        per (row, kv head): k norm, RoPE, f16 cache write of k and v
-    ATTEND    per (row, q head): q norm, RoPE, attention over the row's cache
+    ATTEND    per tile of rows x q heads of one kv head (step_attention.py): q norm, RoPE,
+              attention over the rows' cache
     PREP_OUT, OUT (x += ..., or into ``proj``), OUT_POST per row: x += rms_norm(proj)
     PREP_FFN, FFN tiles of gate and up rows, SiLU(gate) * up or GELU(gate) * up
     PREP_DOWN, DOWN, FFN_POST
@@ -39,7 +40,7 @@ from ..quants.nibbles import dot_pair_nib, dot_row_nib, dot_rows_nib
 from ..quants.pair_mins import dot_pair_min
 from ..quants.quantize import round_row, round_row_int
 from ..worksharing import claim, mark_done, wait_done
-from .kernels import attend_head, rope_inplace, round_f16_inplace, store_half
+from .kernels import rope_inplace, store_half
 from .rowops import gelu_lookup, rms_norm_into
 
 # Columns of the linear table: offsets into the arenas (-1: none), shape, format. A float
@@ -293,30 +294,6 @@ def kv_stage(qkv, qk_norm, eps, rows, rope, dims, layer, n_layers, counters, sta
         pos = rows.positions[n]
         store_half(k, cache_k[layer, h, pos])
         store_half(qkv[n, v_first + h * hd : v_first + (h + 1) * hd], cache_v[layer, h, pos])
-        mark_done(done, stage)
-        item = claim(claimed, stage)
-    wait_done(done, stage, n_items)
-
-
-@numba.njit(cache=True)
-def attend_stage(qkv, q_norm, eps, rows, rope, dims, layer, n_layers, window, scale, q_buf, scores, out, counters, stage):
-    """Per (row, q head): norm, rotate and f16-round q, attend over the row's cache up to its
-    position (the last ``window`` only, if > 0) and write the head's output."""
-    claimed, done = counters
-    n_heads, hd = dims[N_HEADS], dims[HEAD_DIM]
-    group = n_heads // dims[N_KV]
-    n_items = qkv.shape[0] * n_heads
-    item = claim(claimed, stage)
-    while item < n_items:
-        n, h = item // n_heads, item % n_heads
-        q_buf[:] = qkv[n, h * hd : (h + 1) * hd]
-        if dims[FLAGS] & QK_NORM:
-            rms_norm_into(q_buf, q_norm, eps, q_buf)
-        rope_inplace(q_buf, rows.cos[n, rope], rows.sin[n, rope], dims[NEOX] != 0)
-        round_f16_inplace(q_buf)
-        cache_k, cache_v = cache_arrays(rows.caches, n, n_layers, dims)
-        keys, values = cache_k[layer, h // group], cache_v[layer, h // group]
-        attend_head(q_buf, keys, values, rows.positions[n], window, scale, scores, out[n, h * hd : (h + 1) * hd])
         mark_done(done, stage)
         item = claim(claimed, stage)
     wait_done(done, stage, n_items)

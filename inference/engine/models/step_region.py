@@ -12,11 +12,13 @@ import numba
 import numpy as np
 
 from ..quants.intdot import ROW_BLOCK
+from .attention_tile import attend_scratch_size
+from .step_attention import attend_stage
 from .step_kernels import (
     ATTEND, COLS, DOWN, FFN, FFN_POST, FLAGS, GELU, HEAD_DIM, KV, N_FF, N_HEADS, N_KV, OUT, OUT_POST,
     POST_NORMS, PREP_DOWN, PREP_FFN, PREP_OUT, PREP_QKV, QKV, SLOT_DOWN, SLOT_GATE, SLOT_OUT, SLOT_Q,
     SOLO_ROWS, STAGES_PER_LAYER, Rounded, StepModel, StepRows, StepWeights, add_normed_stage,
-    attend_stage, ffn_stage, kv_stage, prepare_stage, rows_stage,
+    ffn_stage, kv_stage, prepare_stage, rows_stage,
 )  # fmt: skip
 
 Scratch = namedtuple(
@@ -104,6 +106,7 @@ def forward_rows(n_threads, x, model, rows, logits):
     solo = n_rows <= SOLO_ROWS
     copies = n_threads if solo else 1
     padded = -(-n_rows // ROW_BLOCK) * ROW_BLOCK  # rounded inputs: whole blocks of rows, zero padding
+    attend_floats = attend_scratch_size(rows.positions.max() + 1, hd, hd, n_heads // dims[N_KV])
     scratch = Scratch(
         np.empty((n_rows, (n_heads + 2 * dims[N_KV]) * hd), np.float32),  # (N, q|k|v)
         np.empty((n_rows, n_heads * hd), np.float32),  # (N, heads * hd) attention output
@@ -115,7 +118,7 @@ def forward_rows(n_threads, x, model, rows, logits):
         np.zeros((copies, 3, padded, max_cols // 16), np.float32),  # (copies, slots, rows, groups) code scales
         np.zeros((copies, 3, padded, max_cols // 16), np.float32),  # group sums
         np.empty((n_threads, hd), np.float32),  # (threads, hd) one q head
-        np.empty((n_threads, rows.positions.max() + 1), np.float32),  # (threads, keys) scores
+        np.empty((n_threads, attend_floats), np.float32),  # (threads, attention scratch)
         np.arange(n_rows),  # (N,) every row, in order
     )
     counters = (np.zeros(n_stages, np.int64), np.zeros(n_stages, np.int64))  # claimed, done per stage

@@ -1,0 +1,204 @@
+"""Attention for a tile of query heads that share one kv head and one cache: 16 (or 8) queries
+per vector, several vectors per tile, every key and value row converted once per tile.
+
+A prefill chunk over a long cache spends its time in attention, and the one-row kernels
+(kernels.attend_head) stream every key and value once per (row, head). Here the queries of R
+consecutive rows times the G heads of one kv group (GQA) sit in the lanes of vectors
+(lane = one query), so a key row is read once for all of them. Each lane still performs the
+one-row kernel's float32 operations in the same order (attention_tile_ir.py):
+
+1. scores: scale * q . k per key, tinyBLAS's 8-lane FMA order and hsum8;
+2. softmax (llama.cpp's): max over the lane's own keys, ggml's expf, float sums of 8-row blocks
+   aligned to cache row 0 added in float64, probabilities times float32(1 / sum), f16-rounded;
+3. weighted values: key t in accumulator lane (t mod 8), FMA per lane, hsum8.
+
+Keys outside a lane's own range (later rows of the tile, the part before a sliding window, the
+padding of the first block) get probability exactly 0: they add +0.0 to block sums that are
+then >= 1, and fma(v, 0, acc) == acc for the finite values of the cache (acc starts at +0.0 and
+is never -0.0). So each lane's output has the one-row kernel's bits: tests compare bitwise.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import binding as llvm_binding
+
+from ..ggml_math import hsum8
+from .attention_tile_ir import (
+    halves_f16c,
+    halves_generic,
+    scores_lanes8,
+    scores_lanes16,
+    values_lanes8,
+    values_lanes16,
+)
+from .kernels import HOST_F16C, round_f16_inplace
+from .softmax_ir import softmax_lanes8, softmax_lanes16
+
+# Queries per vector: 16 where the CPU has AVX-512's 32 registers, else 8 (AVX2's 16 registers
+# would spill 16-wide accumulators). Both widths are compiled and tested; the bits are the same.
+LANES = 16 if "+avx512f" in llvm_binding.get_host_cpu_features().flatten() else 8
+BLOCK = 64  # keys converted to float32 at a time (a multiple of 8: blocks keep key t in lane t mod 8)
+TILE_QUERIES = 64  # queries per tile: rows x the q heads of one kv head
+# A tile of this many queries or fewer goes in one 8-lane vector (on an AVX-512 core 8 lanes
+# cost ~1.75x the time of 16 for half the work); fewer than MIN_TILE_QUERIES go one head at a
+# time instead. Per useful query an 8-lane vector costs 4.9 ns x 8 / used lanes per key against
+# 6.3-7.5 ns for the one-row kernel (bench/attention_kernel.py, head_dim 64): 6 lanes break even,
+# 7 win 1.3x. A decode step of Qwen2.5 (7 q heads per kv head) is one 8-lane tile per kv head;
+# SmolLM2 (3) and Gemma 3 (4) decode one head at a time.
+NARROW_QUERIES = 8
+MIN_TILE_QUERIES = 6
+
+
+@numba.njit(cache=True)
+def tile_lanes(n_queries):
+    """Lanes per vector for a tile of n_queries queries."""
+    return 8 if n_queries <= NARROW_QUERIES else LANES
+
+
+@numba.njit(cache=True)
+def tile_vectors(n_queries, lanes):
+    """Vectors of ``lanes`` queries for n_queries queries."""
+    return -(-n_queries // lanes)
+
+
+@numba.njit(cache=True)
+def tile_rows(group):
+    """Rows per tile for ``group`` q heads per kv head."""
+    return max(1, TILE_QUERIES // group)
+
+
+@numba.njit(cache=True)
+def tile_scratch_size(n_vecs, n_keys, hd, hd_v, lanes):
+    """float32 elements of the work buffer of attend_tile over up to n_keys cache rows: scores
+    (vecs, keys + 16, lanes), key and value blocks, accumulators (vecs, 8, hd_v, lanes)."""
+    return n_vecs * (n_keys + 16) * lanes + BLOCK * (hd + hd_v) + n_vecs * 8 * hd_v * lanes
+
+
+@numba.njit(cache=True)
+def attend_scratch_size(n_keys, hd, hd_v, group):
+    """float32 elements of one thread's attention scratch in the fused forward: a tile's work
+    buffer (LANES-wide) over up to n_keys cache rows, or the scores of one row."""
+    n_vecs = tile_vectors(tile_rows(group) * group, LANES)
+    return max(n_keys, tile_scratch_size(n_vecs, n_keys + 8, hd, hd_v, LANES))
+
+
+# halves_into(src, t0, n, dst): dst[b, :] = float32 of the f16 bits src[t0 + b, :] for b < n,
+# 8 at a time; both selections give the same (exact) values, the host's is used.
+halves_into = halves_f16c if HOST_F16C else halves_generic
+
+
+@numba.njit(cache=True)
+def _scores_pass(q_lanes, keys, base, end, scale, scores, key_block):
+    """scores[v, t - base] for cache rows base..end of every vector's queries."""
+    for b0 in range(base, end, BLOCK):
+        n = min(BLOCK, end - b0)
+        halves_into(keys, b0, n, key_block)
+        for v in range(q_lanes.shape[0]):
+            if q_lanes.shape[2] == 16:
+                scores_lanes16(q_lanes[v], key_block, n, scale, scores[v], b0 - base)
+            else:
+                scores_lanes8(q_lanes[v], key_block, n, scale, scores[v], b0 - base)
+
+
+@numba.njit(cache=True)
+def _softmax_pass(scores, first, last):
+    for v in range(scores.shape[0]):
+        if scores.shape[2] == 16:
+            softmax_lanes16(scores[v], first[v], last[v])
+        else:
+            softmax_lanes8(scores[v], first[v], last[v])
+
+
+@numba.njit(cache=True)
+def _values_pass(scores, values, base, end, value_block, acc):
+    """acc[v] += the weighted values of cache rows base..end (scores now probabilities)."""
+    acc[:] = 0.0
+    for b0 in range(base, end, BLOCK):
+        n = min(BLOCK, end - b0)
+        halves_into(values, b0, n, value_block)
+        for v in range(scores.shape[0]):
+            if scores.shape[2] == 16:
+                values_lanes16(scores[v], b0 - base, value_block, n, acc[v])
+            else:
+                values_lanes8(scores[v], b0 - base, value_block, n, acc[v])
+
+
+@numba.njit(cache=True)
+def attend_tile(q_lanes, first, last, keys, values, scale, work, out):
+    """Attention of the queries q_lanes (vecs, hd, lanes) (rotated, f16-rounded; lane l of
+    vector v attends cache rows first[v, l]..last[v, l]) over keys and values (ctx, hd) of f16
+    bits; writes out (vecs, lanes, hd_v). ``work``: float32 scratch of tile_scratch_size."""
+    n_vecs, hd, lanes, hd_v = q_lanes.shape[0], q_lanes.shape[1], q_lanes.shape[2], values.shape[1]
+    lo, end = first.min(), last.max() + 1
+    base = lo - lo % 8  # blocks of 8 rows aligned to cache row 0 (softmax sums, value lanes)
+    rows = -(-(end - base) // 8) * 8
+    at = n_vecs * rows * lanes
+    scores = work[:at].reshape((n_vecs, rows, lanes))  # (vecs, keys, lanes)
+    key_block = work[at : at + BLOCK * hd].reshape((BLOCK, hd))  # (BLOCK, hd)
+    at += BLOCK * hd
+    value_block = work[at : at + BLOCK * hd_v].reshape((BLOCK, hd_v))  # (BLOCK, hd_v)
+    at += BLOCK * hd_v
+    n_acc = n_vecs * 8 * hd_v * lanes
+    acc = work[at : at + n_acc].reshape((n_vecs, 8, hd_v, lanes))  # (vecs, 8, hd_v, lanes)
+    _scores_pass(q_lanes, keys, base, end, scale, scores, key_block)
+    _softmax_pass(scores, first - base, last - base)
+    _values_pass(scores, values, base, end, value_block, acc)
+    for v in range(n_vecs):
+        for d in range(hd_v):
+            for i in range(lanes):
+                a = acc[v, :, d, i]  # (8,) the accumulator lanes of one output
+                out[v, i, d] = hsum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])
+
+
+@numba.njit(cache=True)
+def set_lane(q_lanes, first, last, k, q, pos, window):
+    """Query k of a tile (vector k // lanes, lane k % lanes): q (hd,) rotated and f16-rounded,
+    at ``pos``, attending the last ``window`` rows if > 0."""
+    v, i = k // q_lanes.shape[2], k % q_lanes.shape[2]
+    for d in range(q.shape[0]):
+        q_lanes[v, d, i] = q[d]
+    first[v, i] = max(0, pos + 1 - window) if window > 0 else 0
+    last[v, i] = pos
+
+
+@numba.njit(cache=True)
+def pad_lanes(q_lanes, first, last, n_queries):
+    """Lanes from n_queries on: zero queries over query 0's rows (finite, then discarded)."""
+    lanes = q_lanes.shape[2]
+    for k in range(n_queries, q_lanes.shape[0] * lanes):
+        v, i = k // lanes, k % lanes
+        q_lanes[v, :, i] = 0.0
+        first[v, i], last[v, i] = first[0, 0], last[0, 0]
+
+
+@numba.njit(parallel=True, cache=True)
+def attend_rows_tiled(q, cache_k, cache_v, start, window, scale, out, rows_per_tile, lanes):
+    """kernels.attend_rows with the same bits, by tiles of ``rows_per_tile`` rows times the
+    heads of one kv head in vectors of ``lanes`` (16 or 8) queries: q (n, heads, hd) rotated,
+    at positions start..start+n, over cache rows (kvh, ctx, hd) of f16 bits that already hold
+    the new rows; writes out (n, heads, hd_v)."""
+    n, n_heads, hd = q.shape
+    n_kv, hd_v = cache_k.shape[0], cache_v.shape[2]
+    group = n_heads // n_kv
+    n_tiles = -(-n // rows_per_tile)
+    for item in numba.prange(n_tiles * n_kv):
+        r0, g = (item // n_kv) * rows_per_tile, item % n_kv
+        r1 = min(n, r0 + rows_per_tile)
+        n_queries = (r1 - r0) * group
+        n_vecs = tile_vectors(n_queries, lanes)
+        q_lanes = np.empty((n_vecs, hd, lanes), np.float32)  # (vecs, hd, lanes)
+        first = np.empty((n_vecs, lanes), np.int64)  # (vecs, lanes)
+        last = np.empty((n_vecs, lanes), np.int64)  # (vecs, lanes)
+        for k in range(n_queries):
+            r, h = r0 + k // group, g * group + k % group
+            qh = q[r, h].copy()  # (hd,)
+            round_f16_inplace(qh)
+            set_lane(q_lanes, first, last, k, qh, start + r, window)
+        pad_lanes(q_lanes, first, last, n_queries)
+        work = np.empty(tile_scratch_size(n_vecs, start + r1 + 8, hd, hd_v, lanes), np.float32)
+        res = np.empty((n_vecs, lanes, hd_v), np.float32)  # (vecs, lanes, hd_v)
+        attend_tile(q_lanes, first, last, cache_k[g], cache_v[g], scale, work, res)
+        for k in range(n_queries):
+            out[r0 + k // group, g * group + k % group] = res[k // lanes, k % lanes]
