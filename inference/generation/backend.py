@@ -48,6 +48,18 @@ def openai_overflow_message(overflow: ContextOverflow) -> str:
     )
 
 
+def budgeted(tokens: list[int], n_ctx: int, max_tokens: int | None) -> PreparedPrompt | Error:
+    """The prompt with its reply budget (``max_tokens``, else the default, capped by the room
+    left in ``n_ctx``), or a 400 when the prompt leaves no room to reply."""
+    room = n_ctx - len(tokens)
+    if room < 1:
+        overflow = ContextOverflow(len(tokens), n_ctx)
+        message = openai_overflow_message(overflow)
+        return Error(400, message, code="context_length_exceeded", param="messages", overflow=overflow)
+    wanted = max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
+    return PreparedPrompt(tokens, min(wanted, room))
+
+
 class Sink(Protocol):
     """Where the worker streams a request's events (a StreamPipe)."""
 
@@ -145,13 +157,7 @@ class ConversationBackend:
         tokens = self.tokenize(request)
         if isinstance(tokens, Error):
             return tokens
-        room = self.n_ctx - len(tokens)
-        if room < 1:
-            overflow = ContextOverflow(len(tokens), self.n_ctx)
-            message = openai_overflow_message(overflow)
-            return Error(400, message, code="context_length_exceeded", param="messages", overflow=overflow)
-        wanted = request.max_tokens if request.max_tokens is not None else DEFAULT_MAX_TOKENS
-        return PreparedPrompt(tokens, min(wanted, room))
+        return budgeted(tokens, self.n_ctx, request.max_tokens)
 
     # -- worker side -----------------------------------------------------------------------
     def open_stream(

@@ -29,11 +29,10 @@ from inference.engine.families import Features
 from inference.engine.models.nanochat import NanochatCache
 from inference.engine.nanochat_checkpoint import NanochatCheckpoint
 from inference.engine.sampler import Sampler, SamplingParams
-from inference.generation.backend import DEFAULT_MAX_TOKENS, Sink, openai_overflow_message
+from inference.generation.backend import Sink, budgeted
 from inference.generation.emitter import ReplyEmitter
 from inference.generation.nanochat_tools import CalculatorState
 from inference.types import (
-    ContextOverflow,
     Error,
     Finish,
     GenerationRequest,
@@ -118,13 +117,7 @@ class NanochatBackend:
         tokens = self.tokenize(request)
         if isinstance(tokens, Error):
             return tokens
-        room = self.n_ctx - len(tokens)
-        if room < 1:
-            overflow = ContextOverflow(len(tokens), self.n_ctx)
-            message = openai_overflow_message(overflow)
-            return Error(400, message, code="context_length_exceeded", param="messages", overflow=overflow)
-        wanted = request.max_tokens if request.max_tokens is not None else DEFAULT_MAX_TOKENS
-        return PreparedPrompt(tokens, min(wanted, room))
+        return budgeted(tokens, self.n_ctx, request.max_tokens)
 
     # -- worker side ----------------------------------------------------------------------
     def generate(self, request: GenerationRequest, prompt: PreparedPrompt, sink: Sink) -> int:
