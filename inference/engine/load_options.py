@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class ExpertMode(str, Enum):
+class ExpertMode(StrEnum):
     """Where a mixture-of-experts model's routed expert matrices live.
 
     ``repack``: every expert is converted at load into the layout the integer kernels read
