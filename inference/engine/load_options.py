@@ -24,4 +24,4 @@ class LoadOptions:
 
     experts: ExpertMode = ExpertMode.REPACK
     # Converted experts kept per expert tensor in borrow mode (least recently used dropped).
-    expert_cache: int = 8
+    expert_cache: int = 16
