@@ -126,6 +126,12 @@ class Engine:
         engine = cls(path, f, family.model(f), load_tokenizer(f.metadata), family)
         if f.options.experts is ExpertMode.BORROW and not engine.has_routed_experts:
             logger.info("--experts=borrow: %s has no routed experts, nothing to borrow", engine.path.name)
+        elif f.options.experts is ExpertMode.BORROW:
+            logger.info(
+                "--experts=borrow: routed experts stay in the mapped file, converted when picked "
+                "(the last %d kept per expert tensor)",
+                f.options.expert_cache,
+            )
         return engine
 
     @property
