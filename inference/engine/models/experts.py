@@ -33,7 +33,7 @@ class BorrowedExperts(Sequence[QuantMatrix]):
         self.cache_size = max(1, cache_size)
         self.cache: OrderedDict[int, QuantMatrix] = OrderedDict()
         self.conversions = 0  # experts converted so far (a cache miss each)
-        self[0]  # converts one expert now: a bad type or shape fails the load, not a request
+        self._convert(0)  # one expert now: a bad type or shape fails the load, not a request
 
     def __len__(self) -> int:
         return self.tensor.shape[0]
