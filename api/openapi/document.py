@@ -154,6 +154,10 @@ SCHEMAS: dict[str, Schema] = {
             "in_flight": INTEGER,
             "connections": INTEGER,
             "tokens_generated": INTEGER,
+            "experts": string(
+                "a MoE model's routed experts: repack or borrow (--experts); null without experts",
+                enum=["repack", "borrow", None],
+            ),
             "capabilities": obj(
                 {
                     **{name: {"type": "boolean"} for name in FEATURE_NAMES},

@@ -11,6 +11,7 @@ Typical use::
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -26,10 +27,16 @@ from .families import Family, family_of
 from .fingerprint import model_fingerprint
 from .gguf_file import GGUFFile
 from .kv_cache import KVCache
+from .load_options import ExpertMode, LoadOptions
 from .models import DecoderModel
 from .models.base import Run
 from .sampler import Sampler, SamplingParams
 from .tokenizer import Tokenizer, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+# Tensors holding routed experts (n_expert, rows, cols); the shared experts (_shexp) are not.
+EXPERT_SUFFIXES = ("_exps.weight",)
 
 PREFILL_CHUNK = 256  # tokens per forward during prefill: bounds activation memory
 
@@ -111,11 +118,31 @@ class Engine:
         )
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Engine:
-        """Open, map and prepare the model; raises GGUFError with a clear message."""
-        f = GGUFFile(path)
+    def load(cls, path: str | os.PathLike, options: LoadOptions | None = None) -> Engine:
+        """Open, map and prepare the model; raises GGUFError with a clear message. ``options``
+        say how weights are read (e.g. MoE experts borrowed from the mapped file)."""
+        f = GGUFFile(path, options)
         family = family_of(f)
-        return cls(path, f, family.model(f), load_tokenizer(f.metadata), family)
+        engine = cls(path, f, family.model(f), load_tokenizer(f.metadata), family)
+        if f.options.experts is ExpertMode.BORROW and not engine.has_routed_experts:
+            logger.info("--experts=borrow: %s has no routed experts, nothing to borrow", engine.path.name)
+        elif f.options.experts is ExpertMode.BORROW:
+            logger.info(
+                "--experts=borrow: routed experts stay in the mapped file, converted when picked "
+                "(the last %d kept per expert tensor)",
+                f.options.expert_cache,
+            )
+        return engine
+
+    @property
+    def has_routed_experts(self) -> bool:
+        """Whether the file has routed expert tensors (the ones ``--experts`` applies to)."""
+        return any(name.endswith(EXPERT_SUFFIXES) for name in self.file.tensors)
+
+    @property
+    def expert_mode(self) -> str | None:
+        """How routed experts are held ("repack" or "borrow"), None for a model without them."""
+        return self.file.options.experts.value if self.has_routed_experts else None
 
     @property
     def model_id(self) -> str:

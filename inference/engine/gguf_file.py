@@ -18,6 +18,8 @@ from typing import Any
 import gguf
 import numpy as np
 
+from .load_options import LoadOptions
+
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 
@@ -53,8 +55,9 @@ class TensorInfo:
 class GGUFFile:
     """A GGUF file opened read-only with its tensors memory-mapped."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, options: LoadOptions | None = None):
         self.path = os.fspath(path)
+        self.options = options or LoadOptions()  # how the models read the tensors (load_options.py)
         try:
             self._map = np.memmap(self.path, mode="r")
         except (OSError, ValueError) as exc:

@@ -50,6 +50,7 @@ class ServeConfig:
     metrics: str = "open"  # GET /metrics: "open" (no key), "key" (needs --api-key) or "off"
     spec: bool = False  # speculative decoding
     nanochat: str | None = None  # a nanochat checkpoint directory (--nanochat) instead of a GGUF
+    experts: str = "repack"  # MoE experts: "repack" at load, or "borrow" from the mapped file
 
 
 class ConnectionGate:
@@ -97,6 +98,7 @@ class InferenceService:
             spec=config.spec,
             prefix_source=prefix_source,
             nanochat=config.nanochat is not None,
+            experts=config.experts,
         )
         self.connections = ConnectionGate(config.conns)
         self.stopping = False
@@ -150,6 +152,14 @@ class InferenceService:
         """Whether requests may reuse KV rows of earlier ones (None until the model is loaded)."""
         backend = self.worker.backend
         return None if backend is None else backend.kv_reuse
+
+    @property
+    def experts(self) -> str | None:
+        """How the loaded MoE model's routed experts are held ("repack" or "borrow", the
+        --experts flag); None for a model without them or until it is loaded."""
+        backend = self.worker.backend
+        engine = None if backend is None else backend.engine
+        return None if engine is None else engine.expert_mode
 
     async def prepare(self, request: GenerationRequest) -> PreparedPrompt | Error:
         """Render and tokenize off the event loop; a 400 here costs no model time."""
@@ -231,6 +241,7 @@ class InferenceService:
             "connections": self.connections.open,
             "tokens_generated": self.worker.tokens_generated,
             "kv_reuse": self.kv_reuse,
+            "experts": self.experts,
             "capabilities": self.capabilities(),
         }
         describe = getattr(self.prefix_source, "describe", None)

@@ -62,9 +62,11 @@ class InferenceWorker:
         spec: bool = False,
         prefix_source: PrefixSource | None = None,
         nanochat: bool = False,
+        experts: str = "repack",
     ):
         self.model_path = model_path  # a GGUF file, or a nanochat checkpoint directory
         self.nanochat = nanochat
+        self.experts = experts  # --experts: how a MoE model's routed experts are held
         self.queue = queue
         self.requested_ctx = n_ctx
         self.kv_slots = max(kv_slots, batch)  # one resident cache per lockstep stream
@@ -140,9 +142,10 @@ class InferenceWorker:
     def _gguf_backend(self) -> GenerationBackend:
         """Load the GGUF file, size the KV tiers, build its family's backend and warm it up."""
         from inference.engine.engine import Engine
+        from inference.engine.load_options import ExpertMode, LoadOptions
         from inference.engine.numba_cache import warm_up_notice
 
-        engine = Engine.load(self.model_path)
+        engine = Engine.load(self.model_path, LoadOptions(experts=ExpertMode(self.experts)))
         if self.prefix_source is not None:
             self.prefix_source.check(engine)
         n_ctx = min(self.requested_ctx, engine.config.n_ctx_train)

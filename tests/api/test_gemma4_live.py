@@ -1,7 +1,9 @@
 """Gemma 4 served live: the synthetic MoE file (tests/fixtures/synthetic_gemma4.py) behind
 ``manage.py lmserve``, read through the openai SDK: /health and /v1/models name its features,
 a chat reply is the engine's own greedy continuation of the Gemma 4 prompt (streamed and not),
-its stop tokens end a turn, and a repeated conversation reuses the cached rows."""
+its stop tokens end a turn, and a repeated conversation reuses the cached rows. The server
+borrows the experts from the mapped file (``--experts=borrow``) while the expected reply comes
+from an engine that repacked them: the two must agree token for token."""
 
 from __future__ import annotations
 
@@ -30,7 +32,13 @@ def model_path(synthetic_dir):
 @pytest.fixture(scope="module")
 def model_server(model_path, tmp_path_factory):
     server = start_lmserve(
-        tmp_path_factory.mktemp("gemma4"), str(model_path), "--api-key", API_KEY, "--ctx", "256"
+        tmp_path_factory.mktemp("gemma4"),
+        str(model_path),
+        "--api-key",
+        API_KEY,
+        "--ctx",
+        "256",
+        "--experts=borrow",
     )
     yield server
     server.stop()
@@ -50,7 +58,7 @@ def expected(model_path) -> tuple[list[int], str]:
 
 def test_health_and_models_name_the_features(model_server):
     health = model_server.health()
-    assert health["status"] == "ok" and health["kv_reuse"] is True
+    assert health["status"] == "ok" and health["kv_reuse"] is True and health["experts"] == "borrow"
     assert {k: health["capabilities"][k] for k in FEATURES} == FEATURES
     headers = {"Authorization": f"Bearer {API_KEY}"}
     models = httpx.get(model_server.url + "/v1/models", headers=headers, timeout=10).json()

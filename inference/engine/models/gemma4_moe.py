@@ -18,6 +18,7 @@ from ..gguf_file import GGUFError, GGUFFile
 from ..layers import rms_norm
 from ..quants import QuantMatrix, load_matrix
 from .base import linear
+from .experts import repacked_experts, routed_experts
 from .rowops import gelu_tanh_f16
 
 ONES = np.float32(1.0)
@@ -25,14 +26,11 @@ ONES = np.float32(1.0)
 
 def expert_matrices(f: GGUFFile, name: str, row_range: slice | None = None) -> list[QuantMatrix]:
     """One matrix per expert of a 3-D tensor (n_expert, rows, cols), optionally a row range
-    of each (the gate or up half of a fused gate_up tensor)."""
+    of each (the gate or up half of a fused gate_up tensor), all repacked now (shared experts,
+    used by every token, are never borrowed)."""
     t = f.tensor(name)
     rows = range(t.shape[1])[row_range] if row_range is not None else range(t.shape[1])
-    shape = (len(rows), t.shape[2])
-    return [
-        load_matrix(t.type, t.data[e][rows.start : rows.stop], shape, f"{name}[{e}]")
-        for e in range(t.shape[0])
-    ]
+    return repacked_experts(t, rows)
 
 
 class ExpertFFN:
@@ -48,12 +46,12 @@ class ExpertFFN:
             raise GGUFError(f"{f.path}: expert_used_count {n_used} is not in 1..{n_expert}")
         if f.has_tensor(p + "ffn_gate_up_exps.weight"):
             fused = p + "ffn_gate_up_exps.weight"
-            self.gate = expert_matrices(f, fused, slice(0, n_ff))
-            self.up = expert_matrices(f, fused, slice(n_ff, 2 * n_ff))
+            self.gate = routed_experts(f, fused, slice(0, n_ff))
+            self.up = routed_experts(f, fused, slice(n_ff, 2 * n_ff))
         else:
-            self.gate = expert_matrices(f, p + "ffn_gate_exps.weight")
-            self.up = expert_matrices(f, p + "ffn_up_exps.weight")
-        self.down = expert_matrices(f, p + "ffn_down_exps.weight")
+            self.gate = routed_experts(f, p + "ffn_gate_exps.weight")
+            self.up = routed_experts(f, p + "ffn_up_exps.weight")
+        self.down = routed_experts(f, p + "ffn_down_exps.weight")
         scale_name = p + "ffn_down_exps.scale"
         self.down_scale = (
             np.asarray(f.tensor(scale_name).data, np.float32).reshape(-1)

@@ -18,6 +18,7 @@ import numpy as np
 from ..gguf_file import GGUFError, GGUFFile
 from ..quants import QuantMatrix, load_matrix
 from .base import linear
+from .experts import routed_experts
 from .gemma4_moe import expert_matrices
 
 
@@ -53,9 +54,9 @@ class InklingMoE:
         t = f.tensor(p + "ffn_gate_inp.weight")
         self.router = load_matrix(t.type, t.data, t.shape, t.name)  # (n_expert + n_shared, n_embd)
         self.bias = np.asarray(f.tensor(p + "exp_probs_b.bias").data, np.float32).reshape(-1)  # (n_expert,)
-        self.gate = expert_matrices(f, p + "ffn_gate_exps.weight")
-        self.up = expert_matrices(f, p + "ffn_up_exps.weight")
-        self.down = expert_matrices(f, p + "ffn_down_exps.weight")
+        self.gate = routed_experts(f, p + "ffn_gate_exps.weight")
+        self.up = routed_experts(f, p + "ffn_up_exps.weight")
+        self.down = routed_experts(f, p + "ffn_down_exps.weight")
         self.shared_gate = expert_matrices(f, p + "ffn_gate_shexp.weight")
         self.shared_up = expert_matrices(f, p + "ffn_up_shexp.weight")
         self.shared_down = expert_matrices(f, p + "ffn_down_shexp.weight")

@@ -14,7 +14,8 @@ from ..gguf_file import GGUFError, GGUFFile
 from ..layers import silu
 from .base import linear
 from .deltanet import sigmoid
-from .gemma4_moe import expert_matrices, softmax_rows
+from .experts import routed_experts
+from .gemma4_moe import softmax_rows
 from .qwen35 import Qwen35Model
 
 SHARED = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
@@ -37,12 +38,12 @@ class Qwen35MoeModel(Qwen35Model):
         ffn = {"ffn_gate_inp": self.matrix(p + "ffn_gate_inp.weight")}  # (n_expert, n_embd)
         if self.file.has_tensor(p + "ffn_gate_up_exps.weight"):
             fused, n_ff = p + "ffn_gate_up_exps.weight", c.n_ff_expert
-            ffn["gate_exps"] = expert_matrices(self.file, fused, slice(0, n_ff))
-            ffn["up_exps"] = expert_matrices(self.file, fused, slice(n_ff, 2 * n_ff))
+            ffn["gate_exps"] = routed_experts(self.file, fused, slice(0, n_ff))
+            ffn["up_exps"] = routed_experts(self.file, fused, slice(n_ff, 2 * n_ff))
         else:
-            ffn["gate_exps"] = expert_matrices(self.file, p + "ffn_gate_exps.weight")
-            ffn["up_exps"] = expert_matrices(self.file, p + "ffn_up_exps.weight")
-        ffn["down_exps"] = expert_matrices(self.file, p + "ffn_down_exps.weight")
+            ffn["gate_exps"] = routed_experts(self.file, p + "ffn_gate_exps.weight")
+            ffn["up_exps"] = routed_experts(self.file, p + "ffn_up_exps.weight")
+        ffn["down_exps"] = routed_experts(self.file, p + "ffn_down_exps.weight")
         if self.file.has_tensor(p + "ffn_up_shexp.weight"):
             ffn.update({name: self.matrix(f"{p}{name}.weight") for name in SHARED})
             ffn["shexp_gate"] = self.vector(p + "ffn_gate_inp_shexp.weight").reshape(-1)  # (n_embd,)

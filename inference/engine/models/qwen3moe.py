@@ -10,9 +10,9 @@ import numpy as np
 
 from ..gguf_file import GGUFFile
 from ..layers import silu
-from ..quants import load_matrix
 from .base import linear
 from .config import ModelConfig
+from .experts import routed_experts
 from .qwen3 import Qwen3Model
 
 EXPERT_MATRICES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
@@ -37,10 +37,7 @@ class Qwen3MoeModel(Qwen3Model):
         layer = super().load_layer(i)
         layer["ffn_gate_inp"] = self.matrix(f"blk.{i}.ffn_gate_inp.weight")
         for name in EXPERT_MATRICES:
-            t = self.file.tensor(f"blk.{i}.{name}.weight")  # (n_expert, rows, cols)
-            layer[name] = [
-                load_matrix(t.type, t.data[e], t.shape[1:], f"{t.name}[{e}]") for e in range(t.shape[0])
-            ]
+            layer[name] = routed_experts(self.file, f"blk.{i}.{name}.weight")  # n_expert x (rows, cols)
         return layer
 
     def feed_forward(self, w: dict, h: np.ndarray) -> np.ndarray:

@@ -18,9 +18,11 @@ from inference.engine.chat_template import ChatTemplateError
 from inference.engine.engine import Engine, GenerationStats
 from inference.engine.gguf_file import GGUFError
 from inference.engine.kv_cache import ContextFullError
+from inference.engine.load_options import ExpertMode, LoadOptions
 from inference.engine.sampler import SamplingParams
 from inference.generation.speculative import Speculator
 from inference.kv.prefix_source import PrefixChoice, load_prefix_source
+from inference.management.commands.lmserve import add_experts_argument
 from inference.model_files import ModelFileError, resolve_model
 from inference.types import GenerationRequest, Message
 
@@ -47,6 +49,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--cartridge", default=None, metavar="FILE", help="run the prompt behind this cartridge"
         )
+        add_experts_argument(parser)
 
     def handle(self, *args, **opts):
         if opts["max_tokens"] < 1:
@@ -54,7 +57,8 @@ class Command(BaseCommand):
         if opts["temperature"] < 0:
             raise CommandError("--temperature must be >= 0")
         try:
-            engine = Engine.load(resolve_model(opts["model"]))
+            options = LoadOptions(experts=ExpertMode(opts["experts"]))
+            engine = Engine.load(resolve_model(opts["model"]), options)
             text = opts["prompt"]
             if opts["chat"]:
                 text = engine.render_chat([{"role": "user", "content": text}])

@@ -86,6 +86,20 @@ def nanochat_directory(options: dict):
 WILDCARD_ADDRESSES = frozenset({"", "0.0.0.0", "::", "[::]"})
 
 
+def add_experts_argument(parser) -> None:
+    """``--experts {repack,borrow}`` (also ``--experts=borrow``), shared with ``generate``."""
+    parser.add_argument(
+        "--experts",
+        choices=("repack", "borrow"),
+        default="repack",
+        help="a mixture-of-experts model's routed experts: 'repack' converts them all at load "
+        "(fastest tokens, RAM for every expert); 'borrow' reads them in place from the mapped "
+        "GGUF and converts only those a token's router picks (fast load, RAM for what is "
+        "touched; the same replies). Nothing to borrow in a model without experts "
+        "(default: %(default)s)",
+    )
+
+
 def allowed_hosts(host: str, extra: str) -> list[str]:
     """The localhost names, the address the server binds (unless it is every interface's) and
     the ``--allowed-hosts`` names."""
@@ -295,6 +309,7 @@ class Command(BaseCommand):
             "and timings only, never text); 'key' needs --api-key; 'off' answers 404 "
             "(default: %(default)s)",
         )
+        add_experts_argument(parser)
         self.add_fleet_arguments(parser)
         parser.add_argument(
             "--nanochat",
@@ -340,6 +355,7 @@ class Command(BaseCommand):
             keepalive_every=options["keepalive"],
             metrics=options["metrics"],
             spec=options["spec"],
+            experts=options["experts"],
             nanochat=str(model_path) if options["nanochat"] else None,
         )
         service = InferenceService(config, model_path, prefix_source=prefix_source)
