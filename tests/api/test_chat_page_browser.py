@@ -103,7 +103,10 @@ def test_stop_cancels_the_generation_on_the_server(start_server, chromium_page):
     page.fill("#max-tokens", "600")
     before = server.health()["tokens_generated"]
     send(page, "Count from 1 to 1000, separated by commas.")
-    page.wait_for_function(f"() => document.querySelector('{REPLY} .content').textContent.length > 20")
+    # A loaded 2-core CI machine can take longer than Playwright's 30 s default to stream 20 characters.
+    page.wait_for_function(
+        f"() => document.querySelector('{REPLY} .content').textContent.length > 20", timeout=120_000
+    )
     assert server.health()["in_flight"] == 1
     assert page.is_enabled("#stop")
     stopped_at = time.monotonic()
