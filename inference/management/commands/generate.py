@@ -22,7 +22,7 @@ from inference.engine.load_options import ExpertMode, LoadOptions
 from inference.engine.sampler import SamplingParams
 from inference.generation.speculative import Speculator
 from inference.kv.prefix_source import PrefixChoice, load_prefix_source
-from inference.management.commands.lmserve import add_experts_argument
+from inference.management.options import add_experts_argument
 from inference.model_files import ModelFileError, resolve_model
 from inference.types import GenerationRequest, Message
 

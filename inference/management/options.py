@@ -1,0 +1,106 @@
+"""Argument types and checks of the serving commands (``lmserve``, ``generate``): each turns a
+bad value into a message naming the flag, as argparse or a ``CommandError``."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from django.conf import settings
+from django.core.management.base import CommandError
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def non_negative_margin(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a non-negative cosine margin, got {text!r}")
+    return value
+
+
+def port_number(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port number: {value}")
+    return value
+
+
+def refuse_batch_with_fleet(batch: int, fleet: str | None) -> None:
+    """``--batch`` above 1 with ``--fleet`` is a start-up error: a fleet picks documents per
+    request and adopts slots by conversation identity, logic that serves one stream at a time."""
+    if batch > 1 and fleet:
+        raise CommandError(
+            f"--batch {batch} cannot be combined with --fleet: per-request retrieval and sticky slot "
+            "adoption serve one stream at a time; drop --batch (or use --batch 1) to serve a fleet"
+        )
+
+
+def nanochat_directory(options: dict):
+    """The --nanochat directory, checked now; every flag it cannot honour a CommandError."""
+    from inference.engine.nanochat_checkpoint import NanochatCheckpointError, check_directory
+
+    clashes = {
+        "a MODEL argument": (options.get("model") is not None, "--nanochat DIR is the model"),
+        "--spec": (options.get("spec"), "nanochat decodes without speculation"),
+        "--batch > 1": ((options.get("batch") or 1) > 1, "nanochat serves one request at a time"),
+        "--kv-slots > 1": ((options.get("kv_slots") or 1) > 1, "nanochat keeps no KV rows across requests"),
+        "--kv-cache-dir": (options.get("kv_cache_dir"), "nanochat keeps no KV rows across requests"),
+        "--cartridge": (options.get("cartridge"), "nanochat runs behind no KV prefix"),
+        "--prefix-source": (options.get("prefix_source"), "nanochat runs behind no KV prefix"),
+        "--fleet": (options.get("fleet"), "nanochat runs behind no KV prefix"),
+    }
+    given = [(flag, why) for flag, (value, why) in clashes.items() if value]
+    if given:
+        flags = ", ".join(flag for flag, _ in given)
+        reasons = "; ".join(dict.fromkeys(why for _, why in given))
+        raise CommandError(f"--nanochat excludes {flags}: {reasons}")
+    try:
+        return check_directory(options["nanochat"])
+    except NanochatCheckpointError as exc:
+        raise CommandError(str(exc)) from exc
+
+
+WILDCARD_ADDRESSES = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+
+def add_experts_argument(parser) -> None:
+    """``--experts {repack,borrow}`` (also ``--experts=borrow``), shared with ``generate``."""
+    parser.add_argument(
+        "--experts",
+        choices=("repack", "borrow"),
+        default="repack",
+        help="a mixture-of-experts model's routed experts: 'repack' converts them all at load "
+        "(fastest tokens, RAM for every expert); 'borrow' reads them in place from the mapped "
+        "GGUF and converts only those a token's router picks (fast load, RAM for what is "
+        "touched; the same replies). Nothing to borrow in a model without experts "
+        "(default: %(default)s)",
+    )
+
+
+def allowed_hosts(host: str, extra: str) -> list[str]:
+    """The localhost names, the address the server binds (unless it is every interface's) and
+    the ``--allowed-hosts`` names."""
+    hosts = list(settings.LOCAL_HOSTS)
+    if host not in WILDCARD_ADDRESSES:
+        hosts.append(f"[{host}]" if ":" in host and not host.startswith("[") else host)
+    hosts += [name.strip() for name in extra.split(",") if name.strip()]
+    return list(dict.fromkeys(hosts))
