@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 
@@ -54,13 +55,18 @@ def test_the_worker_loads_the_backend_the_family_names(engine, monkeypatch, tmp_
         backends.BACKENDS, "recurrent", lambda setup: RecurrentBackend(setup.engine, setup.n_ctx)
     )
     monkeypatch.setattr(
-        Engine, "load", classmethod(lambda cls, path: with_family(engine, backend="recurrent"))
+        Engine, "load", classmethod(lambda cls, path, options=None: with_family(engine, backend="recurrent"))
     )
     queue = JobQueue(2)
-    worker = InferenceWorker(default_model_path(), queue, n_ctx=128)
+    failures: list[str] = []
+    worker = InferenceWorker(default_model_path(), queue, n_ctx=128, on_failure=failures.append)
     worker.start()
     # The warm-up compiles every kernel on a cold numba cache: minutes on a loaded 2-core machine.
-    assert worker.ready.wait(900) and worker.state == READY
+    # A failed load never sets ``ready``, so the wait also ends when one is reported.
+    deadline = time.monotonic() + 900
+    while not worker.ready.wait(0.5) and not failures and time.monotonic() < deadline:
+        pass
+    assert worker.state == READY, failures
     queue.close()
     assert worker.join(30)
     assert isinstance(worker.backend, RecurrentBackend) and not worker.backend.kv_reuse
