@@ -41,6 +41,7 @@ def kv_overview(request: HttpRequest) -> HttpResponse:
         "slots": slots,
         "sidecars": sidecars,
         "kv_cache_dir": service.kv_cache_dir,
+        "kv_reuse": service.kv_reuse,  # None until loaded; False: every request starts afresh
     }
     return TemplateResponse(request, "fleet/kv_admin.html", context)
 

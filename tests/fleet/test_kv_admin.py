@@ -113,3 +113,22 @@ def test_slots_and_sidecars_behind_a_cartridge_show_its_key_and_rows(admin_clien
         service.shutdown()
         service.queue.close()
         service.worker.join(30)
+
+
+def test_a_model_without_kv_reuse_says_so_instead_of_listing_slots(admin_client, tmp_path):
+    from tests.fixtures.synthetic_gguf import synthetic_path
+
+    recurrent = synthetic_path("qwen35", tmp_path)
+    service = InferenceService.from_config(ServeConfig(model=str(recurrent), ctx=256))
+    service.start()
+    previous = services._current
+    try:
+        assert service.worker.ready.wait(600), service.worker.error
+        services.install(service)
+        page = admin_client.get("/admin/kv/").content.decode()
+        assert "keeps no KV rows across requests" in page and "not loaded yet" not in page
+    finally:
+        services.install(previous)
+        service.shutdown()
+        service.queue.close()
+        service.worker.join(30)
