@@ -304,7 +304,7 @@ def test_batch_with_spec_is_the_plain_server(tmp_path_factory):
     """``--batch 4 --spec``: a batch of four decodes plain, a request served alone speculates;
     both reply exactly as a plain ``--batch 1`` server does (greedy, stop strings, json_schema,
     a seeded sample, a reuse turn)."""
-    from tests.api.test_spec_live import accepted_drafts
+    from tests.api.test_spec_live import SPEC_LOG
 
     listing = "Repeat this list exactly: " + ", ".join(
         f"item {i} is {w}" for i, w in enumerate("red oak blue fir".split())
@@ -327,12 +327,19 @@ def test_batch_with_spec_is_the_plain_server(tmp_path_factory):
         plain, both = started
         compare_turns(plain, both, bodies, turns=2)
         assert metric(both, "lmserve_lockstep_batches_total") >= 2
+        spec_runs = len(SPEC_LOG.findall(both.logs()))
         solo = chat(listing, max_tokens=40)
         want, got = (
             httpx.post(s.url + "/v1/chat/completions", json=solo, timeout=600) for s in (plain, both)
         )
         assert outcome(got) == outcome(want)
-        assert accepted_drafts(both)[0] > 0  # the lone request went through accepted drafts
+        # The lone request went through the speculative driver (its summary line is logged as
+        # the stream ends). Whether drafts were verified is the cost gate's call on this
+        # machine's measured verify costs, so that is not asserted here (test_spec_live does).
+        deadline = time.monotonic() + 30
+        while len(SPEC_LOG.findall(both.logs())) == spec_runs and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(SPEC_LOG.findall(both.logs())) == spec_runs + 1, both.logs()[-4000:]
     finally:
         for server in started:
             server.stop()
