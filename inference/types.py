@@ -82,6 +82,7 @@ class GenerationRequest:
     # The start of the reply, written by the client (an assistant prefill): rendered after the
     # generation prompt with the turn left open, so the reply is its continuation.
     prefill: str = ""
+    stop_param: str = "stop"  # what the dialect calls ``stop`` (Anthropic: stop_sequences)
 
     def template_messages(self) -> list[dict]:
         return [m.as_template_dict() for m in self.messages]

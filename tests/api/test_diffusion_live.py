@@ -87,8 +87,9 @@ def test_the_other_dialects_stream_the_same_blocks(oai, claude, expected_blocks)
     # Anthropic Messages has no seed: a reply of whole blocks, its stop sequences refused.
     message = claude.messages.create(model="m", messages=MESSAGES, max_tokens=CANVAS)
     assert anthropic_text(message) and 0 < message.usage.output_tokens <= CANVAS
-    with pytest.raises(anthropic.BadRequestError, match="stop"):
+    with pytest.raises(anthropic.BadRequestError, match="'stop_sequences'") as refused:
         claude.messages.create(model="m", messages=MESSAGES, max_tokens=8, stop_sequences=["\n"])
+    assert refused.value.body["error"]["type"] == "invalid_request_error"
 
 
 @pytest.mark.parametrize(

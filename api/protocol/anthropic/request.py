@@ -126,6 +126,7 @@ class MessagesRequest:
             constraint=constraint,
             tools=tools,
             prefill=self.prefill,
+            stop_param="stop_sequences",
         )
 
 

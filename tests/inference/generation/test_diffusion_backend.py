@@ -41,6 +41,7 @@ def test_the_family_picks_the_diffusion_backend(backend):
     [
         (GenerationRequest(HELLO, constraint=JSON_OBJECT), "response_format"),
         (GenerationRequest(HELLO, stop=("\n",)), "stop"),
+        (GenerationRequest(HELLO, stop=("\n",), stop_param="stop_sequences"), "stop_sequences"),
         (GenerationRequest(HELLO, ignore_eos=True), "ignore_eos"),
     ],
 )  # fmt: skip
