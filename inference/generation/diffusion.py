@@ -46,7 +46,9 @@ def refusal(request: GenerationRequest) -> Error | None:
     if request.constraint is not None:
         return unsupported(request.constraint.param, "cannot be honoured: a diffusion model has no grammar")
     if request.stop:
-        return unsupported(request.stop_param, "cannot be honoured: a diffusion model ends at end-of-generation tokens")
+        return unsupported(
+            request.stop_param, "cannot be honoured: a diffusion model ends at end-of-generation tokens"
+        )
     if request.ignore_eos:
         return unsupported(
             "ignore_eos", "cannot be honoured: a diffusion model ends at end-of-generation tokens"
