@@ -68,11 +68,32 @@ class BackendSetup:
 
 
 def _conversation(setup: BackendSetup) -> GenerationBackend:
+    family = setup.engine.family
+    if not family.kv_reuse:
+        _refuse_kept_rows(setup, family.architecture)
     # --spec on a family whose forward cannot verify and cut back (inkling) decodes plainly.
-    spec = setup.spec and setup.engine.family.spec
+    spec = setup.spec and family.spec
     return ConversationBackend(
         setup.engine, setup.n_ctx, setup.kv_slots, setup.disk, setup.prefix_source, spec=spec
     )
+
+
+def _refuse_kept_rows(setup: BackendSetup, architecture: str) -> None:
+    """A family that starts every request clean cannot use a disk tier or a KV prefix:
+    refused at start-up, naming the flags, rather than failing or wasting work per request."""
+    refused = [
+        flag
+        for flag, on in (
+            ("--kv-cache-dir", setup.disk is not None),
+            ("--cartridge / --fleet", setup.prefix_source is not None),
+        )
+        if on
+    ]
+    if refused:
+        raise ValueError(
+            f"{architecture} keeps no KV rows across requests (its state cannot be cut back to a "
+            f"token prefix): {' and '.join(refused)} cannot serve it"
+        )
 
 
 def _nanochat(setup: BackendSetup) -> GenerationBackend:

@@ -217,6 +217,15 @@ def test_the_conversation_backend_serves_it_without_reuse_or_speculation(think_e
     assert backend.kv_reuse is False and backend.speculator is None and backend.supports_reasoning
 
 
+def test_flags_that_keep_rows_across_requests_are_refused_at_start_up(think_engine):
+    from inference.generation.backends import BackendSetup, backend_for
+
+    with pytest.raises(ValueError, match="--cartridge / --fleet cannot serve it"):
+        backend_for(BackendSetup(think_engine, n_ctx=128, prefix_source=object()))
+    with pytest.raises(ValueError, match="--kv-cache-dir and --cartridge / --fleet cannot"):
+        backend_for(BackendSetup(think_engine, n_ctx=128, disk=object(), prefix_source=object()))
+
+
 PRE_TOKENIZER_CASES = [  # fucina src/llm/tokenizer.zig, "inkling pretokenizer" test
     ("Hello world", ["Hello", " world"]),
     ("HELLO", ["HELLO"]),
