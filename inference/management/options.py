@@ -94,6 +94,15 @@ def add_experts_argument(parser) -> None:
         "touched; the same replies). Nothing to borrow in a model without experts "
         "(default: %(default)s)",
     )
+    parser.add_argument(
+        "--expert-cache",
+        type=positive_int,
+        default=16,
+        metavar="N",
+        help="with --experts=borrow, the converted experts kept per expert tensor, least "
+        "recently used dropped first: more is faster when routers revisit experts, at N "
+        "converted experts' RAM per tensor (default: %(default)s)",
+    )
 
 
 def allowed_hosts(host: str, extra: str) -> list[str]:

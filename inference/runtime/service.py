@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference.engine.families import FEATURE_NAMES
+from inference.engine.load_options import ExpertMode, LoadOptions
 from inference.kv.prefix_source import PrefixSource
 from inference.model_files import resolve_model
 from inference.runtime.pipe import StreamPipe
@@ -51,6 +52,7 @@ class ServeConfig:
     spec: bool = False  # speculative decoding
     nanochat: str | None = None  # a nanochat checkpoint directory (--nanochat) instead of a GGUF
     experts: str = "repack"  # MoE experts: "repack" at load, or "borrow" from the mapped file
+    expert_cache: int = 16  # converted experts kept per expert tensor when borrowing
 
 
 class ConnectionGate:
@@ -98,7 +100,7 @@ class InferenceService:
             spec=config.spec,
             prefix_source=prefix_source,
             nanochat=config.nanochat is not None,
-            experts=config.experts,
+            load_options=LoadOptions(ExpertMode(config.experts), config.expert_cache),
         )
         self.connections = ConnectionGate(config.conns)
         self.stopping = False

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from inference.engine.load_options import LoadOptions
 from inference.engine.prefix import PrefixMismatchError
 from inference.generation.backends import BackendSetup, GenerationBackend, backend_for
 from inference.generation.embeddings import embed_all
@@ -62,11 +63,11 @@ class InferenceWorker:
         spec: bool = False,
         prefix_source: PrefixSource | None = None,
         nanochat: bool = False,
-        experts: str = "repack",
+        load_options: LoadOptions | None = None,
     ):
         self.model_path = model_path  # a GGUF file, or a nanochat checkpoint directory
         self.nanochat = nanochat
-        self.experts = experts  # --experts: how a MoE model's routed experts are held
+        self.load_options = load_options or LoadOptions()  # --experts, --expert-cache: how experts are held
         self.queue = queue
         self.requested_ctx = n_ctx
         self.kv_slots = max(kv_slots, batch)  # one resident cache per lockstep stream
@@ -142,10 +143,9 @@ class InferenceWorker:
     def _gguf_backend(self) -> GenerationBackend:
         """Load the GGUF file, size the KV tiers, build its family's backend and warm it up."""
         from inference.engine.engine import Engine
-        from inference.engine.load_options import ExpertMode, LoadOptions
         from inference.engine.numba_cache import warm_up_notice
 
-        engine = Engine.load(self.model_path, LoadOptions(experts=ExpertMode(self.experts)))
+        engine = Engine.load(self.model_path, self.load_options)
         if self.prefix_source is not None:
             self.prefix_source.check(engine)
         n_ctx = min(self.requested_ctx, engine.config.n_ctx_train)

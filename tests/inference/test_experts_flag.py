@@ -21,6 +21,8 @@ def test_the_flag_parses_with_or_without_an_equals_sign(command):
     assert parser.parse_args(required).experts == "repack"
     assert parser.parse_args([*required, "--experts=borrow"]).experts == "borrow"
     assert parser.parse_args([*required, "--experts", "borrow"]).experts == "borrow"
+    assert parser.parse_args(required).expert_cache == 16
+    assert parser.parse_args([*required, "--expert-cache", "64"]).expert_cache == 64
 
 
 @pytest.mark.parametrize("args", [["lmserve"], ["generate", "--prompt", "x"]])
@@ -29,12 +31,19 @@ def test_an_unknown_mode_is_refused_naming_the_choices(args):
         call_command(*args, "--experts=lend")
 
 
+@pytest.mark.parametrize("args", [["lmserve"], ["generate", "--prompt", "x"]])
+def test_an_expert_cache_below_one_is_refused(args):
+    with pytest.raises(CommandError, match="--expert-cache"):
+        call_command(*args, "--expert-cache=0")
+
+
 def test_the_server_loads_a_moe_model_with_borrowed_experts_and_says_so(synthetic_dir):
     path = gemma4_path("gemma4-moe", synthetic_dir)
-    service = InferenceService(ServeConfig(model=str(path), ctx=128, experts="borrow"), path)
+    service = InferenceService(ServeConfig(model=str(path), ctx=128, experts="borrow", expert_cache=3), path)
     assert service.health()["experts"] is None  # not loaded yet
     assert service.worker._load() and service.worker.state == READY
-    assert service.worker.backend.engine.file.options.experts == "borrow"
+    options = service.worker.backend.engine.file.options
+    assert options.experts == "borrow" and options.expert_cache == 3
     assert service.health()["experts"] == "borrow"
     dense = gemma4_path("gemma4", synthetic_dir)
     plain = InferenceService(ServeConfig(model=str(dense), ctx=128, experts="borrow"), dense)

@@ -57,7 +57,7 @@ class Command(BaseCommand):
         if opts["temperature"] < 0:
             raise CommandError("--temperature must be >= 0")
         try:
-            options = LoadOptions(experts=ExpertMode(opts["experts"]))
+            options = LoadOptions(ExpertMode(opts["experts"]), opts["expert_cache"])
             engine = Engine.load(resolve_model(opts["model"]), options)
             text = opts["prompt"]
             if opts["chat"]:

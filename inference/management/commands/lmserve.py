@@ -269,6 +269,7 @@ class Command(BaseCommand):
             metrics=options["metrics"],
             spec=options["spec"],
             experts=options["experts"],
+            expert_cache=options["expert_cache"],
             nanochat=str(model_path) if options["nanochat"] else None,
         )
         service = InferenceService(config, model_path, prefix_source=prefix_source)
