@@ -16,6 +16,7 @@ from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
 from ..layers import ROPE_NEOX, apply_rope, rms_norm, rope_angles
 from ..quants import GroupedMatrix, QuantMatrix, load_matrix
+from ..quants.lookup import MappedRows
 from .config import ModelConfig
 from .fused import FusedForward, LayerWeights, RowPlan
 from .kernels import attend_rows
@@ -91,10 +92,13 @@ class DecoderModel(ABC):
     def __init__(self, f: GGUFFile, config: ModelConfig):
         self.file = f
         self.config = config
-        self.token_embd = self.matrix("token_embd.weight")
         self.output_norm = self.vector("output_norm.weight")
-        # Tied embeddings: without output.weight the embedding matrix is the head.
-        self.output = self.matrix("output.weight") if f.has_tensor("output.weight") else self.token_embd
+        if f.has_tensor("output.weight"):  # the embedding is only looked up: read in place
+            embd = f.tensor("token_embd.weight")
+            self.token_embd = MappedRows(embd.type, embd.data, embd.shape, "token_embd.weight")
+            self.output = self.matrix("output.weight")
+        else:  # tied embeddings: the embedding matrix is also the head
+            self.token_embd = self.output = self.matrix("token_embd.weight")
 
     # -- weights -------------------------------------------------------------------------
     def matrix(self, name: str) -> QuantMatrix:

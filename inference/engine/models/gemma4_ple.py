@@ -19,17 +19,21 @@ import numpy as np
 from ..gguf_file import GGUFError, GGUFFile
 from ..layers import rms_norm
 from ..quants import QuantMatrix, load_matrix
+from ..quants.lookup import MappedRows
 from .base import linear
 from .rowops import gelu_tanh_f16
 
 INPUT_SCALE = np.float32(1.0) / np.sqrt(np.float32(2.0))  # llama.cpp: 1.0f / sqrtf(2.0f)
 
 
-def _matrix(f: GGUFFile, name: str, shape: tuple[int, int]) -> QuantMatrix:
-    """Tensor ``name`` as a matrix, refused with its name when its shape is not ``shape``."""
+def _matrix(f: GGUFFile, name: str, shape: tuple[int, int], lookup: bool = False) -> QuantMatrix | MappedRows:
+    """Tensor ``name`` as a matrix (a table read in place when it is only ``lookup``-ed),
+    refused with its name when its shape is not ``shape``."""
     t = f.tensor(name)
     if tuple(t.shape) != shape:
         raise GGUFError(f"{f.path}: {name} has shape {tuple(t.shape)}, expected {shape}")
+    if lookup:
+        return MappedRows(t.type, t.data, t.shape, name)
     return load_matrix(t.type, t.data, t.shape, name)
 
 
@@ -45,7 +49,7 @@ class PerLayerInputs:
 
     def __init__(self, f: GGUFFile, n_layers: int, n_embd: int, width: int, vocab: int):
         self.n_layers, self.width = n_layers, width
-        self.tok_embd = _matrix(f, "per_layer_token_embd.weight", (vocab, n_layers * width))
+        self.tok_embd = _matrix(f, "per_layer_token_embd.weight", (vocab, n_layers * width), lookup=True)
         self.model_proj = _matrix(f, "per_layer_model_proj.weight", (n_layers * width, n_embd))
         self.proj_norm = _vector(f, "per_layer_proj_norm.weight", width)
         self.token_scale = np.sqrt(np.float32(width))  # llama.cpp: sqrtf(n_embd_per_layer)
