@@ -33,13 +33,42 @@ from inference.engine.models import step_region as sr  # noqa: E402
 from inference.engine.models.base import Run  # noqa: E402
 from inference.engine.models.step_attention import attend_stage  # noqa: E402
 from inference.engine.models.step_kernels import (  # noqa: E402
-    ATTEND, DOWN, FFN, FFN_POST, FLAGS, GELU, KV, N_FF, OUT, OUT_POST, POST_NORMS, PREP_DOWN,
-    PREP_FFN, PREP_OUT, PREP_QKV, QKV, SLOT_DOWN, SLOT_GATE, SLOT_OUT, SLOT_Q, STAGES_PER_LAYER,
-    Rounded, StepModel, StepRows, StepWeights, add_normed_stage, ffn_stage, kv_stage, prepare_stage,
+    ATTEND,
+    DOWN,
+    FFN,
+    FFN_POST,
+    FLAGS,
+    GELU,
+    KV,
+    N_FF,
+    OUT,
+    OUT_POST,
+    POST_NORMS,
+    PREP_DOWN,
+    PREP_FFN,
+    PREP_OUT,
+    PREP_QKV,
+    QKV,
+    SLOT_DOWN,
+    SLOT_GATE,
+    SLOT_OUT,
+    SLOT_Q,
+    STAGES_PER_LAYER,
+    Rounded,
+    StepModel,
+    StepRows,
+    StepWeights,
+    add_normed_stage,
+    ffn_stage,
+    kv_stage,
+    prepare_stage,
     rows_stage,
 )  # fmt: skip
 
-NAMES = ["prep_qkv", "qkv", "kv", "attend", "prep_out", "out", "out_post", "prep_ffn", "ffn", "prep_down", "down", "ffn_post"]
+NAMES = [
+    "prep_qkv", "qkv", "kv", "attend", "prep_out", "out", "out_post", "prep_ffn", "ffn", "prep_down", "down",
+    "ffn_post",
+]  # fmt: skip
 
 
 @intrinsic
@@ -47,7 +76,8 @@ def cycles(typingctx):
     """The CPU's cycle counter (rdtsc: constant rate on this machine)."""
 
     def codegen(context, builder, signature, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(64), []), "llvm.readcyclecounter")
+        signature = ir.FunctionType(ir.IntType(64), [])
+        fn = cgutils.get_or_insert_function(builder.module, signature, "llvm.readcyclecounter")
         return builder.call(fn, [])
 
     return types.int64(), codegen
@@ -59,19 +89,48 @@ def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo, stamps)
     stage, n_rows, n_layers = layer * STAGES_PER_LAYER, x.shape[0], model.linears.shape[0]
     window, rope = model.layer_info[layer, 0], model.layer_info[layer, 1]
     normed, no_norm, post = scratch.normed[tid], model.output_norm[:0], dims[FLAGS] & POST_NORMS
-    qkv_lin, out_lin, ffn_lin, down_lin = lin[SLOT_Q:SLOT_OUT], lin[SLOT_OUT:SLOT_GATE], lin[SLOT_GATE:SLOT_DOWN], lin[SLOT_DOWN:]
-    prepare_stage(x, scratch.all_rows, model.norms[layer, 0], eps, qkv_lin, rounded, normed, solo, counters, stage + PREP_QKV)
+    qkv_lin, out_lin, ffn_lin, down_lin = (
+        lin[SLOT_Q:SLOT_OUT],
+        lin[SLOT_OUT:SLOT_GATE],
+        lin[SLOT_GATE:SLOT_DOWN],
+        lin[SLOT_DOWN:],
+    )
+    prepare_stage(
+        x,
+        scratch.all_rows,
+        model.norms[layer, 0],
+        eps,
+        qkv_lin,
+        rounded,
+        normed,
+        solo,
+        counters,
+        stage + PREP_QKV,
+    )
     stamps[tid, stage + PREP_QKV] = cycles()
     rows_stage(w, qkv_lin, rounded, n_rows, scratch.qkv, False, counters, stage + QKV)
     stamps[tid, stage + QKV] = cycles()
-    kv_stage(scratch.qkv, model.qk_norms[layer, 1], eps, rows, rope, dims, layer, n_layers, counters, stage + KV)
+    kv_stage(
+        scratch.qkv, model.qk_norms[layer, 1], eps, rows, rope, dims, layer, n_layers, counters, stage + KV
+    )
     stamps[tid, stage + KV] = cycles()
     attend_stage(
         scratch.qkv, model.qk_norms[layer, 0], eps, rows, rope, dims, layer, n_layers, window, model.scale,
         scratch.q_buf[tid], scratch.scores[tid], scratch.attn, counters, stage + ATTEND,
     )  # fmt: skip
     stamps[tid, stage + ATTEND] = cycles()
-    prepare_stage(scratch.attn, scratch.all_rows, no_norm, eps, out_lin, rounded, normed, solo, counters, stage + PREP_OUT)
+    prepare_stage(
+        scratch.attn,
+        scratch.all_rows,
+        no_norm,
+        eps,
+        out_lin,
+        rounded,
+        normed,
+        solo,
+        counters,
+        stage + PREP_OUT,
+    )
     stamps[tid, stage + PREP_OUT] = cycles()
     if post:
         rows_stage(w, out_lin, rounded, n_rows, scratch.proj, False, counters, stage + OUT)
@@ -81,11 +140,33 @@ def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo, stamps)
         rows_stage(w, out_lin, rounded, n_rows, x, True, counters, stage + OUT)
         stamps[tid, stage + OUT] = cycles()
     stamps[tid, stage + OUT_POST] = cycles()
-    prepare_stage(x, scratch.all_rows, model.norms[layer, 2], eps, ffn_lin, rounded, normed, solo, counters, stage + PREP_FFN)
+    prepare_stage(
+        x,
+        scratch.all_rows,
+        model.norms[layer, 2],
+        eps,
+        ffn_lin,
+        rounded,
+        normed,
+        solo,
+        counters,
+        stage + PREP_FFN,
+    )
     stamps[tid, stage + PREP_FFN] = cycles()
     ffn_stage(w, ffn_lin, rounded, dims[N_FF], dims[FLAGS] & GELU, scratch.act, counters, stage + FFN)
     stamps[tid, stage + FFN] = cycles()
-    prepare_stage(scratch.act, scratch.all_rows, no_norm, eps, down_lin, rounded, normed, solo, counters, stage + PREP_DOWN)
+    prepare_stage(
+        scratch.act,
+        scratch.all_rows,
+        no_norm,
+        eps,
+        down_lin,
+        rounded,
+        normed,
+        solo,
+        counters,
+        stage + PREP_DOWN,
+    )
     stamps[tid, stage + PREP_DOWN] = cycles()
     if post:
         rows_stage(w, down_lin, rounded, n_rows, scratch.proj, False, counters, stage + DOWN)
@@ -107,7 +188,18 @@ def _run(tid, x, model, rows, scratch, logits, counters, solo, stamps):
         _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo, stamps)
     stage = n_layers * STAGES_PER_LAYER
     head_rows = rows.head_rows
-    prepare_stage(x, head_rows, model.output_norm, model.eps, model.head, rounded, scratch.normed[tid], solo, counters, stage)
+    prepare_stage(
+        x,
+        head_rows,
+        model.output_norm,
+        model.eps,
+        model.head,
+        rounded,
+        scratch.normed[tid],
+        solo,
+        counters,
+        stage,
+    )
     stamps[tid, stage] = cycles()
     rows_stage(model.weights, model.head, rounded, head_rows.shape[0], logits, False, counters, stage + 1)
     stamps[tid, stage + 1] = cycles()
@@ -167,7 +259,7 @@ def breakdown(path: Path, n_threads: int, steps: int, context: int) -> None:
     n_stages = (n_layers + 1) * STAGES_PER_LAYER
     n_used = n_layers * STAGES_PER_LAYER + 2  # every layer's stages, the head's two
     per_stage = np.zeros((steps, n_used))
-    whole, region = [], []
+    whole, region, lag = [], [], []
     rate = None
     for step in range(steps + 3):
         plan = model.row_plan([_run_of(cache)])
@@ -187,16 +279,19 @@ def breakdown(path: Path, n_threads: int, steps: int, context: int) -> None:
         if step >= 3:
             # Thread 0's own clock: each stage from its end of the previous one (barrier included).
             per_stage[step - 3] = np.diff(np.concatenate([stamps[0, -1:], stamps[0, :n_used]])) / rate
-            if step == 3:
-                print("entry gap us", (stamps[0, -1] - c0) / rate * 1e6, "exit gap us", (c1 - stamps[0, n_used - 1]) / rate * 1e6)
-                print((stamps[:, [-1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, n_used - 2, n_used - 1]] - stamps[0, -1]) / rate * 1e6)
+            lag.append((stamps[:, -1].max() - stamps[:, -1].min()) / rate)
     med = np.median(per_stage, axis=0) * 1e3  # (stages,) ms
-    kinds = {name: med[i:n_layers * STAGES_PER_LAYER:STAGES_PER_LAYER].sum() for i, name in enumerate(NAMES)}
+    kinds = {
+        name: med[i : n_layers * STAGES_PER_LAYER : STAGES_PER_LAYER].sum() for i, name in enumerate(NAMES)
+    }
     kinds["head_prep"], kinds["head"] = med[-2], med[-1]
     total = med.sum()
     print(f"### {path.name}: {n_threads} threads, context {context}, median of {steps} steps")
-    print(f"decode_one {statistics.median(whole) * 1e3:.2f} ms, instrumented region "
-          f"{statistics.median(region) * 1e3:.2f} ms, sum of stages {total:.2f} ms")
+    print(
+        f"decode_one {statistics.median(whole) * 1e3:.2f} ms, instrumented region "
+        f"{statistics.median(region) * 1e3:.2f} ms, sum of stages {total:.2f} ms, last thread in "
+        f"{statistics.median(lag) * 1e3:.3f} ms after the first"
+    )
     print("| op | ms/token | share |")
     print("|---|---|---|")
     for name, ms in sorted(kinds.items(), key=lambda kv: -kv[1]):
