@@ -84,8 +84,9 @@ Rounded = namedtuple("Rounded", ["values", "ints", "int_scales", "sums"])
 
 
 @numba.njit(cache=True)
-def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_block):
-    """One activation row: weight rows two at a time (two independent sums in flight)."""
+def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_block, out_at=0):
+    """One activation row: weight rows two at a time (two independent sums in flight); row r's
+    product goes to out[0, out_at + r - r0]."""
     q, scales, mins = weights.q, weights.scales, weights.mins
     cols, shift = lin[COLS], lin[SHIFT]
     groups = cols >> shift
@@ -124,9 +125,9 @@ def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, 
             if has_bias:
                 acc += weights.bias[b_first + r + i]
             if accumulate:
-                out[0, r + i - r0] += acc
+                out[0, out_at + r + i - r0] += acc
             else:
-                out[0, r + i - r0] = acc
+                out[0, out_at + r + i - r0] = acc
 
 
 @numba.njit(cache=True)
@@ -202,6 +203,18 @@ def dot_tile(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch)
 
 
 @numba.njit(cache=True)
+def dot_run(weights, lin, rounded, k, n_rows, r0, r1, out, out_at, accumulate, scratch):
+    """dot_tile into out[:, out_at : out_at + r1 - r0] of a whole C-contiguous ``out``: a
+    decode step's products skip the strided view dot_tile writes through (its slicing and
+    strided stores cost ~20% of a 32-row item's time, measured on Qwen2.5's head)."""
+    if n_rows == 1 and lin[SHIFT] != FLOAT_SHIFT:
+        _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, scratch[0], scratch[1], out_at)
+    else:
+        view = out[:, out_at : out_at + r1 - r0]
+        dot_tile(weights, lin, rounded, k, n_rows, r0, r1, view, accumulate, scratch)
+
+
+@numba.njit(cache=True)
 def round_inputs(linears, x, rounded, n):
     """Round x into row n of every slot in ``linears`` (k, LINEAR_FIELDS) as its weight format
     wants (values, integer codes, their per-group scales, group sums)."""
@@ -274,7 +287,8 @@ def rows_stage(weights, linears, rounded, n_rows, out, accumulate, counters, sta
         for k in range(linears.shape[0]):
             lo, hi = max(a, offset), min(b, offset + linears[k, ROWS])
             if lo < hi:
-                dot_tile(weights, linears[k], rounded, k, n_rows, lo - offset, hi - offset, out[:, lo:hi], accumulate, scratch)
+                r0, r1 = lo - offset, hi - offset
+                dot_run(weights, linears[k], rounded, k, n_rows, r0, r1, out, lo, accumulate, scratch)
             offset += linears[k, ROWS]
         mark_done(done, stage)
         item = claim(claimed, stage)
@@ -329,12 +343,12 @@ def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage):
     item = claim(claimed, stage)
     while item < n_items:
         a, b = item * per_item, min(n_ff, (item + 1) * per_item)
-        gate, up = tile[0, :, : b - a], tile[1, :, : b - a]
-        dot_tile(weights, linears[0], rounded, 0, n_rows, a, b, gate, False, scratch)
+        gate, up = tile[0], tile[1]  # (N, item) each, the first b - a columns used
+        dot_run(weights, linears[0], rounded, 0, n_rows, a, b, gate, 0, False, scratch)
         if stacked:
-            dot_tile(weights, linears[0], rounded, 0, n_rows, n_ff + a, n_ff + b, up, False, scratch)
+            dot_run(weights, linears[0], rounded, 0, n_rows, n_ff + a, n_ff + b, up, 0, False, scratch)
         else:
-            dot_tile(weights, linears[1], rounded, 1, n_rows, a, b, up, False, scratch)
+            dot_run(weights, linears[1], rounded, 1, n_rows, a, b, up, 0, False, scratch)
         for n in range(n_rows):
             if gelu:
                 gate_bits, table = gate[n].view(np.uint32), weights.gelu
