@@ -64,6 +64,11 @@ CACHE_K, CACHE_V, CACHE_CTX = range(3)
 PREFETCH_BYTES = 3072
 TILE_ROWS = 32  # weight rows per work item: ~18-150 KB, reused from cache by every token row
 SOLO_ROWS = 1  # up to this many rows, each thread rounds every row's input itself
+# numba compiles a kernel once per literal constant a call passes it (dot_tile(..., 0, ...,
+# False) and dot_tile(..., 1, ..., True) were four variants of it and of the kernels inside):
+# the stages pass these typed values, one variant serves every call (a cold start compiles less).
+ADD, STORE = np.bool_(True), np.bool_(False)
+SLOT0, SLOT1 = np.int64(0), np.int64(1)
 
 StepWeights = namedtuple("StepWeights", ["q", "scales", "mins", "bias", "floats", "gelu"])
 StepModel = namedtuple(
@@ -206,7 +211,7 @@ def round_inputs(linears, x, rounded, n):
         cols, shift = lin[COLS], lin[SHIFT]
         values = rounded.values[k, n, :cols]
         if shift == FLOAT_SHIFT:
-            round_row(lin[KIND], x, values, rounded.sums[k, n, :0], 1, False)
+            round_row(lin[KIND], x, values, rounded.sums[k, n, :0], SLOT1, STORE)  # group 1, no sums
         else:
             n_groups = cols >> shift
             round_row_int(
@@ -313,11 +318,11 @@ def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage):
     while item < n_items:
         a, b = item * TILE_ROWS, min(n_ff, (item + 1) * TILE_ROWS)
         gate, up = tile[0, :, : b - a], tile[1, :, : b - a]
-        dot_tile(weights, linears[0], rounded, 0, n_rows, a, b, gate, False, scratch)
+        dot_tile(weights, linears[0], rounded, SLOT0, n_rows, a, b, gate, STORE, scratch)
         if stacked:
-            dot_tile(weights, linears[0], rounded, 0, n_rows, n_ff + a, n_ff + b, up, False, scratch)
+            dot_tile(weights, linears[0], rounded, SLOT0, n_rows, n_ff + a, n_ff + b, up, STORE, scratch)
         else:
-            dot_tile(weights, linears[1], rounded, 1, n_rows, a, b, up, False, scratch)
+            dot_tile(weights, linears[1], rounded, SLOT1, n_rows, a, b, up, STORE, scratch)
         for n in range(n_rows):
             if gelu:
                 gate_bits, table = gate[n].view(np.uint32), weights.gelu
