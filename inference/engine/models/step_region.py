@@ -59,7 +59,7 @@ def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo):
         rows_stage(w, down_lin, rounded, n_rows, x, ADD, counters, stage + DOWN)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")  # into forward_rows' loop: one LLVM level fewer
 def run_stages(tid, x, model, rows, scratch, logits, counters, solo):
     """Every stage of one forward, as thread ``tid`` of the region sees it."""
     copy = np.int64(tid) if solo else np.int64(0)

@@ -40,6 +40,10 @@ def dispatcher_signatures() -> dict[str, int]:
 
 
 class Events:
+    """A sink that keeps what the request streamed."""
+
+    cancelled = False
+
     def __init__(self):
         self.events = []
 
@@ -74,6 +78,7 @@ def test_after_engine_warm_up_a_long_prefill_compiles_and_loads_nothing(engine):
 def test_after_the_server_warm_up_a_long_first_request_compiles_and_loads_nothing(engine):
     backend = ConversationBackend(engine, n_ctx=1024, kv_slots=1)
     backend.warm_up()
+    backend.release()  # as the worker does after its warm-up
     before = dispatcher_signatures()
     assert any(before.values())  # the warm-up ran the kernels
     request = GenerationRequest(
