@@ -8,8 +8,9 @@ decode bandwidth in GB/s (weight bytes read per token x tok/s), model load time,
 time of a fresh interpreter to its first token with an empty (cold) and a filled (warm) numba
 cache, and a fresh process's first 337-token prefill against its later ones, with the engine's
 warm-up (Engine.warm_up, as the server and `manage.py generate` run it) and without
-(``--startup-only``: just these). Both engines use the same thread count and see the same token ids; repetitions
-interleave ours and llama.cpp so both see the same machine load, and medians are reported.
+(``--startup-only``: just these). Both engines use the same thread count and see the same
+token ids; repetitions interleave ours and llama.cpp so both see the same machine load, and
+medians are reported.
 
 llama.cpp runs in-process when llama_cpp imports here, else in a worker process of
 ``--llama-python`` (bench/llama_worker.py). Without either, only our numbers are printed.
@@ -169,9 +170,10 @@ import sys; sys.path.insert(0, {root!r})
 import numpy as np
 from inference.engine.engine import Engine
 e = Engine.load({path!r}); t1 = time.perf_counter()
-if {warm_up}:
+if {warm_up}:  # without it, the first prefill below is the process's first forward
     e.warm_up()
-c = e.new_cache(64); e.prefill(c, [1, 2, 3]); e.decode_one(c, 4); t2 = time.perf_counter()
+    c = e.new_cache(64); e.prefill(c, [1, 2, 3]); e.decode_one(c, 4)
+t2 = time.perf_counter()
 tokens = [int(t) for t in np.random.default_rng(1).integers(100, min(e.config.vocab_size, 20000), {n})]
 rates = []
 for _ in range(3):
@@ -184,8 +186,9 @@ FIRST_PREFILL = 337  # the prompt of the issue's `manage.py generate` measuremen
 
 @dataclass
 class Startup:
-    """One fresh interpreter: seconds to a loaded model and to its first token (a 3-token
-    prompt prefilled, one token decoded), then three prefills of FIRST_PREFILL tokens (tok/s)."""
+    """One fresh interpreter: seconds to a loaded model and to its first token (the warm-up,
+    then a 3-token prompt prefilled and one token decoded; without the warm-up, nothing: the
+    first prefill is then the first forward), then three prefills of FIRST_PREFILL tokens."""
 
     loaded: float
     first_token: float
