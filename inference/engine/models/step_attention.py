@@ -64,7 +64,7 @@ def attend_items(caches, group, n_kv):
     return items[:count]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")  # into attend_stage: one compile level fewer
 def _attend_heads(qkv, q_norm, eps, rows, rope, dims, cache, window, scale, item, q_buf, scores, out):
     """Query head h of rows r0..r1, one row at a time (kernels.attend_head)."""
     hd, h = dims[HEAD_DIM], -1 - item[2]
@@ -74,7 +74,7 @@ def _attend_heads(qkv, q_norm, eps, rows, rope, dims, cache, window, scale, item
         attend_head(q, keys, values, rows.positions[n], window, scale, scores, out[n, h * hd : (h + 1) * hd])
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")  # into attend_stage: one compile level fewer
 def _attend_tile(qkv, q_norm, eps, rows, rope, dims, cache, window, scale, item, q_buf, work, out):
     """The heads of kv head g for rows r0..r1 as one tile (attention_tile.attend_tile)."""
     hd, g, group = dims[HEAD_DIM], item[2], dims[N_HEADS] // dims[N_KV]

@@ -220,7 +220,7 @@ def round_inputs(linears, x, rounded, n):
             )  # fmt: skip
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")  # into prepare_stage: a cold start compiles one level fewer
 def _prepare_row(src, norm, eps, linears, rounded, i, normed):
     if norm.shape[0]:
         rms_norm_into(src, norm, eps, normed)
