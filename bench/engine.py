@@ -4,10 +4,13 @@
 
 For each model: prefill tok/s at pp16/64/256/1024 (a fresh cache each time), decode tok/s over
 64 one-token steps after one prefilled token (tg64, batch 1), the ratio ours / llama.cpp, our
-decode bandwidth in GB/s (weight bytes read per token x tok/s), model load time, and start-up
-time of a fresh interpreter to a ready engine with an empty (cold) and a filled (warm) numba
-cache. Both engines use the same thread count and see the same token ids; repetitions
-interleave ours and llama.cpp so both see the same machine load, and medians are reported.
+decode bandwidth in GB/s (weight bytes read per token x tok/s), model load time, start-up
+time of a fresh interpreter to its first token with an empty (cold) and a filled (warm) numba
+cache, and a fresh process's first 337-token prefill against its later ones, with the engine's
+warm-up (Engine.warm_up, as the server and `manage.py generate` run it) and without
+(``--startup-only``: just these). Both engines use the same thread count and see the same
+token ids; repetitions interleave ours and llama.cpp so both see the same machine load, and
+medians are reported.
 
 llama.cpp runs in-process when llama_cpp imports here, else in a worker process of
 ``--llama-python`` (bench/llama_worker.py). Without either, only our numbers are printed.
@@ -27,11 +30,13 @@ import argparse
 import datetime
 import json
 import platform
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 USER_ENV = dict(os.environ)  # before the engine sets its OpenMP default
@@ -162,23 +167,68 @@ def run_tests(
 STARTUP_SCRIPT = """
 import time; t0 = time.perf_counter()
 import sys; sys.path.insert(0, {root!r})
+import numpy as np
 from inference.engine.engine import Engine
 e = Engine.load({path!r}); t1 = time.perf_counter()
-c = e.new_cache(64); e.prefill(c, [1, 2, 3]); e.decode_one(c, 4)
-print(t1 - t0, time.perf_counter() - t0)
+if {warm_up}:  # without it, the first prefill below is the process's first forward
+    e.warm_up()
+    c = e.new_cache(64); e.prefill(c, [1, 2, 3]); e.decode_one(c, 4)
+t2 = time.perf_counter()
+tokens = [int(t) for t in np.random.default_rng(1).integers(100, min(e.config.vocab_size, 20000), {n})]
+rates = []
+for _ in range(3):
+    c = e.new_cache({n} + 8); t = time.perf_counter(); e.prefill(c, tokens)
+    rates.append({n} / (time.perf_counter() - t))
+print(t1 - t0, t2 - t0, *rates)
 """
+FIRST_PREFILL = 337  # the prompt of the issue's `manage.py generate` measurement
 
 
-def startup_seconds(path: Path, cache_dir: str | None) -> tuple[float, float]:
-    """(seconds to a loaded model, seconds to kernels ready) in a fresh interpreter."""
+@dataclass
+class Startup:
+    """One fresh interpreter: seconds to a loaded model and to its first token (the warm-up,
+    then a 3-token prompt prefilled and one token decoded; without the warm-up, nothing: the
+    first prefill is then the first forward), then three prefills of FIRST_PREFILL tokens."""
+
+    loaded: float
+    first_token: float
+    prefills: list[float]
+    cpu: float  # CPU seconds of the whole interpreter: compilation is single-threaded
+
+
+def startup(path: Path, cache_dir: str | None, warm_up: bool = True, prompt: int = FIRST_PREFILL) -> Startup:
+    """A fresh interpreter's start-up; ``cache_dir`` None uses the user's numba cache."""
     env = dict(os.environ)
     if cache_dir is not None:
         env["NUMBA_CACHE_DIR"] = cache_dir
         env.pop("LMSERVE_NUMBA_CACHE_BASE", None)  # else the engine keys from the inherited base
-    script = STARTUP_SCRIPT.format(root=str(ROOT), path=str(path))
+    script = STARTUP_SCRIPT.format(root=str(ROOT), path=str(path), warm_up=warm_up, n=prompt)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
-    loaded, ready = (float(v) for v in out.stdout.split())
-    return loaded, ready
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    loaded, first_token, *prefills = (float(v) for v in out.stdout.split())
+    return Startup(loaded, first_token, prefills, cpu)
+
+
+def startup_lines(path: Path) -> list[str]:
+    """Cold and warm start to the first token, and a fresh process's first prefill against its
+    later ones, with the engine's warm-up (as the server and `generate` run it) and without."""
+    with tempfile.TemporaryDirectory() as empty_cache:
+        cold = startup(path, empty_cache)
+    warm = startup(path, None)
+    bare = startup(path, None, warm_up=False)
+
+    def first_vs_later(s: Startup) -> str:
+        later = statistics.median(s.prefills[1:])
+        return f"{s.prefills[0]:.0f} tok/s, later {later:.0f} ({s.prefills[0] / later:.2f}x)"
+
+    return [
+        f"- start-up to the first token (fresh interpreter): cold numba cache {cold.first_token:.1f} s "
+        f"({cold.cpu:.1f} s CPU), warm {warm.first_token:.1f} s (of which import + load {warm.loaded:.1f} s)",
+        f"- a fresh process's first pp{FIRST_PREFILL}: {first_vs_later(warm)} after the warm-up; "
+        f"without it {first_vs_later(bare)}",
+    ]
 
 
 def llama_env(policy: str) -> dict[str, str]:
@@ -192,14 +242,10 @@ def report_model(
     threads: int,
     reps: int,
     llama_omp: str,
-    startup: bool,
+    with_startup: bool,
     only: set[str] | None = None,
 ) -> str:
-    cold = warm = (float("nan"), float("nan"))
-    if startup:
-        with tempfile.TemporaryDirectory() as empty_cache:
-            cold = startup_seconds(path, empty_cache)
-        warm = startup_seconds(path, None)
+    started = startup_lines(path) if with_startup else []
     ours = Ours(path)
     runners = {"ours": ours}
     if llama_python:
@@ -233,8 +279,7 @@ def report_model(
         f"two threads stream ~{STREAM_GBS:.0f} GB/s",
         f"- model load: ours {ours.load_seconds:.2f} s"
         + (f", llama.cpp {runners['llama.cpp'].load_seconds:.2f} s" if llama_python else ""),
-        f"- start-up to kernels ready (fresh interpreter): cold numba cache {cold[1]:.1f} s, "
-        f"warm {warm[1]:.1f} s (of which import + load {warm[0]:.1f} s)",
+        *started,
         "",
     ]
     return "\n".join(lines)
@@ -258,6 +303,9 @@ def main() -> None:
         "--no-startup", action="store_true", help="skip the cold/warm start-up timings (minutes)"
     )
     parser.add_argument("--tests", help="comma-separated subset, e.g. pp16,tg64")
+    parser.add_argument(
+        "--startup-only", action="store_true", help="only the start-up and first-request lines"
+    )
     args = parser.parse_args()
     import numba
 
@@ -272,6 +320,9 @@ def main() -> None:
         f"load average {os.getloadavg()[0]:.1f}, integer dot products: {HOST_SIMD}\n"
     )
     for path in models:
+        if args.startup_only:
+            print("\n".join([f"### {path.name}", "", *startup_lines(path), ""]), flush=True)
+            continue
         only = set(args.tests.split(",")) if args.tests else None
         report = report_model(
             path, llama_python, args.threads, args.reps, args.llama_omp, not args.no_startup, only

@@ -220,6 +220,15 @@ class Engine:
         cache.prefill_logits = (cache.n_tokens, logits)
         return logits
 
+    def warm_up(self) -> None:
+        """Run the forward kernels once on a scratch cache (two tokens prefilled, one decoded), so
+        numba compiles them, or loads them from its disk cache, now: not inside the first
+        request's prefill, whose rate the caller would report."""
+        cache = self.new_cache(4)
+        token = self.tokenizer.bos_id if self.tokenizer.bos_id is not None else 0
+        self.prefill(cache, [token, token])
+        self.decode_one(cache, token)
+
     def embed(self, tokens: Sequence[int]) -> np.ndarray:
         """The embedding of a token sequence (n_embd,) float32: the final-norm hidden state of
         the last token (after the final RMS norm, before the output head), L2-normalised.

@@ -82,12 +82,19 @@ def use_keyed_cache_dir() -> Path:
     return keyed
 
 
+def compiles_kernels() -> bool:
+    """Whether this process's cache directory holds no kernels yet: the first forward compiles."""
+    directory = os.environ.get("NUMBA_CACHE_DIR") or str(default_cache_base())
+    return not any(Path(directory).glob("*/*.nbi"))
+
+
 def warm_up_notice() -> str:
     """One line for a server log before the first forward compiles (or loads) the kernels."""
     directory = os.environ.get("NUMBA_CACHE_DIR") or str(default_cache_base())
-    if any(Path(directory).glob("*/*.nbi")):
+    if not compiles_kernels():
         return f"loading the engine's compiled kernels from {directory}"
     return (
         f"compiling the engine's kernels for this CPU into {directory}: the first start on a CPU, "
-        "and after an engine update, takes a minute or two; later starts load them in seconds"
+        "and after an engine update, takes a minute or two (progress below); later starts load "
+        "them in seconds"
     )

@@ -142,6 +142,7 @@ class InferenceWorker:
 
     def _gguf_backend(self) -> GenerationBackend:
         """Load the GGUF file, size the KV tiers, build its family's backend and warm it up."""
+        from inference.engine.compile_watch import CompileWatch
         from inference.engine.engine import Engine
         from inference.engine.numba_cache import warm_up_notice
 
@@ -167,7 +168,8 @@ class InferenceWorker:
         setup = BackendSetup(engine, n_ctx, self.kv_slots, disk, self.prefix_source, spec=self.spec)
         backend = backend_for(setup)
         logger.info("%s", warm_up_notice())
-        backend.warm_up()
+        with CompileWatch(lambda line: logger.info("%s", line)):
+            backend.warm_up()
         backend.release()
         return backend
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError
 
+from inference.engine.numba_cache import BASE_VARIABLE
 from inference.management.commands.fetch_models import assemble
 from inference.model_files import ChunkedModel, ModelFileError, resolve_model
 
@@ -18,9 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 STATS_LINE = re.compile(r"^prefill: (\d+) tokens, [\d.]+ tok/s; decode: (\d+) tokens, [\d.]+ tok/s$")
 
 
-def generate(*args: str) -> subprocess.CompletedProcess:
+def generate(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     command = [sys.executable, "manage.py", "generate", *args]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)
 
 
 @pytest.mark.slow  # a manage.py process loading the model
@@ -34,6 +36,20 @@ def test_generate_streams_only_text_and_ends_stderr_with_the_stats_line():
 
 
 @pytest.mark.slow  # a manage.py process loading the model
+@pytest.mark.slow  # a cold compile of every kernel: minutes on a busy machine
+def test_generate_on_an_empty_kernel_cache_says_it_compiles_and_reports_progress(tmp_path):
+    empty = str(tmp_path / "numba")
+    env = {**os.environ, "NUMBA_CACHE_DIR": empty, BASE_VARIABLE: empty}
+    done = generate("--prompt", "The capital of France is", "--max-tokens", "4", "--ignore-eos", env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[0].startswith(f"compiling the engine's kernels for this CPU into {empty}"), done.stderr
+    progress = re.compile(r"compiling kernels: \d+ done in \d+ s, now \S+")
+    assert any(progress.match(line) for line in lines), done.stderr
+    assert re.match(r"compiled \d+ kernels in \d+ s", lines[-2]), done.stderr
+    assert STATS_LINE.match(lines[-1]), done.stderr  # the warm-up's lines come before it
+
+
 def test_generate_chat_mode_wraps_the_prompt_and_stops_at_end_of_turn():
     done = generate("--chat", "--prompt", "Name the capital city of France.", "--max-tokens", "40")
     assert done.returncode == 0, done.stderr

@@ -142,8 +142,10 @@ class FusedForward:
         # What one decode step reads: every weight of every layer and the head, once.
         self.weight_bytes = sum(a.nbytes for a in weights[:5])
         self.vocab = int(head_row[0, sk.ROWS])
+        # np.array copies: the mapped file's norm is read-only, and a read-only array would compile
+        # its own variant of the norm kernels beside the writable one every other norm is.
         self.model = sk.StepModel(
-            weights, linears, head_row, norms, qk_norms, np.asarray(output_norm, np.float32), layer_info,
+            weights, linears, head_row, norms, qk_norms, np.array(output_norm, np.float32), layer_info,
             dims, np.float32(eps), np.float32(scale),
         )  # fmt: skip
 

@@ -31,7 +31,10 @@ from .step_kernels import CACHE_K, FLAGS, HEAD_DIM, N_HEADS, N_KV, NEOX, QK_NORM
 def _prepared_q(qkv, n, h, q_norm, eps, rows, rope, dims, q_buf):
     """q_buf := query head h of row n, normed (if the family norms q), rotated, f16-rounded."""
     hd = dims[HEAD_DIM]
-    q_buf[:] = qkv[n, h * hd : (h + 1) * hd]
+    # Element loops, not slice assignments: numba compiles a slice copy's shape-mismatch error
+    # (string formatting, ~2 s of a cold start) though it never raises here.
+    for i in range(hd):
+        q_buf[i] = qkv[n, h * hd + i]
     if dims[FLAGS] & QK_NORM:
         rms_norm_into(q_buf, q_norm, eps, q_buf)
     rope_inplace(q_buf, rows.cos[n, rope], rows.sin[n, rope], dims[NEOX] != 0)
@@ -61,7 +64,7 @@ def attend_items(caches, group, n_kv):
     return items[:count]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")  # into attend_stage: one compile level fewer
 def _attend_heads(qkv, q_norm, eps, rows, rope, dims, cache, window, scale, item, q_buf, scores, out):
     """Query head h of rows r0..r1, one row at a time (kernels.attend_head)."""
     hd, h = dims[HEAD_DIM], -1 - item[2]
@@ -71,7 +74,7 @@ def _attend_heads(qkv, q_norm, eps, rows, rope, dims, cache, window, scale, item
         attend_head(q, keys, values, rows.positions[n], window, scale, scores, out[n, h * hd : (h + 1) * hd])
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")  # into attend_stage: one compile level fewer
 def _attend_tile(qkv, q_norm, eps, rows, rope, dims, cache, window, scale, item, q_buf, work, out):
     """The heads of kv head g for rows r0..r1 as one tile (attention_tile.attend_tile)."""
     hd, g, group = dims[HEAD_DIM], item[2], dims[N_HEADS] // dims[N_KV]
@@ -90,7 +93,8 @@ def _attend_tile(qkv, q_norm, eps, rows, rope, dims, cache, window, scale, item,
     attend_tile(q_lanes, first, last, cache[0][g], cache[1][g], scale, work, result)
     for k in range(n_queries):
         n, h = item[0] + k // group, g * group + k % group
-        out[n, h * hd : (h + 1) * hd] = result[k // lanes, k % lanes]
+        for i in range(hd):
+            out[n, h * hd + i] = result[k // lanes, k % lanes, i]
 
 
 @numba.njit(cache=True)

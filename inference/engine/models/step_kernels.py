@@ -34,7 +34,12 @@ import numpy as np
 from ..intrinsics import prefetch, uint16_pointer
 from ..layers import silu_one
 from ..quants.intdot import (
-    ROW_BLOCK, dot_pair_int, dot_row_int, dot_rows_int, min_sum, min_sums_tile,
+    ROW_BLOCK,
+    dot_pair_int,
+    dot_row_int,
+    dot_rows_int,
+    min_sum,
+    min_sums_tile,
 )  # fmt: skip
 from ..quants.nibbles import dot_pair_nib, dot_row_nib, dot_rows_nib
 from ..quants.pair_mins import dot_pair_min
@@ -70,6 +75,12 @@ TILE_ROWS = 32  # weight rows per work item: ~18-150 KB, reused from cache by ev
 ITEMS_PER_MATRIX = 16
 SOLO_ITEM_ROWS = 1024
 SOLO_ROWS = 1  # up to this many rows, each thread rounds every row's input itself
+# numba compiles a kernel once per literal constant a call passes it (dot_tile(..., 0, ...,
+# False) and dot_tile(..., 1, ..., True) were four variants of it and of the kernels inside):
+# the stages pass these typed values, one variant serves every call (a cold start compiles less).
+ADD, STORE = np.bool_(True), np.bool_(False)
+SLOT0, SLOT1 = np.int64(0), np.int64(1)
+COLUMN0 = np.int64(0)  # dot_run's out_at: written from the first column
 
 StepWeights = namedtuple("StepWeights", ["q", "scales", "mins", "bias", "floats", "gelu"])
 StepModel = namedtuple(
@@ -84,7 +95,7 @@ Rounded = namedtuple("Rounded", ["values", "ints", "int_scales", "sums"])
 
 
 @numba.njit(cache=True)
-def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_block, out_at=0):
+def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_block, out_at):
     """One activation row: weight rows two at a time (two independent sums in flight); row r's
     product goes to out[0, out_at + r - r0]."""
     q, scales, mins = weights.q, weights.scales, weights.mins
@@ -98,7 +109,11 @@ def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, 
     has_mins, has_bias, b_first = lin[M_OFF] >= 0, lin[B_OFF] >= 0, lin[B_OFF]
     for r in range(r0, r1, 2):
         pair = r + 1 < r1
-        row_start, s_start, m_start = lin[Q_OFF] + r * row_bytes, lin[S_OFF] + r * groups, lin[M_OFF] + r * groups
+        row_start, s_start, m_start = (
+            lin[Q_OFF] + r * row_bytes,
+            lin[S_OFF] + r * groups,
+            lin[M_OFF] + r * groups,
+        )
         # Prefetch ~3 KB ahead: the hardware prefetcher alone left single-thread reads of short
         # rows at ~12 GB/s, against ~15 with this (measured on 576-4864 column rows).
         for i in range(row_start + ahead, min(row_start + ahead + 2 * row_bytes, end), 64):
@@ -109,9 +124,33 @@ def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, 
                 mins, m_start, m_start + groups, group_sums, groups, shift, nib, block,
             )  # fmt: skip
         elif pair and nib >= 0:
-            dot_pair_nib(q, row_start, row_start + row_bytes, codes, scales, s_start, s_start + groups, code_scales, groups, nib, block)
+            dot_pair_nib(
+                q,
+                row_start,
+                row_start + row_bytes,
+                codes,
+                scales,
+                s_start,
+                s_start + groups,
+                code_scales,
+                groups,
+                nib,
+                block,
+            )
         elif pair:
-            dot_pair_int(q, row_start, row_start + cols, codes, scales, s_start, s_start + groups, code_scales, groups, shift, block)
+            dot_pair_int(
+                q,
+                row_start,
+                row_start + cols,
+                codes,
+                scales,
+                s_start,
+                s_start + groups,
+                code_scales,
+                groups,
+                shift,
+                block,
+            )
         elif nib >= 0:
             block[0] = dot_row_nib(q, row_start, codes, scales, s_start, code_scales, groups, nib)
         else:
@@ -197,7 +236,7 @@ def dot_tile(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch)
         for n in range(n_rows):
             _dot_rows_float(weights, lin, rounded.values[k, n], r0, r1, out[n], accumulate)
     elif n_rows == 1:
-        _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, scratch[0], scratch[1])
+        _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, scratch[0], scratch[1], COLUMN0)
     else:
         _dot_tile_rows(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch)
 
@@ -225,7 +264,7 @@ def round_inputs(linears, x, rounded, n):
         cols, shift = lin[COLS], lin[SHIFT]
         values = rounded.values[k, n, :cols]
         if shift == FLOAT_SHIFT:
-            round_row(lin[KIND], x, values, rounded.sums[k, n, :0], 1, False)
+            round_row(lin[KIND], x, values, rounded.sums[k, n, :0], SLOT1, STORE)  # group 1, no sums
         else:
             n_groups = cols >> shift
             round_row_int(
@@ -234,7 +273,7 @@ def round_inputs(linears, x, rounded, n):
             )  # fmt: skip
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")  # into prepare_stage: a cold start compiles one level fewer
 def _prepare_row(src, norm, eps, linears, rounded, i, normed):
     if norm.shape[0]:
         rms_norm_into(src, norm, eps, normed)
@@ -344,11 +383,13 @@ def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage):
     while item < n_items:
         a, b = item * per_item, min(n_ff, (item + 1) * per_item)
         gate, up = tile[0], tile[1]  # (N, item) each, the first b - a columns used
-        dot_run(weights, linears[0], rounded, 0, n_rows, a, b, gate, 0, False, scratch)
+        dot_run(weights, linears[0], rounded, SLOT0, n_rows, a, b, gate, COLUMN0, STORE, scratch)
         if stacked:
-            dot_run(weights, linears[0], rounded, 0, n_rows, n_ff + a, n_ff + b, up, 0, False, scratch)
+            dot_run(
+                weights, linears[0], rounded, SLOT0, n_rows, n_ff + a, n_ff + b, up, COLUMN0, STORE, scratch
+            )
         else:
-            dot_run(weights, linears[1], rounded, 1, n_rows, a, b, up, 0, False, scratch)
+            dot_run(weights, linears[1], rounded, SLOT1, n_rows, a, b, up, COLUMN0, STORE, scratch)
         for n in range(n_rows):
             if gelu:
                 gate_bits, table = gate[n].view(np.uint32), weights.gelu

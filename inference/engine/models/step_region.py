@@ -15,10 +15,10 @@ from ..quants.intdot import ROW_BLOCK
 from .attention_tile import attend_scratch_size
 from .step_attention import attend_stage
 from .step_kernels import (
-    ATTEND, COLS, DOWN, FFN, FFN_POST, FLAGS, GELU, HEAD_DIM, KV, N_FF, N_HEADS, N_KV, OUT, OUT_POST,
+    ADD, ATTEND, COLS, DOWN, FFN, FFN_POST, FLAGS, GELU, HEAD_DIM, KV, N_FF, N_HEADS, N_KV, OUT, OUT_POST,
     POST_NORMS, PREP_DOWN, PREP_FFN, PREP_OUT, PREP_QKV, QKV, SLOT_DOWN, SLOT_GATE, SLOT_OUT, SLOT_Q,
     SOLO_ROWS, STAGES_PER_LAYER, Rounded, StepModel, StepRows, StepWeights, add_normed_stage,
-    ffn_stage, kv_stage, prepare_stage, rows_stage,
+    STORE, ffn_stage, kv_stage, prepare_stage, rows_stage,
 )  # fmt: skip
 
 Scratch = namedtuple(
@@ -27,7 +27,9 @@ Scratch = namedtuple(
 )
 
 
-@numba.njit(cache=True)
+# Inlined into run_stages by numba (not a function of its own): one level fewer for LLVM to
+# re-optimize on a cold start.
+@numba.njit(cache=True, inline="always")
 def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo):
     w, dims, eps, lin = model.weights, model.dims, model.eps, model.linears[layer]
     stage, n_rows, n_layers = layer * STAGES_PER_LAYER, x.shape[0], model.linears.shape[0]
@@ -35,7 +37,7 @@ def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo):
     normed, no_norm, post = scratch.normed[tid], model.output_norm[:0], dims[FLAGS] & POST_NORMS
     qkv_lin, out_lin, ffn_lin, down_lin = lin[SLOT_Q:SLOT_OUT], lin[SLOT_OUT:SLOT_GATE], lin[SLOT_GATE:SLOT_DOWN], lin[SLOT_DOWN:]
     prepare_stage(x, scratch.all_rows, model.norms[layer, 0], eps, qkv_lin, rounded, normed, solo, counters, stage + PREP_QKV)
-    rows_stage(w, qkv_lin, rounded, n_rows, scratch.qkv, False, counters, stage + QKV)
+    rows_stage(w, qkv_lin, rounded, n_rows, scratch.qkv, STORE, counters, stage + QKV)
     kv_stage(scratch.qkv, model.qk_norms[layer, 1], eps, rows, rope, dims, layer, n_layers, counters, stage + KV)
     attend_stage(
         scratch.qkv, model.qk_norms[layer, 0], eps, rows, rope, dims, layer, n_layers, window, model.scale,
@@ -43,21 +45,21 @@ def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo):
     )  # fmt: skip
     prepare_stage(scratch.attn, scratch.all_rows, no_norm, eps, out_lin, rounded, normed, solo, counters, stage + PREP_OUT)
     if post:
-        rows_stage(w, out_lin, rounded, n_rows, scratch.proj, False, counters, stage + OUT)
+        rows_stage(w, out_lin, rounded, n_rows, scratch.proj, STORE, counters, stage + OUT)
         add_normed_stage(x, scratch.proj, model.norms[layer, 1], eps, counters, stage + OUT_POST)
     else:
-        rows_stage(w, out_lin, rounded, n_rows, x, True, counters, stage + OUT)
+        rows_stage(w, out_lin, rounded, n_rows, x, ADD, counters, stage + OUT)
     prepare_stage(x, scratch.all_rows, model.norms[layer, 2], eps, ffn_lin, rounded, normed, solo, counters, stage + PREP_FFN)
     ffn_stage(w, ffn_lin, rounded, dims[N_FF], dims[FLAGS] & GELU, scratch.act, counters, stage + FFN)
     prepare_stage(scratch.act, scratch.all_rows, no_norm, eps, down_lin, rounded, normed, solo, counters, stage + PREP_DOWN)
     if post:
-        rows_stage(w, down_lin, rounded, n_rows, scratch.proj, False, counters, stage + DOWN)
+        rows_stage(w, down_lin, rounded, n_rows, scratch.proj, STORE, counters, stage + DOWN)
         add_normed_stage(x, scratch.proj, model.norms[layer, 3], eps, counters, stage + FFN_POST)
     else:
-        rows_stage(w, down_lin, rounded, n_rows, x, True, counters, stage + DOWN)
+        rows_stage(w, down_lin, rounded, n_rows, x, ADD, counters, stage + DOWN)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")  # into forward_rows' loop: one LLVM level fewer
 def run_stages(tid, x, model, rows, scratch, logits, counters, solo):
     """Every stage of one forward, as thread ``tid`` of the region sees it."""
     copy = np.int64(tid) if solo else np.int64(0)
@@ -71,34 +73,24 @@ def run_stages(tid, x, model, rows, scratch, logits, counters, solo):
         prepare_stage(
             x, head_rows, model.output_norm, model.eps, model.head, rounded, scratch.normed[tid], solo, counters, stage
         )
-        rows_stage(model.weights, model.head, rounded, head_rows.shape[0], logits, False, counters, stage + 1)
+        rows_stage(model.weights, model.head, rounded, head_rows.shape[0], logits, STORE, counters, stage + 1)
 
 
-@numba.njit(parallel=True, cache=True)
-def _all_threads(n_threads, x, model, rows, scratch, logits, counters, solo):
-    # A parallel loop's body may only capture arrays and scalars, not tuples of arrays: unpack
-    # here, repack per thread.
-    q, scales, mins, bias, floats, gelu = model.weights
-    linears, head, norms, qk_norms, output_norm, layer_info, dims, eps, scale = model[1:]
-    positions, caches, cos, sin, head_rows = rows
-    qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, all_rows = scratch
-    claimed, done = counters
-    for tid in numba.prange(n_threads):
-        run_stages(
-            tid, x,
-            StepModel(StepWeights(q, scales, mins, bias, floats, gelu), linears, head, norms, qk_norms,
-                      output_norm, layer_info, dims, eps, scale),
-            StepRows(positions, caches, cos, sin, head_rows),
-            Scratch(qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, all_rows),
-            logits, (claimed, done), solo,
-        )  # fmt: skip
+# Only the prange loop runs in parallel: numba's other parallel rewrites (np.zeros as a
+# parallel loop, ...) would start a region for each scratch array.
+PRANGE_ONLY = {
+    "comprehension": False, "reduction": False, "numpy": False, "stencil": False, "fusion": False,
+    "setitem": False, "inplace_binop": False,
+}  # fmt: skip
 
 
-@numba.njit(cache=True)
+@numba.njit(parallel=PRANGE_ONLY, cache=True)
 def forward_rows(n_threads, x, model, rows, logits):
     """Rows x (N, n_embd) through every layer, updated in place; each row's k and v go to its
     cache at its position; logits (M, vocab) get the head's output for rows.head_rows.
-    ``model`` is the StepModel fused.FusedForward builds. One region of ``n_threads`` threads."""
+    ``model`` is the StepModel fused.FusedForward builds. One region of ``n_threads`` threads.
+    The scratch is allocated here, in the function holding the region: a numba function per
+    level costs a cold start seconds (each level re-optimizes every kernel it calls)."""
     dims, n_rows, n_embd = model.dims, x.shape[0], x.shape[1]
     n_heads, hd = dims[N_HEADS], dims[HEAD_DIM]
     max_cols = max(model.linears[:, :, COLS].max(), model.head[0, COLS])
@@ -107,19 +99,32 @@ def forward_rows(n_threads, x, model, rows, logits):
     copies = n_threads if solo else 1
     padded = -(-n_rows // ROW_BLOCK) * ROW_BLOCK  # rounded inputs: whole blocks of rows, zero padding
     attend_floats = attend_scratch_size(rows.positions.max() + 1, hd, hd, n_heads // dims[N_KV])
-    scratch = Scratch(
-        np.empty((n_rows, (n_heads + 2 * dims[N_KV]) * hd), np.float32),  # (N, q|k|v)
-        np.empty((n_rows, n_heads * hd), np.float32),  # (N, heads * hd) attention output
-        np.empty((n_rows, dims[N_FF]), np.float32),  # (N, n_ff) activated gate * up
-        np.empty((n_rows, n_embd), np.float32),  # (N, n_embd) a product before its post norm
-        np.empty((n_threads, n_embd), np.float32),  # (threads, n_embd) a normed row
-        np.empty((copies, 3, padded, max_cols), np.float32),  # (copies, slots, rows, cols) rounded inputs
-        np.zeros((copies, 3, padded, max_cols), np.int8),  # their integer codes
-        np.zeros((copies, 3, padded, max_cols // 16), np.float32),  # (copies, slots, rows, groups) code scales
-        np.zeros((copies, 3, padded, max_cols // 16), np.float32),  # group sums
-        np.empty((n_threads, hd), np.float32),  # (threads, hd) one q head
-        np.empty((n_threads, attend_floats), np.float32),  # (threads, attention scratch)
-        np.arange(n_rows),  # (N,) every row, in order
-    )
-    counters = (np.zeros(n_stages, np.int64), np.zeros(n_stages, np.int64))  # claimed, done per stage
-    _all_threads(n_threads, x, model, rows, scratch, logits, counters, solo)
+    qkv = np.empty((n_rows, (n_heads + 2 * dims[N_KV]) * hd), np.float32)  # (N, q|k|v)
+    attn = np.empty((n_rows, n_heads * hd), np.float32)  # (N, heads * hd) attention output
+    act = np.empty((n_rows, dims[N_FF]), np.float32)  # (N, n_ff) activated gate * up
+    proj = np.empty((n_rows, n_embd), np.float32)  # (N, n_embd) a product before its post norm
+    normed = np.empty((n_threads, n_embd), np.float32)  # (threads, n_embd) a normed row
+    values = np.empty((copies, 3, padded, max_cols), np.float32)  # (copies, slots, rows, cols) rounded inputs
+    ints = np.zeros((copies, 3, padded, max_cols), np.int8)  # their integer codes
+    int_scales = np.zeros((copies, 3, padded, max_cols // 16), np.float32)  # (.., groups) code scales
+    sums = np.zeros((copies, 3, padded, max_cols // 16), np.float32)  # group sums
+    q_buf = np.empty((n_threads, hd), np.float32)  # (threads, hd) one q head
+    scores = np.empty((n_threads, attend_floats), np.float32)  # (threads, attention scratch)
+    all_rows = np.arange(n_rows)  # (N,) every row, in order
+    claimed, done = np.zeros(n_stages, np.int64), np.zeros(n_stages, np.int64)  # per stage
+    # A parallel loop's body may only capture arrays and scalars, not tuples of arrays: unpack
+    # here, repack per thread.
+    q, scales, mins, bias, floats, gelu = model.weights
+    linears, head, norms, qk_norms, output_norm, layer_info, dims, eps, scale = model[1:]
+    positions, caches, cos, sin, head_rows = rows
+    for tid in numba.prange(n_threads):
+        # np.int64: the loop index is int64 where numba types this body and uint64 where the
+        # parallel loop runs it, and each would compile its own run_stages (~8 s of a cold start).
+        run_stages(
+            np.int64(tid), x,
+            StepModel(StepWeights(q, scales, mins, bias, floats, gelu), linears, head, norms, qk_norms,
+                      output_norm, layer_info, dims, eps, scale),
+            StepRows(positions, caches, cos, sin, head_rows),
+            Scratch(qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, all_rows),
+            logits, (claimed, done), solo,
+        )  # fmt: skip

@@ -15,10 +15,12 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.engine.chat_template import ChatTemplateError
+from inference.engine.compile_watch import CompileWatch
 from inference.engine.engine import Engine, GenerationStats
 from inference.engine.gguf_file import GGUFError
 from inference.engine.kv_cache import ContextFullError
 from inference.engine.load_options import ExpertMode, LoadOptions
+from inference.engine.numba_cache import compiles_kernels, warm_up_notice
 from inference.engine.sampler import SamplingParams
 from inference.generation.speculative import Speculator
 from inference.kv.prefix_source import PrefixChoice, load_prefix_source
@@ -65,6 +67,7 @@ class Command(BaseCommand):
             prompt = engine.encode_prompt(text)
         except (ModelFileError, GGUFError, ChatTemplateError) as exc:
             raise CommandError(str(exc)) from exc
+        warm_up(engine)
         choice = cartridge_choice(engine, opts["cartridge"], text)
         rows = choice.prefix.rows if choice is not None else 0
         cache = engine.new_cache(rows + max(opts["ctx"], len(prompt) + 1))
@@ -87,6 +90,15 @@ class Command(BaseCommand):
         out.flush()
         spec = f"; spec: {stats.spec_accepted}/{stats.spec_drafted} accepted" if speculate else ""
         sys.stderr.write(stats_line(stats) + spec + "\n")
+
+
+def warm_up(engine: Engine) -> None:
+    """Compile (or load) the kernels before the prompt, so the stats line's prefill rate is the
+    prefill's own; on an empty numba cache, say so on stderr and report progress."""
+    if compiles_kernels():
+        sys.stderr.write(warm_up_notice() + "\n")
+    with CompileWatch(lambda line: sys.stderr.write(f"{line}\n")):
+        engine.warm_up()
 
 
 def cartridge_choice(engine: Engine, path: str | None, text: str) -> PrefixChoice | None:
