@@ -27,8 +27,12 @@ from inference.engine.models import step_kernels as sk  # noqa: E402
 from inference.engine.quants.intdot import HOST_SIMD, ROW_BLOCK  # noqa: E402
 
 DEFAULT_MODELS = [ROOT / "models/qwen2.5-coder-0.5b-instruct.gguf", ROOT / "models/gemma-3-270m-q4_k_m.gguf"]
-STAGES = {"qkv": (sk.SLOT_Q, sk.SLOT_OUT), "out": (sk.SLOT_OUT, sk.SLOT_GATE), "ffn": (sk.SLOT_GATE, sk.SLOT_DOWN),
-          "down": (sk.SLOT_DOWN, sk.SLOT_DOWN + 1)}  # fmt: skip
+STAGES = {
+    "qkv": (sk.SLOT_Q, sk.SLOT_OUT),
+    "out": (sk.SLOT_OUT, sk.SLOT_GATE),
+    "ffn": (sk.SLOT_GATE, sk.SLOT_DOWN),
+    "down": (sk.SLOT_DOWN, sk.SLOT_DOWN + 1),
+}
 
 
 def _rounded(linears: np.ndarray, n: int) -> sk.Rounded:
@@ -59,7 +63,16 @@ def _stage_seconds(model, name: str, n: int, reps: int) -> float:
         t0 = time.process_time()
         if name == "ffn":
             act = np.empty((n, int(model.dims[sk.N_FF])), np.float32)  # (n, n_ff)
-            sk.ffn_stage(model.weights, linears, rounded, model.dims[sk.N_FF], model.dims[sk.FLAGS] & sk.GELU, act, counters, 0)
+            sk.ffn_stage(
+                model.weights,
+                linears,
+                rounded,
+                model.dims[sk.N_FF],
+                model.dims[sk.FLAGS] & sk.GELU,
+                act,
+                counters,
+                0,
+            )
         else:
             out = np.empty((n, int(linears[:, sk.ROWS].sum())), np.float32)  # (n, rows)
             sk.rows_stage(model.weights, linears, rounded, n, out, False, counters, 0)

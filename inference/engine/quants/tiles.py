@@ -108,7 +108,9 @@ _w16, _w32, _w0, _w8 = _wide
 
 
 @numba.njit(cache=True)
-def generic_dot_tile_rows(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out):  # noqa: E501
+def generic_dot_tile_rows(
+    q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out
+):  # noqa: E501
     """dot_tile_rows through the generic instruction selection."""
     if nib == 0:
         _g0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
@@ -121,7 +123,9 @@ def generic_dot_tile_rows(q, q_start, row_bytes, ints, n0, scales, s_start, n_gr
 
 
 @numba.njit(cache=True)
-def avx2_dot_tile_rows(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out):  # noqa: E501
+def avx2_dot_tile_rows(
+    q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out
+):  # noqa: E501
     """dot_tile_rows through AVX2 (only where the CPU has AVX2)."""
     if nib == 0:
         _a0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
@@ -134,7 +138,9 @@ def avx2_dot_tile_rows(q, q_start, row_bytes, ints, n0, scales, s_start, n_group
 
 
 @numba.njit(cache=True)
-def vnni_dot_tile_rows(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out):  # noqa: E501
+def vnni_dot_tile_rows(
+    q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out
+):  # noqa: E501
     """dot_tile_rows through 256-bit VNNI (AVX-VNNI or AVX-512 VL; only where the CPU has it)."""
     if nib == 0:
         _v0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
@@ -147,7 +153,9 @@ def vnni_dot_tile_rows(q, q_start, row_bytes, ints, n0, scales, s_start, n_group
 
 
 @numba.njit(cache=True)
-def wide_dot_tile_rows(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out):  # noqa: E501
+def wide_dot_tile_rows(
+    q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out
+):  # noqa: E501
     """dot_tile_rows through 512-bit VNNI pairs (only where the CPU has AVX-512 VNNI and BW)."""
     if nib == 0:
         _w0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
@@ -175,7 +183,9 @@ SELECTED = {
 dot_tile_rows = SELECTED["wide" if WIDE else HOST_SIMD]
 
 
-def dot_tile_reference(q: np.ndarray, scales: np.ndarray, ints: np.ndarray, int_scales: np.ndarray) -> np.ndarray:
+def dot_tile_reference(
+    q: np.ndarray, scales: np.ndarray, ints: np.ndarray, int_scales: np.ndarray
+) -> np.ndarray:
     """numpy, bit for bit: int8 codes q (w, cols), scales (w, groups) against ints (n, cols),
     int_scales (n, groups) -> (w, n) float32, each the one-row kernel's value (slow)."""
     out = np.empty((q.shape[0], ints.shape[0]), np.float32)  # (w, n)

@@ -28,7 +28,9 @@ def _runnable(simd: str) -> str:
 
 
 @numba.njit(cache=True)
-def _tile_and_rows(kernel, q_flat, row_bytes, ints, scales, int_scales, n_groups, group_shift, nib, q8, n_tiles):
+def _tile_and_rows(
+    kernel, q_flat, row_bytes, ints, scales, int_scales, n_groups, group_shift, nib, q8, n_tiles
+):
     """(tile kernel values, one-row kernel values) for TILE_W * n_tiles weight rows x the
     activation rows, each (weight rows, activation rows)."""
     n_w, n_act = TILE_W * n_tiles, ints.shape[0]
@@ -39,13 +41,28 @@ def _tile_and_rows(kernel, q_flat, row_bytes, ints, scales, int_scales, n_groups
     for tile in range(n_tiles):
         w0 = tile * TILE_W
         for n0 in range(0, n_act, ROW_BLOCK):
-            kernel(q_flat, w0 * row_bytes, row_bytes, ints, n0, s_flat, w0 * n_groups, n_groups, int_scales, group_shift, nib, out)  # noqa: E501
+            kernel(
+                q_flat,
+                w0 * row_bytes,
+                row_bytes,
+                ints,
+                n0,
+                s_flat,
+                w0 * n_groups,
+                n_groups,
+                int_scales,
+                group_shift,
+                nib,
+                out,
+            )  # noqa: E501
             for w in range(TILE_W):
                 for i in range(ROW_BLOCK):
                     tiled[w0 + w, n0 + i] = out[w * ROW_BLOCK + i]
     for w in range(n_w):
         for n in range(n_act):
-            single[w, n] = dot_row_int(q8_flat, w * cols, ints[n], s_flat, w * n_groups, int_scales[n], n_groups, group_shift)  # noqa: E501
+            single[w, n] = dot_row_int(
+                q8_flat, w * cols, ints[n], s_flat, w * n_groups, int_scales[n], n_groups, group_shift
+            )  # noqa: E501
     return tiled, single
 
 
@@ -70,14 +87,22 @@ def _problem(rng, group_shift, nib, low, high, n_w, cols=512, n_act=8):
 def test_tiles_give_the_one_row_kernels_bits(simd, group_shift, nib, low, high):
     kernel = tiles.SELECTED[_runnable(simd)]
     rng = np.random.default_rng(group_shift * 7 + nib + 100)
-    q8, q_flat, row_bytes, ints, scales, int_scales, n_groups = _problem(rng, group_shift, nib, low, high, 2 * TILE_W)
-    tiled, single = _tile_and_rows(kernel, q_flat, row_bytes, ints, scales, int_scales, n_groups, group_shift, nib, q8, 2)  # noqa: E501
+    q8, q_flat, row_bytes, ints, scales, int_scales, n_groups = _problem(
+        rng, group_shift, nib, low, high, 2 * TILE_W
+    )
+    tiled, single = _tile_and_rows(
+        kernel, q_flat, row_bytes, ints, scales, int_scales, n_groups, group_shift, nib, q8, 2
+    )  # noqa: E501
     np.testing.assert_array_equal(tiled, single)
 
 
 @pytest.mark.parametrize(("group_shift", "nib", "low", "high"), CASES[:2] + CASES[3:4])
 def test_host_tile_equals_the_bitwise_numpy_reference(group_shift, nib, low, high):
     rng = np.random.default_rng(group_shift + 300)
-    q8, q_flat, row_bytes, ints, scales, int_scales, n_groups = _problem(rng, group_shift, nib, low, high, TILE_W, 256, 4)
-    tiled, _ = _tile_and_rows(tiles.dot_tile_rows, q_flat, row_bytes, ints, scales, int_scales, n_groups, group_shift, nib, q8, 1)  # noqa: E501
+    q8, q_flat, row_bytes, ints, scales, int_scales, n_groups = _problem(
+        rng, group_shift, nib, low, high, TILE_W, 256, 4
+    )
+    tiled, _ = _tile_and_rows(
+        tiles.dot_tile_rows, q_flat, row_bytes, ints, scales, int_scales, n_groups, group_shift, nib, q8, 1
+    )  # noqa: E501
     np.testing.assert_array_equal(tiled, dot_tile_reference(q8, scales, ints, int_scales))

@@ -1,0 +1,90 @@
+"""The fused forward's product of a tile of weight rows with several activation rows (prefill
+chunks, lockstep batches, verify runs), through the register tiles of quants/tiles.py.
+
+Each output element is the one-row kernel's value (tiles.py), plus the row's min term (the
+same in-order chain intdot.min_sum computes) and bias, added in the order the one-row path
+adds them: a row's result does not depend on how many rows run with it.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ..intrinsics import prefetch
+from ..quants.intdot import ROW_BLOCK, dot_rows_int, min_sums_tile
+from ..quants.nibbles import dot_rows_nib
+from ..quants.tiles import TILE_W, dot_tile_rows
+from . import step_kernels as sk  # a module object: step_kernels imports this module too
+
+
+@numba.njit(cache=True)
+def _store(out, n, col, value, min_term, has_mins, bias, has_bias, accumulate):
+    acc = value
+    if has_mins:
+        acc += min_term
+    if has_bias:
+        acc += bias
+    if accumulate:
+        out[n, col] += acc
+    else:
+        out[n, col] = acc
+
+
+@numba.njit(cache=True)
+def _prefetch_rows(q, start, stop, end):
+    for i in range(start, min(stop, end), 64):
+        prefetch(q, i)
+
+
+@numba.njit(cache=True)
+def dot_tile_many(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch):
+    """out[n, 0 : r1-r0] (+)= rows r0..r1 of the block-format linear ``lin`` times row n of
+    slot k's rounded input, n < n_rows (> 1): TILE_W weight rows x ROW_BLOCK activation rows
+    per pass, the rows past a whole tile one at a time. ``scratch`` (1 + TILE_ROWS, ROW_BLOCK):
+    row 0 a block's dot products, the rest a tile's min terms."""
+    block, min_tile = scratch[0], scratch[1:]
+    tile = np.empty(TILE_W * ROW_BLOCK, np.float32)  # (weight rows x activation rows,)
+    q, scales, mins, bias = weights.q, weights.scales, weights.mins, weights.bias
+    cols, shift, nib = lin[sk.COLS], lin[sk.SHIFT], lin[sk.NIB]
+    groups = cols >> shift
+    codes, code_scales, group_sums = rounded.ints[k], rounded.int_scales[k], rounded.sums[k]
+    row_bytes = cols if nib < 0 else cols >> 1
+    ahead = max(1, sk.PREFETCH_BYTES // row_bytes) * row_bytes
+    end = lin[sk.Q_OFF] + lin[sk.ROWS] * row_bytes
+    has_mins, has_bias, b_first = lin[sk.M_OFF] >= 0, lin[sk.B_OFF] >= 0, lin[sk.B_OFF]
+    tiled_end = r0 + (r1 - r0) // TILE_W * TILE_W
+    for n0 in range(0, n_rows, ROW_BLOCK):
+        live = min(ROW_BLOCK, n_rows - n0)  # rows past n_rows are zero padding: computed, not stored
+        if has_mins:
+            min_sums_tile(mins, lin[sk.M_OFF] + r0 * groups, r1 - r0, group_sums, n0, groups, min_tile)
+        for r in range(r0, tiled_end, TILE_W):
+            row_start, s_start = lin[sk.Q_OFF] + r * row_bytes, lin[sk.S_OFF] + r * groups
+            if n0 == 0:
+                _prefetch_rows(q, row_start + ahead, row_start + ahead + TILE_W * row_bytes, end)
+            dot_tile_rows(
+                q, row_start, row_bytes, codes, n0, scales, s_start, groups, code_scales, shift, nib, tile
+            )
+            for w in range(TILE_W):
+                b = bias[b_first + r + w] if has_bias else np.float32(0.0)
+                for i in range(live):
+                    _store(
+                        out,
+                        n0 + i,
+                        r + w - r0,
+                        tile[w * ROW_BLOCK + i],
+                        min_tile[r + w - r0, i],
+                        has_mins,
+                        b,
+                        has_bias,
+                        accumulate,
+                    )  # noqa: E501
+        for r in range(tiled_end, r1):
+            row_start, s_start = lin[sk.Q_OFF] + r * row_bytes, lin[sk.S_OFF] + r * groups
+            if nib >= 0:
+                dot_rows_nib(q, row_start, codes, n0, scales, s_start, code_scales, groups, nib, block)
+            else:
+                dot_rows_int(q, row_start, codes, n0, scales, s_start, code_scales, groups, shift, block)
+            b = bias[b_first + r] if has_bias else np.float32(0.0)
+            for i in range(live):
+                _store(out, n0 + i, r - r0, block[i], min_tile[r - r0, i], has_mins, b, has_bias, accumulate)
