@@ -11,8 +11,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import prefetch
-from ..quants.intdot import ROW_BLOCK, dot_rows_int, min_sums_tile
+from ..intrinsics import fma32, prefetch
+from ..quants.intdot import ROW_BLOCK, dot_rows_int
 from ..quants.nibbles import dot_rows_nib
 from ..quants.tiles import TILE_W, dot_tile_rows
 from . import step_kernels as sk  # a module object: step_kernels imports this module too
@@ -38,12 +38,35 @@ def _prefetch_rows(q, start, stop, end):
 
 
 @numba.njit(cache=True)
+def transpose_mins(mins, m_first, n_weight_rows, n_groups, out):
+    """out[g, r] = mins[m_first + r * n_groups + g] for r < n_weight_rows: a tile's mins
+    group-major, so that each group's min terms advance as one vector over the rows."""
+    for r in range(n_weight_rows):
+        for g in range(n_groups):
+            out[g, r] = mins[m_first + r * n_groups + g]
+
+
+@numba.njit(cache=True)
+def min_terms(mins_t, n_weight_rows, group_sums, n0, n_groups, out):
+    """out[i, r] = intdot.min_sum of weight row r (mins_t from transpose_mins) with activation
+    row n0 + i of the 2-D ``group_sums``, i < ROW_BLOCK: each the same in-order chain of fused
+    multiply-adds from g = 0, the chains of all rows advanced together (vectorized over r)."""
+    out[:, :n_weight_rows] = 0.0
+    for g in range(n_groups):
+        m = mins_t[g, :n_weight_rows]
+        for i in range(ROW_BLOCK):
+            s, terms = group_sums[n0 + i, g], out[i, :n_weight_rows]
+            for r in range(n_weight_rows):
+                terms[r] = fma32(m[r], s, terms[r])
+
+
+@numba.njit(cache=True)
 def dot_tile_many(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch):
     """out[n, 0 : r1-r0] (+)= rows r0..r1 of the block-format linear ``lin`` times row n of
     slot k's rounded input, n < n_rows (> 1): TILE_W weight rows x ROW_BLOCK activation rows
-    per pass, the rows past a whole tile one at a time. ``scratch`` (1 + TILE_ROWS, ROW_BLOCK):
-    row 0 a block's dot products, the rest a tile's min terms."""
-    block, min_tile = scratch[0], scratch[1:]
+    per pass, the rows past a whole tile one at a time; ``scratch[0]`` (ROW_BLOCK,) holds the
+    latter's values."""
+    block = scratch[0]
     tile = np.empty(TILE_W * ROW_BLOCK, np.float32)  # (weight rows x activation rows,)
     q, scales, mins, bias = weights.q, weights.scales, weights.mins, weights.bias
     cols, shift, nib = lin[sk.COLS], lin[sk.SHIFT], lin[sk.NIB]
@@ -54,10 +77,14 @@ def dot_tile_many(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scr
     end = lin[sk.Q_OFF] + lin[sk.ROWS] * row_bytes
     has_mins, has_bias, b_first = lin[sk.M_OFF] >= 0, lin[sk.B_OFF] >= 0, lin[sk.B_OFF]
     tiled_end = r0 + (r1 - r0) // TILE_W * TILE_W
+    min_tile = np.zeros((ROW_BLOCK, r1 - r0), np.float32)  # (activation rows, weight rows) min terms
+    mins_t = np.empty((groups if has_mins else 0, r1 - r0), np.float32)  # (groups, weight rows)
+    if has_mins:
+        transpose_mins(mins, lin[sk.M_OFF] + r0 * groups, r1 - r0, groups, mins_t)
     for n0 in range(0, n_rows, ROW_BLOCK):
         live = min(ROW_BLOCK, n_rows - n0)  # rows past n_rows are zero padding: computed, not stored
         if has_mins:
-            min_sums_tile(mins, lin[sk.M_OFF] + r0 * groups, r1 - r0, group_sums, n0, groups, min_tile)
+            min_terms(mins_t, r1 - r0, group_sums, n0, groups, min_tile)
         for r in range(r0, tiled_end, TILE_W):
             row_start, s_start = lin[sk.Q_OFF] + r * row_bytes, lin[sk.S_OFF] + r * groups
             if n0 == 0:
@@ -87,4 +114,4 @@ def dot_tile_many(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scr
                 dot_rows_int(q, row_start, codes, n0, scales, s_start, code_scales, groups, shift, block)
             b = bias[b_first + r] if has_bias else np.float32(0.0)
             for i in range(live):
-                _store(out, n0 + i, r - r0, block[i], min_tile[r - r0, i], has_mins, b, has_bias, accumulate)
+                _store(out, n0 + i, r - r0, block[i], min_tile[i, r - r0], has_mins, b, has_bias, accumulate)
