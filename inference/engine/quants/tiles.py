@@ -11,11 +11,7 @@ kernel's (intdot.dot_row_int / nibbles.dot_row_nib), bit for bit:
   with an offset (Q4_0) take the 256-bit tile;
 - every other case: intdot_ir.row_dots over the tile, the selection's own instructions.
 
-``dot_tile_rows(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, group_shift, nib,
-out)``: out[w * ROW_BLOCK + i] = the dot product of weight row w (codes from q_start + w *
-row_bytes, scales from s_start + w * n_groups) with activation row n0 + i of the 2-D ``ints``
-/ ``int_scales``... (the code scales follow ``scales``: see the signature below). ``nib``: -1
-for int8 codes, else packed nibbles stored plus ``nib`` (group_shift then 5).
+``dot_tile_rows`` (its signature at the end of the module) is the host's tile.
 """
 
 from __future__ import annotations
@@ -42,11 +38,11 @@ WIDE = HOST_SIMD == "vnni" and all(f in target_features() for f in WIDE_FEATURES
 
 def _tile_intrinsic(group: int, simd: str, nibble_offset: int | None, wide: bool):
     """An intrinsic ``f(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales,
-    out)``: the module's dot_tile_rows for one group size, code packing and selection."""
+    out, col0)``: the module's dot_tile_rows for one group size, code packing and selection."""
 
     @intrinsic
-    def tile(typingctx, q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out):
-        sig = types.void(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
+    def tile(typingctx, q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0):
+        sig = types.void(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
 
         def codegen(context, builder, signature, args):
             t = signature.args
@@ -76,10 +72,15 @@ def _tile_intrinsic(group: int, simd: str, nibble_offset: int | None, wide: bool
                 sums = wide_tile_dots(builder, group, weight_rows, act_rows, n_groups, nibble_offset)
             else:
                 sums = row_dots(builder, simd, group, weight_rows, act_rows, n_groups, nibble_offset)
+            col0 = context.cast(builder, args[10], t[10], types.int64)
+            out_rows = [
+                _row_pointer(context, builder, t[9], args[9], ir.Constant(ir.IntType(64), i))
+                for i in range(ROW_BLOCK)
+            ]
             for w, row in enumerate(sums):
+                column = builder.add(col0, ir.Constant(ir.IntType(64), w))
                 for i, value in enumerate(row):
-                    index = ir.Constant(ir.IntType(64), w * ROW_BLOCK + i)
-                    builder.store(value, element_pointer(context, builder, t[9], args[9], index))
+                    builder.store(value, builder.gep(out_rows[i], [column]))
             return context.get_dummy_value()
 
         return sig, codegen
@@ -109,62 +110,62 @@ _w16, _w32, _w0, _w8 = _wide
 
 @numba.njit(cache=True)
 def generic_dot_tile_rows(
-    q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out
-):  # noqa: E501
+    q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out, col0
+):
     """dot_tile_rows through the generic instruction selection."""
     if nib == 0:
-        _g0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
+        _g0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif nib > 0:
-        _g8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
+        _g8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif group_shift == 4:
-        _g16(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
+        _g16(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     else:
-        _g32(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
+        _g32(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
 
 
 @numba.njit(cache=True)
 def avx2_dot_tile_rows(
-    q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out
-):  # noqa: E501
+    q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out, col0
+):
     """dot_tile_rows through AVX2 (only where the CPU has AVX2)."""
     if nib == 0:
-        _a0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
+        _a0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif nib > 0:
-        _a8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
+        _a8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif group_shift == 4:
-        _a16(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
+        _a16(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     else:
-        _a32(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
+        _a32(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
 
 
 @numba.njit(cache=True)
 def vnni_dot_tile_rows(
-    q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out
-):  # noqa: E501
+    q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out, col0
+):
     """dot_tile_rows through 256-bit VNNI (AVX-VNNI or AVX-512 VL; only where the CPU has it)."""
     if nib == 0:
-        _v0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
+        _v0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif nib > 0:
-        _v8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
+        _v8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif group_shift == 4:
-        _v16(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
+        _v16(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     else:
-        _v32(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
+        _v32(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
 
 
 @numba.njit(cache=True)
 def wide_dot_tile_rows(
-    q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out
-):  # noqa: E501
+    q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out, col0
+):
     """dot_tile_rows through 512-bit VNNI pairs (only where the CPU has AVX-512 VNNI and BW)."""
     if nib == 0:
-        _w0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
+        _w0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif nib > 0:
-        _w8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
+        _w8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif group_shift == 4:
-        _w16(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
+        _w16(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     else:
-        _w32(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out)
+        _w32(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
 
 
 # Each tile kernel and the features it needs beyond its selection's.
@@ -175,11 +176,12 @@ SELECTED = {
     "generic": generic_dot_tile_rows,
 }
 # dot_tile_rows(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales,
-# group_shift, nib, out): out[w * ROW_BLOCK + i] = the one-row kernel's value for weight row w
+# group_shift, nib, out, col0): out[i, col0 + w] = the one-row kernel's value for weight row w
 # < TILE_W (codes from byte q_start + w * row_bytes of the flat ``q``, scales from s_start + w *
 # n_groups of the flat ``scales``) and activation row n0 + i < n0 + ROW_BLOCK of the 2-D
 # ``ints`` (rows, cols) and ``int_scales`` (rows, groups). nib -1: int8 codes in groups of
-# 1 << group_shift; else packed nibbles (groups of 32) stored plus nib.
+# 1 << group_shift; else packed nibbles (groups of 32) stored plus nib. ``out`` is a C-contiguous
+# 2-D float32 array of at least ROW_BLOCK rows.
 dot_tile_rows = SELECTED["wide" if WIDE else HOST_SIMD]
 
 

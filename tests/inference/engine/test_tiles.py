@@ -32,11 +32,11 @@ def _tile_and_rows(
     kernel, q_flat, row_bytes, ints, scales, int_scales, n_groups, group_shift, nib, q8, n_tiles
 ):
     """(tile kernel values, one-row kernel values) for TILE_W * n_tiles weight rows x the
-    activation rows, each (weight rows, activation rows)."""
+    activation rows, each (weight rows, activation rows), and the tiles' output buffer."""
     n_w, n_act = TILE_W * n_tiles, ints.shape[0]
     tiled = np.empty((n_w, n_act), np.float32)  # (w, n)
     single = np.empty((n_w, n_act), np.float32)  # (w, n)
-    out = np.empty(TILE_W * ROW_BLOCK, np.float32)
+    out = np.full((ROW_BLOCK, n_w + 3), np.nan, np.float32)  # (activation rows, weight rows + margin)
     s_flat, q8_flat, cols = scales.ravel(), q8.ravel(), q8.shape[1]
     for tile in range(n_tiles):
         w0 = tile * TILE_W
@@ -54,16 +54,17 @@ def _tile_and_rows(
                 group_shift,
                 nib,
                 out,
-            )  # noqa: E501
+                w0 + 1,  # a column offset: the tile lands at columns w0 + 1 .. w0 + TILE_W
+            )
             for w in range(TILE_W):
                 for i in range(ROW_BLOCK):
-                    tiled[w0 + w, n0 + i] = out[w * ROW_BLOCK + i]
+                    tiled[w0 + w, n0 + i] = out[i, w0 + 1 + w]
     for w in range(n_w):
         for n in range(n_act):
             single[w, n] = dot_row_int(
                 q8_flat, w * cols, ints[n], s_flat, w * n_groups, int_scales[n], n_groups, group_shift
             )  # noqa: E501
-    return tiled, single
+    return tiled, single, out
 
 
 def _problem(rng, group_shift, nib, low, high, n_w, cols=512, n_act=8):
@@ -90,10 +91,11 @@ def test_tiles_give_the_one_row_kernels_bits(simd, group_shift, nib, low, high):
     q8, q_flat, row_bytes, ints, scales, int_scales, n_groups = _problem(
         rng, group_shift, nib, low, high, 2 * TILE_W
     )
-    tiled, single = _tile_and_rows(
+    tiled, single, out = _tile_and_rows(
         kernel, q_flat, row_bytes, ints, scales, int_scales, n_groups, group_shift, nib, q8, 2
-    )  # noqa: E501
+    )
     np.testing.assert_array_equal(tiled, single)
+    assert np.isnan(out[:, 0]).all()  # nothing lands left of the column offset
 
 
 @pytest.mark.parametrize(("group_shift", "nib", "low", "high"), CASES[:2] + CASES[3:4])
@@ -102,7 +104,7 @@ def test_host_tile_equals_the_bitwise_numpy_reference(group_shift, nib, low, hig
     q8, q_flat, row_bytes, ints, scales, int_scales, n_groups = _problem(
         rng, group_shift, nib, low, high, TILE_W, 256, 4
     )
-    tiled, _ = _tile_and_rows(
+    tiled, _, _ = _tile_and_rows(
         tiles.dot_tile_rows, q_flat, row_bytes, ints, scales, int_scales, n_groups, group_shift, nib, q8, 1
-    )  # noqa: E501
+    )
     np.testing.assert_array_equal(tiled, dot_tile_reference(q8, scales, ints, int_scales))
