@@ -168,7 +168,7 @@ def wide_dot_tile_rows(
         _w32(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
 
 
-# Each tile kernel and the features it needs beyond its selection's.
+# Each tile: "wide" (512-bit, needs WIDE_FEATURES) and each selection's own (simd.py).
 SELECTED = {
     "wide": wide_dot_tile_rows,
     "vnni": vnni_dot_tile_rows,
