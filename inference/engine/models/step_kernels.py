@@ -33,18 +33,12 @@ import numpy as np
 
 from ..intrinsics import prefetch, uint16_pointer
 from ..layers import silu_one
-from ..quants.intdot import (
-    ROW_BLOCK,
-    dot_pair_int,
-    dot_row_int,
-    dot_rows_int,
-    min_sum,
-    min_sums_tile,
-)  # fmt: skip
-from ..quants.nibbles import dot_pair_nib, dot_row_nib, dot_rows_nib
+from ..quants.intdot import ROW_BLOCK, dot_pair_int, dot_row_int, min_sum
+from ..quants.nibbles import dot_pair_nib, dot_row_nib
 from ..quants.pair_mins import dot_pair_min
 from ..quants.quantize import round_row, round_row_int
 from ..worksharing import claim, mark_done, wait_done
+from . import prefill_tiles
 from .kernels import rope_inplace, store_half
 from .rowops import gelu_lookup, rms_norm_into
 
@@ -169,44 +163,6 @@ def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, 
                 out[0, out_at + r + i - r0] = acc
 
 
-@numba.njit(cache=True)
-def _dot_tile_rows(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch):
-    """Several activation rows: blocks of ROW_BLOCK per pass over each weight row."""
-    block, min_tile = scratch[0], scratch[1:]
-    q, scales, mins, bias = weights.q, weights.scales, weights.mins, weights.bias
-    cols, shift = lin[COLS], lin[SHIFT]
-    groups = cols >> shift
-    codes, code_scales, group_sums = rounded.ints[k], rounded.int_scales[k], rounded.sums[k]
-    nib = lin[NIB]
-    row_bytes = cols if nib < 0 else cols >> 1
-    ahead = max(1, PREFETCH_BYTES // row_bytes) * row_bytes
-    end = lin[Q_OFF] + lin[ROWS] * row_bytes
-    has_mins, has_bias, b_first = lin[M_OFF] >= 0, lin[B_OFF] >= 0, lin[B_OFF]
-    for n0 in range(0, n_rows, ROW_BLOCK):
-        if has_mins:
-            min_sums_tile(mins, lin[M_OFF] + r0 * groups, r1 - r0, group_sums, n0, groups, min_tile)
-        for r in range(r0, r1):
-            row_start, s_start = lin[Q_OFF] + r * row_bytes, lin[S_OFF] + r * groups
-            if n0 == 0:
-                for i in range(row_start + ahead, min(row_start + ahead + row_bytes, end), 64):
-                    prefetch(q, i)
-            # Rows past n_rows are padding (zero codes): computed, never stored.
-            if nib >= 0:
-                dot_rows_nib(q, row_start, codes, n0, scales, s_start, code_scales, groups, nib, block)
-            else:
-                dot_rows_int(q, row_start, codes, n0, scales, s_start, code_scales, groups, shift, block)
-            for i in range(min(ROW_BLOCK, n_rows - n0)):
-                acc = block[i]
-                if has_mins:
-                    acc += min_tile[r - r0, i]
-                if has_bias:
-                    acc += bias[b_first + r]
-                if accumulate:
-                    out[n0 + i, r - r0] += acc
-                else:
-                    out[n0 + i, r - r0] = acc
-
-
 @numba.njit(fastmath=True, cache=True)
 def _dot_rows_float(weights, lin, values, r0, r1, out, accumulate):
     floats, bias = weights.floats, weights.bias
@@ -229,8 +185,8 @@ def _dot_rows_float(weights, lin, values, r0, r1, out, accumulate):
 @numba.njit(cache=True)
 def dot_tile(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch):
     """out[n, 0 : r1-r0] (+)= rows r0..r1 of linear ``lin`` times row n of slot k's rounded
-    input, for n < n_rows: integer group dot products for block formats (intdot.py, up to
-    ROW_BLOCK input rows per pass over a weight row), float32 for float matrices. ``scratch``
+    input, for n < n_rows: integer group dot products for block formats (intdot.py; several
+    rows by register tiles, prefill_tiles.py), float32 for float matrices. ``scratch``
     (1 + TILE_ROWS, ROW_BLOCK): the dot products of a block, then the min terms of a tile."""
     if lin[SHIFT] == FLOAT_SHIFT:
         for n in range(n_rows):
@@ -238,7 +194,7 @@ def dot_tile(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch)
     elif n_rows == 1:
         _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, scratch[0], scratch[1], COLUMN0)
     else:
-        _dot_tile_rows(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch)
+        prefill_tiles.dot_tile_many(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch)
 
 
 @numba.njit(cache=True)

@@ -1,0 +1,132 @@
+"""The fused forward's product of a tile of weight rows with several activation rows (prefill
+chunks, lockstep batches, verify runs), through the register tiles of quants/tiles.py.
+
+Each output element is the one-row kernel's value (tiles.py), plus the row's min term (the
+same in-order chain intdot.min_sum computes) and bias, added in the order the one-row path
+adds them: a row's result does not depend on how many rows run with it.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ..intrinsics import fma32, prefetch
+from ..quants.intdot import ROW_BLOCK, dot_rows_int
+from ..quants.nibbles import dot_rows_nib
+from ..quants.tiles import TILE_W, dot_tile_rows
+from . import step_kernels as sk  # a module object: step_kernels imports this module too
+
+
+@numba.njit(cache=True)
+def _finish(block, min_tile, has_mins, bias, has_bias, out, accumulate):
+    """out (+)= block (+ min terms) (+ bias), per element in the one-row path's order of adds;
+    rows of ``out`` as many as it has (the block's padding rows are dropped)."""
+    for i in range(out.shape[0]):
+        values, dst, terms = block[i], out[i], min_tile[i]
+        for c in range(values.shape[0]):
+            acc = values[c]
+            if has_mins:
+                acc += terms[c]
+            if has_bias:
+                acc += bias[c]
+            if accumulate:
+                dst[c] += acc
+            else:
+                dst[c] = acc
+
+
+@numba.njit(cache=True)
+def _prefetch_rows(q, start, stop, end):
+    for i in range(start, min(stop, end), 64):
+        prefetch(q, i)
+
+
+@numba.njit(cache=True)
+def _prefetch_codes(codes, first, stop, cols):
+    """Ask for activation rows first..stop of ``codes`` (the next block's): a tile's weight
+    rows sit in L1, the activation rows of the whole chunk do not."""
+    for n in range(first, stop):
+        row = codes[n]
+        for j in range(0, cols, 64):
+            prefetch(row, j)
+
+
+@numba.njit(cache=True)
+def transpose_mins(mins, m_first, n_weight_rows, n_groups, out):
+    """out[g, r] = mins[m_first + r * n_groups + g] for r < n_weight_rows: a tile's mins
+    group-major, so that each group's min terms advance as one vector over the rows."""
+    for r in range(n_weight_rows):
+        for g in range(n_groups):
+            out[g, r] = mins[m_first + r * n_groups + g]
+
+
+@numba.njit(cache=True)
+def min_terms(mins_t, n_weight_rows, group_sums, n0, n_groups, out):
+    """out[i, r] = intdot.min_sum of weight row r (mins_t from transpose_mins) with activation
+    row n0 + i of the 2-D ``group_sums``, i < ROW_BLOCK: each the same in-order chain of fused
+    multiply-adds from g = 0, the chains of all rows advanced together (vectorized over r)."""
+    out[:, :n_weight_rows] = 0.0
+    for g in range(n_groups):
+        m = mins_t[g, :n_weight_rows]
+        for i in range(ROW_BLOCK):
+            s, terms = group_sums[n0 + i, g], out[i, :n_weight_rows]
+            for r in range(n_weight_rows):
+                terms[r] = fma32(m[r], s, terms[r])
+
+
+@numba.njit(cache=True)
+def dot_tile_many(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch):
+    """out[n, 0 : r1-r0] (+)= rows r0..r1 of the block-format linear ``lin`` times row n of
+    slot k's rounded input, n < n_rows (> 1): TILE_W weight rows x ROW_BLOCK activation rows
+    per pass, the rows past a whole tile one at a time; ``scratch[0]`` (ROW_BLOCK,) holds the
+    latter's values."""
+    one = scratch[0]
+    q, scales, mins, bias = weights.q, weights.scales, weights.mins, weights.bias
+    cols, shift, nib = lin[sk.COLS], lin[sk.SHIFT], lin[sk.NIB]
+    groups = cols >> shift
+    codes, code_scales, group_sums = rounded.ints[k], rounded.int_scales[k], rounded.sums[k]
+    row_bytes = cols if nib < 0 else cols >> 1
+    ahead = max(1, sk.PREFETCH_BYTES // row_bytes) * row_bytes
+    end = lin[sk.Q_OFF] + lin[sk.ROWS] * row_bytes
+    has_mins, has_bias, b_first = lin[sk.M_OFF] >= 0, lin[sk.B_OFF] >= 0, lin[sk.B_OFF]
+    tiled_end = r0 + (r1 - r0) // TILE_W * TILE_W
+    block = np.empty((ROW_BLOCK, r1 - r0), np.float32)  # (activation rows, weight rows) dot products
+    min_tile = np.zeros((ROW_BLOCK, r1 - r0), np.float32)  # (activation rows, weight rows) min terms
+    row_bias = bias[b_first + r0 : b_first + r1] if has_bias else bias[:0]
+    mins_t = np.empty((groups if has_mins else 0, r1 - r0), np.float32)  # (groups, weight rows)
+    if has_mins:
+        transpose_mins(mins, lin[sk.M_OFF] + r0 * groups, r1 - r0, groups, mins_t)
+    for n0 in range(0, n_rows, ROW_BLOCK):
+        live = min(ROW_BLOCK, n_rows - n0)  # rows past n_rows are zero padding: computed, not stored
+        _prefetch_codes(codes, n0 + ROW_BLOCK, min(n_rows, n0 + 2 * ROW_BLOCK), cols)
+        if has_mins:
+            min_terms(mins_t, r1 - r0, group_sums, n0, groups, min_tile)
+        for r in range(r0, tiled_end, TILE_W):
+            row_start, s_start = lin[sk.Q_OFF] + r * row_bytes, lin[sk.S_OFF] + r * groups
+            if n0 == 0:
+                _prefetch_rows(q, row_start + ahead, row_start + ahead + TILE_W * row_bytes, end)
+            at = r - r0
+            dot_tile_rows(
+                q,
+                row_start,
+                row_bytes,
+                codes,
+                n0,
+                scales,
+                s_start,
+                groups,
+                code_scales,
+                shift,
+                nib,
+                block,
+                at,
+            )
+        for r in range(tiled_end, r1):
+            row_start, s_start = lin[sk.Q_OFF] + r * row_bytes, lin[sk.S_OFF] + r * groups
+            if nib >= 0:
+                dot_rows_nib(q, row_start, codes, n0, scales, s_start, code_scales, groups, nib, one)
+            else:
+                dot_rows_int(q, row_start, codes, n0, scales, s_start, code_scales, groups, shift, one)
+            block[:, r - r0] = one
+        _finish(block, min_tile, has_mins, row_bias, has_bias, out[n0 : n0 + live], accumulate)

@@ -1,0 +1,153 @@
+"""LLVM IR of a register tile: several weight rows times several activation rows per group.
+
+Prefill multiplies every weight row with many activation rows. intdot_ir.row_dots already
+computes each (weight row, activation row) pair with the instructions of the one-row kernel;
+this module adds the AVX-512 form of the same arithmetic, where one 512-bit vector carries the
+8 lanes of TWO weight rows (lanes 0-7 the first, 8-15 the second) against one activation row:
+
+- integer lanes by ``vpdpbusd`` (groups of 32) or ``vpdpwssd`` (groups of 16, codes widened to
+  int16: lane j = products 2j and 2j + 1, ggml's pmaddubsw/pmaddwd fold), exact int32. For
+  signed weight codes the unsigned operand is the activation moved up by 128 (``a ^ 0x80``),
+  and the accumulator starts at -128 * (the four weight codes' sum) per lane, computed once per
+  weight group for all activation rows: sum (a + 128) w - 128 sum w = sum a w, no psign per
+  pair. Unsigned 4-bit codes (offset 0) are the unsigned operand as they are;
+- the combined scale fl(scale * code scale) as one vector multiply of the weight pair's two
+  scales (each in its 8 lanes, prepared once per group) by the activation row's scale;
+- lane-wise FMA into the pair's accumulator, and each half summed in ggml's order at the end.
+
+Every lane sees the integers, products and roundings of the one-row kernel, in the same order:
+the same bits, with about a third of its instructions per product.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils
+
+from .intdot_ir import EXACT, I8, I16, I32, LANES, _call, _constant_vector, _load_codes, _load_nibbles
+
+WIDE = 2 * LANES  # float lanes of a 512-bit vector: two weight rows' eight
+I64 = ir.IntType(64)
+FLOATS = ir.VectorType(ir.FloatType(), WIDE)
+WORDS = ir.VectorType(I32, WIDE)
+
+
+def _concat(builder, low, high):
+    n = low.type.count
+    return builder.shuffle_vector(low, high, _constant_vector(list(range(2 * n))))
+
+
+def _twice(builder, value):
+    """A vector followed by itself (one activation group against both rows of a pair)."""
+    n = value.type.count
+    return builder.shuffle_vector(value, value, _constant_vector(list(range(n)) * 2))
+
+
+def _splat(builder, scalar, n: int):
+    vector = ir.VectorType(scalar.type, n)
+    one = builder.insert_element(ir.Constant(vector, ir.Undefined), scalar, ir.Constant(I32, 0))
+    return builder.shuffle_vector(one, one, _constant_vector([0] * n))
+
+
+def _pair_scales(builder, s_first, s_second):
+    """<16 x float>: the first row's scale in lanes 0-7, the second's in lanes 8-15."""
+    both = builder.insert_element(ir.Constant(FLOATS, ir.Undefined), s_first, ir.Constant(I32, 0))
+    both = builder.insert_element(both, s_second, ir.Constant(I32, 1))
+    return builder.shuffle_vector(both, both, _constant_vector([0] * LANES + [1] * LANES))
+
+
+def _fma(builder, a, b, c):
+    """a * b + c per lane, rounded once (the one-row kernel's llvm.fma, 16 lanes)."""
+    return _call(builder, f"llvm.fma.v{WIDE}f32", FLOATS, [a, b, c])
+
+
+def _dpbusd(builder, acc, unsigned, signed):
+    args = [acc, builder.bitcast(unsigned, WORDS), builder.bitcast(signed, WORDS)]
+    return _call(builder, "llvm.x86.avx512.vpdpbusd.512", WORDS, args)
+
+
+def _dpwssd(builder, acc, first, second):
+    args = [acc, builder.bitcast(first, WORDS), builder.bitcast(second, WORDS)]
+    return _call(builder, "llvm.x86.avx512.vpdpwssd.512", WORDS, args)
+
+
+class _PairGroup:
+    """One group of a weight pair, prepared once for every activation row."""
+
+    def __init__(self, builder, group: int, nibble_offset, first, second, g):
+        """first, second: (q pointer, scales pointer) of the pair's rows; g: the group index."""
+        self.group, self.nibbles = group, nibble_offset is not None
+        w_bytes = group if nibble_offset is None else group // 2
+        at = builder.mul(g, ir.Constant(g.type, w_bytes))
+        rows = [self._codes(builder, builder.gep(q, [at])) for q, _ in (first, second)]
+        self.codes = _concat(builder, *rows)  # <64 x i8> or <32 x i16>
+        scales = [builder.load(builder.gep(s, [g])) for _, s in (first, second)]
+        self.scales = _pair_scales(builder, *scales)  # <16 x float>
+        zero = ir.Constant(WORDS, None)
+        self.start = zero
+        if group == 32 and not self.nibbles:  # signed codes: -128 * each lane's four codes
+            moved = ir.Constant(ir.VectorType(I8, 64), [-128] * 64)
+            self.start = builder.sub(zero, _dpbusd(builder, zero, moved, self.codes))
+
+    def _codes(self, builder, pointer):
+        if self.nibbles:
+            return _load_nibbles(builder, pointer, 0)
+        codes = _load_codes(builder, pointer, self.group)
+        return builder.sext(codes, ir.VectorType(I16, 16)) if self.group == 16 else codes
+
+    def lanes(self, builder, act):
+        """The pair's 16 int32 lanes against one activation group (prepared by act_group)."""
+        if self.group == 16:
+            return _dpwssd(builder, self.start, self.codes, act)
+        if self.nibbles:
+            return _dpbusd(builder, self.start, self.codes, act)
+        return _dpbusd(builder, self.start, act, self.codes)
+
+
+def act_group(builder, group: int, nibbles: bool, a_ptr):
+    """One activation row's group as every weight pair's product takes it: int16 for groups
+    of 16, moved up by 128 against signed codes, as is against unsigned nibbles; twice."""
+    a = _load_codes(builder, a_ptr, group)
+    if group == 16:
+        return _twice(builder, builder.sext(a, ir.VectorType(I16, 16)))
+    if not nibbles:
+        a = builder.xor(a, ir.Constant(a.type, [-128] * group))
+    return _twice(builder, a)
+
+
+def _half_sum(builder, total, first: int):
+    """Lanes first..first+7 of ``total`` summed in ggml's hsum_float_8 order."""
+    lane = [builder.extract_element(total, ir.Constant(I32, first + i)) for i in range(LANES)]
+    r = [builder.fadd(lane[4 + i], lane[i], flags=EXACT) for i in range(4)]
+    return builder.fadd(
+        builder.fadd(r[0], r[2], flags=EXACT), builder.fadd(r[1], r[3], flags=EXACT), flags=EXACT
+    )
+
+
+def wide_tile_dots(builder, group: int, weight_rows, act_rows, n_groups, nibble_offset=None):
+    """For every weight row (q pointer, scales pointer; an even number of them) and activation
+    row (codes pointer, code scales pointer): the one-row kernel's value, as row_dots returns
+    it ([weight row][activation row] float32), through 512-bit vectors of weight pairs.
+    ``nibble_offset``: None for int8 codes, 0 for unsigned 4-bit codes packed two a byte."""
+    assert len(weight_rows) % 2 == 0 and nibble_offset in (None, 0) and group in (16, 32)
+    assert group == 32 or nibble_offset is None
+    pairs = [(weight_rows[i], weight_rows[i + 1]) for i in range(0, len(weight_rows), 2)]
+    accs = [[cgutils.alloca_once_value(builder, ir.Constant(FLOATS, None)) for _ in act_rows] for _ in pairs]
+    with cgutils.for_range(builder, n_groups) as loop:
+        g = loop.index
+        prepared = [_PairGroup(builder, group, nibble_offset, first, second, g) for first, second in pairs]
+        a_at = builder.mul(g, ir.Constant(g.type, group))
+        for t, (a0, d0) in enumerate(act_rows):
+            act = act_group(builder, group, nibble_offset is not None, builder.gep(a0, [a_at]))
+            code_scale = _splat(builder, builder.load(builder.gep(d0, [g])), WIDE)
+            for pair, pair_accs in zip(prepared, accs, strict=True):
+                factor = builder.fmul(pair.scales, code_scale, flags=EXACT)
+                lanes = builder.sitofp(pair.lanes(builder, act), FLOATS)
+                acc = pair_accs[t]
+                builder.store(_fma(builder, lanes, factor, builder.load(acc)), acc)
+    sums = []
+    for pair_accs in accs:
+        totals = [builder.load(acc) for acc in pair_accs]
+        sums.append([_half_sum(builder, total, 0) for total in totals])
+        sums.append([_half_sum(builder, total, LANES) for total in totals])
+    return sums

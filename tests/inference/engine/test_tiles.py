@@ -1,0 +1,110 @@
+"""The register-tiled multi-row product (quants/tiles.py): bit for bit the one-row kernel's
+values and the numpy reference's, in every instruction selection the CPU can run, for every
+code packing the fused forward uses (int8 in groups of 16 and 32, nibbles with offset 0 and 8)."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from inference.engine.quants import tiles
+from inference.engine.quants.intdot import ROW_BLOCK, dot_row_int
+from inference.engine.quants.nibbles import NIBBLE_OFFSET, pack_nibbles
+from inference.engine.quants.tiles import TILE_W, WIDE_FEATURES, dot_tile_reference
+from inference.engine.simd import SELECTIONS, missing_features, target_features
+
+CASES = [(4, -1, -128, 128), (5, -1, -128, 128), (5, -1, -16, 16), (5, 0, 0, 16), (5, NIBBLE_OFFSET, -8, 8)]
+
+
+def _runnable(simd: str) -> str:
+    if simd == "wide":
+        missing = tuple(f for f in WIDE_FEATURES if f not in target_features())
+    else:
+        missing = missing_features(simd, target_features())
+    if missing:
+        pytest.skip(f"the CPU lacks {', '.join(missing)} for the {simd} tile")
+    return simd
+
+
+@numba.njit(cache=True)
+def _tile_and_rows(
+    kernel, q_flat, row_bytes, ints, scales, int_scales, n_groups, group_shift, nib, q8, n_tiles
+):
+    """(tile kernel values, one-row kernel values) for TILE_W * n_tiles weight rows x the
+    activation rows, each (weight rows, activation rows), and the tiles' output buffer."""
+    n_w, n_act = TILE_W * n_tiles, ints.shape[0]
+    tiled = np.empty((n_w, n_act), np.float32)  # (w, n)
+    single = np.empty((n_w, n_act), np.float32)  # (w, n)
+    out = np.full((ROW_BLOCK, n_w + 3), np.nan, np.float32)  # (activation rows, weight rows + margin)
+    s_flat, q8_flat, cols = scales.ravel(), q8.ravel(), q8.shape[1]
+    for tile in range(n_tiles):
+        w0 = tile * TILE_W
+        for n0 in range(0, n_act, ROW_BLOCK):
+            kernel(
+                q_flat,
+                w0 * row_bytes,
+                row_bytes,
+                ints,
+                n0,
+                s_flat,
+                w0 * n_groups,
+                n_groups,
+                int_scales,
+                group_shift,
+                nib,
+                out,
+                w0 + 1,  # a column offset: the tile lands at columns w0 + 1 .. w0 + TILE_W
+            )
+            for w in range(TILE_W):
+                for i in range(ROW_BLOCK):
+                    tiled[w0 + w, n0 + i] = out[i, w0 + 1 + w]
+    for w in range(n_w):
+        for n in range(n_act):
+            single[w, n] = dot_row_int(
+                q8_flat, w * cols, ints[n], s_flat, w * n_groups, int_scales[n], n_groups, group_shift
+            )  # noqa: E501
+    return tiled, single, out
+
+
+def _problem(rng, group_shift, nib, low, high, n_w, cols=512, n_act=8):
+    """Codes in [low, high) with the extremes present, activation rows with +-127 rows."""
+    q8 = rng.integers(low, high, (n_w, cols)).astype(np.int8)  # (w, cols)
+    q8[0, : 1 << group_shift] = low
+    q8[1, : 1 << group_shift] = high - 1
+    ints = rng.integers(-127, 128, (n_act, cols)).astype(np.int8)  # (n, cols)
+    ints[0], ints[1] = 127, -127
+    n_groups = cols >> group_shift
+    scales = rng.standard_normal((n_w, n_groups)).astype(np.float32)  # (w, groups)
+    int_scales = rng.random((n_act, n_groups), dtype=np.float32)  # (n, groups)
+    if nib < 0:
+        return q8, q8.ravel(), cols, ints, scales, int_scales, n_groups
+    packed = pack_nibbles(q8, nib).view(np.int8)  # (w, cols // 2)
+    return q8, packed.ravel(), cols // 2, ints, scales, int_scales, n_groups
+
+
+@pytest.mark.parametrize("simd", ["wide", *SELECTIONS])
+@pytest.mark.parametrize(("group_shift", "nib", "low", "high"), CASES)
+def test_tiles_give_the_one_row_kernels_bits(simd, group_shift, nib, low, high):
+    kernel = tiles.SELECTED[_runnable(simd)]
+    rng = np.random.default_rng(group_shift * 7 + nib + 100)
+    q8, q_flat, row_bytes, ints, scales, int_scales, n_groups = _problem(
+        rng, group_shift, nib, low, high, 2 * TILE_W
+    )
+    tiled, single, out = _tile_and_rows(
+        kernel, q_flat, row_bytes, ints, scales, int_scales, n_groups, group_shift, nib, q8, 2
+    )
+    np.testing.assert_array_equal(tiled, single)
+    assert np.isnan(out[:, 0]).all()  # nothing lands left of the column offset
+
+
+@pytest.mark.parametrize(("group_shift", "nib", "low", "high"), CASES[:2] + CASES[3:4])
+def test_host_tile_equals_the_bitwise_numpy_reference(group_shift, nib, low, high):
+    rng = np.random.default_rng(group_shift + 300)
+    q8, q_flat, row_bytes, ints, scales, int_scales, n_groups = _problem(
+        rng, group_shift, nib, low, high, TILE_W, 256, 4
+    )
+    tiled, _, _ = _tile_and_rows(
+        tiles.dot_tile_rows, q_flat, row_bytes, ints, scales, int_scales, n_groups, group_shift, nib, q8, 1
+    )
+    np.testing.assert_array_equal(tiled, dot_tile_reference(q8, scales, ints, int_scales))
