@@ -16,7 +16,8 @@ issue 15's case (Claude Code, 27,129 tokens): a chat-templated system message ma
 repository's docs, then a user message of its source files (docs/*.md, then inference/**/*.py,
 sorted, each under a ``# file:`` header), tokenized by the model's tokenizer; a size of N
 takes its first N tokens. ``--prompt random`` gives uniform random ids (the first runs').
-The token count and a digest of the ids are printed, so runs on other commits can be compared.
+The prompt follows the repository's files (an edit to a doc changes it), so the token count
+and a digest of the ids are printed: equal digests, equal prompts.
 """
 
 from __future__ import annotations
