@@ -1,7 +1,7 @@
 """Long-prompt prefill, ours against llama.cpp: N tokens into an empty cache of --ctx rows.
 
-    .venv/bin/python bench/long_prompt.py [--model PATH] [--sizes 8192,27000] [--ctx 32768]
-        [--llama-python /work/llvenv/bin/python] [--threads 2] [--reps 1]
+    .venv/bin/python bench/long_prompt.py [--model PATH] [--sizes 8192,27129] [--ctx 32768]
+        [--prompt code|random] [--llama-python /work/llvenv/bin/python] [--threads 2] [--reps 1]
 
 The cost that grows with a long prompt is attention over the cache (every row reads all the
 rows before it), so this is where tiled attention shows or does not. Our side is
@@ -10,6 +10,14 @@ bench/llama_worker.py with the server's defaults (n_batch 2048, n_ubatch 512, f1
 no flash attention unless --flash-attn), the same token ids and thread count. Ours and
 llama.cpp alternate per size so both see the same machine load; the load average before and
 after each run is printed (the machine is shared: an 8k run takes minutes).
+
+The prompt (``--prompt code``, the default) is a coding agent's kind of first request, as in
+issue 15's case (Claude Code, 27,129 tokens): a chat-templated system message made of this
+repository's docs, then a user message of its source files (docs/*.md, then inference/**/*.py,
+sorted, each under a ``# file:`` header), tokenized by the model's tokenizer; a size of N
+takes its first N tokens. ``--prompt random`` gives uniform random ids (the first runs').
+The prompt follows the repository's files (an edit to a doc changes it), so the token count
+and a digest of the ids are printed: equal digests, equal prompts.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # before numpy: idle BLAS
 
 import argparse
 import datetime
+import hashlib
 import json
 import platform
 import subprocess
@@ -87,6 +96,23 @@ class Llama:
         self.proc.wait(timeout=60)
 
 
+def code_prompt(engine: Engine, n_tokens: int) -> list[int]:
+    """At least n_tokens token ids of a coding agent's request built from this repository's
+    docs (system) and source files (user), in the model's chat format."""
+    docs = sorted((ROOT / "docs").glob("*.md"))
+    sources = sorted((ROOT / "inference").rglob("*.py"))
+    system = "\n\n".join(path.read_text() for path in docs)
+    user = "".join(f"# file: {path.relative_to(ROOT)}\n{path.read_text()}\n" for path in sources)
+    text = (
+        f"<|im_start|>system\nYou are a coding agent working in this repository.\n{system}<|im_end|>\n"
+        f"<|im_start|>user\nHere is the source:\n{user}\nFind the bug.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    tokens = engine.tokenizer.encode(text)
+    if len(tokens) < n_tokens:
+        raise SystemExit(f"the repository gives {len(tokens)} tokens, fewer than {n_tokens}")
+    return tokens
+
+
 def _load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -121,7 +147,8 @@ def run(runners: dict, tokens: list[int], sizes: list[int], reps: int) -> list[s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    parser.add_argument("--sizes", default="8192", help="comma-separated prompt lengths")
+    parser.add_argument("--sizes", default="8192,27129", help="comma-separated prompt lengths")
+    parser.add_argument("--prompt", choices=("code", "random"), default="code")
     parser.add_argument("--ctx", type=int, default=32768)
     parser.add_argument("--llama-python", help="interpreter where llama_cpp imports")
     parser.add_argument("--threads", type=int, default=2)
@@ -133,15 +160,20 @@ def main() -> None:
     numba.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
     runners: dict = {"ours": Ours(args.model, args.ctx)}
-    vocab = runners["ours"].engine.config.vocab_size
-    tokens = [int(t) for t in np.random.default_rng(0).integers(100, min(vocab, 20000), max(sizes))]
+    if args.prompt == "code":
+        tokens = code_prompt(runners["ours"].engine, max(sizes))
+    else:
+        vocab = runners["ours"].engine.config.vocab_size
+        tokens = [int(t) for t in np.random.default_rng(0).integers(100, min(vocab, 20000), max(sizes))]
+    digest = hashlib.sha256(json.dumps(tokens[: max(sizes)]).encode()).hexdigest()[:12]
     if args.llama_python:
         runners["llama.cpp"] = Llama(args.llama_python, args.model, args.ctx, args.threads, args.flash_attn)
     print(
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
         f"{os.cpu_count()} cpus, {args.threads} threads, {args.model.name}, --ctx {args.ctx}, "
         f"best of {args.reps}, llama.cpp n_batch {SERVER_N_BATCH} n_ubatch {SERVER_N_UBATCH} "
-        f"flash_attn {args.flash_attn}",
+        f"flash_attn {args.flash_attn}, prompt {args.prompt} ({len(tokens)} tokens available, "
+        f"ids of the longest size sha256 {digest})",
         flush=True,
     )
     try:

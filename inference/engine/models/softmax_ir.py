@@ -4,7 +4,10 @@ kernels.softmax_f16_inplace's float operations in its order, so each lane has it
 For one lane, with its keys rows first..last of ``scores`` (rows, lanes): the max over those
 rows; ggml's expf (ggml_math.expf_ggml) of each score minus the max, 0 outside the lane's rows;
 per block of 8 rows the float32 sum in hsum8's order, added to a float64 total; then each
-probability times float32(1 / total), rounded to the nearest-even float16 value.
+probability times float32(1 / total), rounded to the nearest-even float16 value. Three
+intrinsics, so that the tile can run the max and the last step block by block:
+``max_lanes`` (rows r0..r1 into a running max), ``exp_lanes`` (all rows; the inverse total) and
+``scale_lanes`` (rows r0..r1 to probabilities).
 """
 
 from __future__ import annotations
@@ -90,15 +93,25 @@ def _inside(builder, t, first, last):
     return builder.and_(builder.icmp_signed("<=", first, ts), builder.icmp_signed("<=", ts, last))
 
 
-def _max_pass(builder, row, n, first, last):
-    lanes = first.type.count
-    top = cgutils.alloca_once_value(builder, _f(float("-inf"), lanes))
-    with cgutils.for_range(builder, n) as loop:
-        s = _load_vec(builder, row(loop.index), _vec(lanes))
+def _loop_rows(builder, r0, r1):
+    """A loop over rows r0..r1 (i64); yields the row index inside the loop."""
+    return cgutils.for_range(builder, builder.sub(r1, r0))
+
+
+def _max_pass(builder, row, r0, r1, first, last, top_p, masked):
+    """top_p (a float32 pointer, unaligned) := the max of its lanes and each lane's own scores of
+    rows r0..r1, in row order (the one-row kernel's comparisons, in its order). Unless
+    ``masked``, every row is inside every lane's range (the caller checked)."""
+    top = cgutils.alloca_once_value(builder, _load_vec(builder, top_p, _vec(first.type.count)))
+    with _loop_rows(builder, r0, r1) as loop:
+        t = builder.add(r0, loop.index)
+        s = _load_vec(builder, row(t), _vec(first.type.count))
         current = builder.load(top)
-        take = builder.and_(_inside(builder, loop.index, first, last), builder.fcmp_ordered(">", s, current))
+        take = builder.fcmp_ordered(">", s, current)
+        if masked:
+            take = builder.and_(_inside(builder, t, first, last), take)
         builder.store(builder.select(take, s, current), top)
-    return builder.load(top)
+    _store_vec(builder, builder.load(top), top_p)
 
 
 def _exp_pass(builder, row, n, first, last, top):
@@ -119,43 +132,114 @@ def _exp_pass(builder, row, n, first, last, top):
     return builder.load(total)
 
 
-def _softmax_intrinsic(lanes: int):
+class _Lanes:
+    """The arrays an intrinsic of this file takes, as LLVM values: scores (rows, lanes) float32,
+    and (lanes,) vectors (first/last int64 row ranges, top/inverse float32)."""
+
+    def __init__(self, context, builder, signature, args):
+        self.context, self.builder = context, builder
+        self.types, self.args = signature.args, args
+
+    def first(self, i):
+        """A pointer to the first element of argument i."""
+        return element_pointer(self.context, self.builder, self.types[i], self.args[i], ir.Constant(I64, 0))
+
+    def pointer(self, i, element):
+        return self.builder.bitcast(self.first(i), element.as_pointer())
+
+    def vector(self, i, element):
+        return self.builder.load(self.pointer(i, element), align=8)
+
+    def index(self, i):
+        return self.context.cast(self.builder, self.args[i], self.types[i], types.int64)
+
+    def row_of(self, lanes):
+        s_first = self.first(0)
+        return lambda t: self.builder.gep(s_first, [self.builder.mul(t, ir.Constant(I64, lanes))])
+
+    def n_rows(self):
+        view = self.context.make_array(self.types[0])(self.context, self.builder, self.args[0])
+        return cgutils.unpack_tuple(self.builder, view.shape)[0]
+
+
+def _max_intrinsic(lanes: int, masked: bool):
     @intrinsic
-    def softmax_lanes(typingctx, scores, first, last):
-        """In place over scores (rows, lanes) float32, rows a multiple of 8 and row 0 a multiple
-        of 8 from cache row 0: lane l's probabilities over its rows first[l]..last[l] (int64
-        (lanes,)), rounded to f16; 0 on every other row."""
-        if not contiguous(scores, first, last):
+    def max_lanes(typingctx, scores, r0, r1, first, last, top):
+        """top[l] := max(top[l], the scores of rows r0..r1 inside lane l's rows first[l]..last[l]):
+        scores (rows, lanes) float32, first/last (lanes,) int64, top (lanes,) float32. The
+        unmasked variant is for rows inside every lane's range (the same result, 0.14 ns per
+        (query, key) less: the range test cost as much as the rest of the pass)."""
+        if not contiguous(scores, first, last, top):
             return None
-        sig = types.void(scores, first, last)
 
         def codegen(context, builder, signature, args):
-            s_t, f_t, l_t = signature.args
-            s_arr, f_arr, l_arr = args
-            zero = ir.Constant(I64, 0)
-            s_first = element_pointer(context, builder, s_t, s_arr, zero)
-            index_vec = _vec(lanes, I64).as_pointer()
-            first_p = builder.bitcast(element_pointer(context, builder, f_t, f_arr, zero), index_vec)
-            last_p = builder.bitcast(element_pointer(context, builder, l_t, l_arr, zero), index_vec)
-            first_v, last_v = builder.load(first_p, align=8), builder.load(last_p, align=8)
-            n = cgutils.unpack_tuple(builder, context.make_array(s_t)(context, builder, s_arr).shape)[0]
-
-            def row(t):
-                return builder.gep(s_first, [builder.mul(t, ir.Constant(I64, lanes))])
-
-            top = _max_pass(builder, row, n, first_v, last_v)
-            total = _exp_pass(builder, row, n, first_v, last_v, top)
-            one = ir.Constant(_vec(lanes, F64), [1.0] * lanes)
-            inverse = builder.fptrunc(builder.fdiv(one, total, flags=EXACT), _vec(lanes))
-            with cgutils.for_range(builder, n) as loop:
-                p = builder.fmul(_load_vec(builder, row(loop.index), _vec(lanes)), inverse, flags=EXACT)
-                _store_vec(builder, _round_f16(builder, p), row(loop.index))
+            a = _Lanes(context, builder, signature, args)
+            top_p = a.pointer(5, F32)
+            first_v, last_v = a.vector(3, _vec(lanes, I64)), a.vector(4, _vec(lanes, I64))
+            _max_pass(builder, a.row_of(lanes), a.index(1), a.index(2), first_v, last_v, top_p, masked)
             return context.get_dummy_value()
 
-        return sig, codegen
+        return types.void(scores, r0, r1, first, last, top), codegen
 
-    return softmax_lanes
+    return max_lanes
 
 
-softmax_lanes16 = _softmax_intrinsic(16)  # AVX-512 hosts
-softmax_lanes8 = _softmax_intrinsic(8)  # elsewhere: the same bits
+def _exp_intrinsic(lanes: int):
+    @intrinsic
+    def exp_lanes(typingctx, scores, first, last, top, inverse):
+        """In place over scores (rows, lanes) float32, rows a multiple of 8 and row 0 a multiple
+        of 8 from cache row 0: exp(score - top[l]) on lane l's rows first[l]..last[l], 0 on
+        every other row; inverse[l] := float32(1 / the float64 total of the 8-row block sums)."""
+        if not contiguous(scores, first, last, top, inverse):
+            return None
+
+        def codegen(context, builder, signature, args):
+            a = _Lanes(context, builder, signature, args)
+            first_v, last_v = a.vector(1, _vec(lanes, I64)), a.vector(2, _vec(lanes, I64))
+            top = _load_vec(builder, a.pointer(3, F32), _vec(lanes))
+            total = _exp_pass(builder, a.row_of(lanes), a.n_rows(), first_v, last_v, top)
+            one = ir.Constant(_vec(lanes, F64), [1.0] * lanes)
+            inverse_v = builder.fptrunc(builder.fdiv(one, total, flags=EXACT), _vec(lanes))
+            _store_vec(builder, inverse_v, a.pointer(4, F32))
+            return context.get_dummy_value()
+
+        return types.void(scores, first, last, top, inverse), codegen
+
+    return exp_lanes
+
+
+def _scale_intrinsic(lanes: int):
+    @intrinsic
+    def scale_lanes(typingctx, scores, r0, r1, inverse, probs):
+        """probs[t - r0] := scores[t] (exponentials) times inverse (lanes,), rounded to f16
+        values, for rows r0..r1: scores and probs (rows, lanes) float32 (probs may be scores
+        itself with r0 = 0)."""
+        if not contiguous(scores, inverse, probs):
+            return None
+
+        def codegen(context, builder, signature, args):
+            a = _Lanes(context, builder, signature, args)
+            inverse_v = _load_vec(builder, a.pointer(3, F32), _vec(lanes))
+            row, r0_v = a.row_of(lanes), a.index(1)
+            p_first = a.pointer(4, F32)
+            with _loop_rows(builder, r0_v, a.index(2)) as loop:
+                e = _load_vec(builder, row(builder.add(r0_v, loop.index)), _vec(lanes))
+                p = builder.fmul(e, inverse_v, flags=EXACT)
+                at = builder.gep(p_first, [builder.mul(loop.index, ir.Constant(I64, lanes))])
+                _store_vec(builder, _round_f16(builder, p), at)
+            return context.get_dummy_value()
+
+        return types.void(scores, r0, r1, inverse, probs), codegen
+
+    return scale_lanes
+
+
+# The softmax in three steps so that the tile runs the first (max) and the last (scale) block by
+# block inside its products, while a block's scores are in L1: at 27k keys a tile's scores
+# (vecs, keys, lanes) are 7 MB, beyond L2, and each separate pass over them went to L3 or memory
+# (the scale step writes a block's probabilities to a small buffer, not back over the scores).
+# 16 lanes on AVX-512 hosts, 8 elsewhere: the same bits.
+max_lanes16, max_all16 = _max_intrinsic(16, True), _max_intrinsic(16, False)
+max_lanes8, max_all8 = _max_intrinsic(8, True), _max_intrinsic(8, False)
+exp_lanes16, scale_lanes16 = _exp_intrinsic(16), _scale_intrinsic(16)
+exp_lanes8, scale_lanes8 = _exp_intrinsic(8), _scale_intrinsic(8)

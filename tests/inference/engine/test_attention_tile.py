@@ -15,9 +15,8 @@ import pytest
 
 from inference.engine.kv_cache import KVCache, KVGeometry
 from inference.engine.layers import attention
-from inference.engine.models.attention_tile import LANES, attend_rows_tiled, tile_lanes
+from inference.engine.models.attention_tile import LANES, attend_rows_tiled, softmax_rows, tile_lanes
 from inference.engine.models.kernels import attend_rows, softmax_f16_inplace
-from inference.engine.models.softmax_ir import softmax_lanes8, softmax_lanes16
 from inference.engine.models.step_attention import attend_items
 from inference.engine.models.step_kernels import CACHE_K
 
@@ -88,10 +87,7 @@ def test_tiled_rows_agree_with_the_numpy_reference():
 def _softmax_both(scores, first, last):
     """(lanes version, one-row version per lane) of the softmax of scores (rows, 16 or 8)."""
     lanes = scores.copy()
-    if scores.shape[1] == 16:
-        softmax_lanes16(lanes, first, last)
-    else:
-        softmax_lanes8(lanes, first, last)
+    softmax_rows(lanes, first, last)
     rows = np.zeros_like(scores)  # (rows, lanes)
     for i in range(scores.shape[1]):
         probs = scores[first[i] : last[i] + 1, i].copy()  # (keys of lane i,)
@@ -109,6 +105,10 @@ def test_softmax_lanes_equal_the_one_row_softmax_bitwise(seed, lanes):
     first = rng.integers(0, rows, lanes)
     last = np.minimum(rows - 1, first + rng.integers(0, rows, lanes))
     got, expected = _softmax_both(scores, first, last)
+    assert np.array_equal(_bits(got), _bits(expected))
+    # every lane over every row: the max step skips its range test
+    everything = np.zeros(lanes, np.int64), np.full(lanes, rows - 1, np.int64)
+    got, expected = _softmax_both(scores, *everything)
     assert np.array_equal(_bits(got), _bits(expected))
 
 
