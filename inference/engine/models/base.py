@@ -92,13 +92,13 @@ class DecoderModel(ABC):
     def __init__(self, f: GGUFFile, config: ModelConfig):
         self.file = f
         self.config = config
-        self.output_norm = self.vector("output_norm.weight")
         if f.has_tensor("output.weight"):  # the embedding is only looked up: read in place
             embd = f.tensor("token_embd.weight")
             self.token_embd = MappedRows(embd.type, embd.data, embd.shape, "token_embd.weight")
             self.output = self.matrix("output.weight")
         else:  # tied embeddings: the embedding matrix is also the head
             self.token_embd = self.output = self.matrix("token_embd.weight")
+        self.output_norm = self.vector("output_norm.weight")
 
     # -- weights -------------------------------------------------------------------------
     def matrix(self, name: str) -> QuantMatrix:
