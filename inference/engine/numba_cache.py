@@ -8,6 +8,8 @@ machines with different instruction sets (AVX-512 VNNI on some days, AVX2 only o
 never hand one machine's code to another. So the cache lives in a subdirectory of
 NUMBA_CACHE_DIR named by the CPU and a hash of its features and of every engine source file:
 another CPU or any change to the engine's code gives an empty directory, and numba compiles.
+Each start stamps its directory's last use; directories unused for a week are removed
+(``prune_cache_dirs``), so engine updates do not pile up kernels nobody loads.
 
 ``use_keyed_cache_dir`` runs when the ``inference.engine`` package is imported, before any
 kernel is defined (numba reads the directory when a ``cache=True`` function is decorated).
@@ -17,6 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import shutil
+import time
 from pathlib import Path
 
 from .simd import SIMD_VARIABLE
@@ -28,6 +33,13 @@ BASE_VARIABLE = "LMSERVE_NUMBA_CACHE_BASE"
 # numba's own overrides of what it compiles for, and the engine's choice of instructions for the
 # integer dot products (simd.py): they change the code, so they join the key.
 NUMBA_TARGET_VARIABLES = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_OPT", SIMD_VARIABLE)
+# Every engine update leaves a directory of kernels behind (~10-20 MB). Directories used within
+# KEEP_DAYS stay (another checkout, CPU or selection may still use them), and so do the KEEP_NEWEST
+# most recently used; older ones are removed when a process starts.
+KEEP_DAYS = 7
+KEEP_NEWEST = 4
+STAMP = "last-used"
+KEY_NAME = re.compile(r"[A-Za-z0-9_-]+-[0-9a-f]{16}")
 
 
 def host_cpu() -> tuple[str, str]:
@@ -61,6 +73,23 @@ def keyed_cache_dir(base: str | os.PathLike) -> Path:
     return Path(base) / cache_key(name, features, source_digest(), overrides)
 
 
+def prune_cache_dirs(base: Path, now: float | None = None) -> list[Path]:
+    """Remove the key directories under ``base`` unused for KEEP_DAYS, beyond the KEEP_NEWEST
+    most recently used. Only directories named like a key are touched. Returns those removed."""
+    now = time.time() if now is None else now
+    keyed = [d for d in base.iterdir() if d.is_dir() and KEY_NAME.fullmatch(d.name)]
+    by_use = sorted(keyed, key=_last_used, reverse=True)
+    stale = [d for d in by_use[KEEP_NEWEST:] if now - _last_used(d) > KEEP_DAYS * 86400]
+    for directory in stale:
+        shutil.rmtree(directory, ignore_errors=True)
+    return stale
+
+
+def _last_used(directory: Path) -> float:
+    stamp = directory / STAMP
+    return (stamp if stamp.exists() else directory).stat().st_mtime
+
+
 def default_cache_base() -> Path:
     """Where kernels are cached when NUMBA_CACHE_DIR is unset. Never numba's own default (beside
     the sources, stamped per file): that one kept stale kernels compiled into others after a
@@ -74,6 +103,12 @@ def use_keyed_cache_dir() -> Path:
     default_cache_base() when it is unset)."""
     base = os.environ.get(BASE_VARIABLE) or os.environ.get("NUMBA_CACHE_DIR") or str(default_cache_base())
     keyed = keyed_cache_dir(base)
+    try:
+        keyed.mkdir(parents=True, exist_ok=True)
+        (keyed / STAMP).touch()
+        prune_cache_dirs(Path(base))
+    except OSError:  # a read-only or vanished cache is numba's to report, not start-up's
+        pass
     os.environ[BASE_VARIABLE] = str(base)
     os.environ["NUMBA_CACHE_DIR"] = str(keyed)
     from numba.core import config

@@ -7,7 +7,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from inference.engine.numba_cache import BASE_VARIABLE, cache_key, host_cpu, source_digest, warm_up_notice
+from inference.engine.numba_cache import (
+    BASE_VARIABLE,
+    KEEP_DAYS,
+    KEEP_NEWEST,
+    STAMP,
+    cache_key,
+    host_cpu,
+    prune_cache_dirs,
+    source_digest,
+    warm_up_notice,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 FEATURES = "+avx2,+fma,-avx512f,-avx512vnni"
@@ -54,6 +64,7 @@ def test_kernels_are_cached_under_the_keyed_directory_and_children_do_not_nest(t
     keyed = Path(_child(env))
     assert keyed == tmp_path / cache_key(*host_cpu(), source_digest(), {})
     assert list(tmp_path.iterdir()) == [keyed]  # nothing cached outside the key
+    assert (keyed / STAMP).exists()  # its last use, for pruning
     assert any(keyed.rglob("quantize.round_f16*.nbi"))
     # A child inherits the keyed directory and the base, and keys from the base again.
     assert Path(_child({**env, "NUMBA_CACHE_DIR": str(keyed), BASE_VARIABLE: str(tmp_path)})) == keyed
@@ -73,3 +84,27 @@ def test_the_warm_up_notice_says_whether_kernels_will_be_compiled(tmp_path, monk
     (tmp_path / "models_abc").mkdir()
     (tmp_path / "models_abc" / "step_region.forward_rows-1.py311.nbi").write_bytes(b"")
     assert warm_up_notice() == f"loading the engine's compiled kernels from {tmp_path}"
+
+
+def _key_dir(base: Path, n: int, days_ago: float, now: float) -> Path:
+    directory = base / cache_key(f"cpu{n}", FEATURES, "abc", {})
+    directory.mkdir()
+    (directory / "kernel.nbi").write_bytes(b"")
+    (directory / STAMP).touch()
+    os.utime(directory / STAMP, (now - days_ago * 86400, now - days_ago * 86400))
+    return directory
+
+
+def test_old_kernel_directories_are_pruned_keeping_recent_ones_and_foreign_files(tmp_path):
+    now = 1_900_000_000.0
+    recent = [_key_dir(tmp_path, n, days_ago=n * 0.5, now=now) for n in range(3)]  # within KEEP_DAYS
+    old = [_key_dir(tmp_path, 10 + n, days_ago=KEEP_DAYS + 1 + n, now=now) for n in range(4)]
+    foreign = tmp_path / "not-a-key-dir"
+    foreign.mkdir()
+    os.utime(foreign, (0, 0))
+    removed = prune_cache_dirs(tmp_path, now=now)
+    # The KEEP_NEWEST most recently used stay even when old: here the 3 recent and the newest old.
+    kept_old = old[: KEEP_NEWEST - len(recent)]
+    assert sorted(removed) == sorted(set(old) - set(kept_old))
+    assert sorted(p for p in tmp_path.iterdir()) == sorted([*recent, *kept_old, foreign])
+    assert prune_cache_dirs(tmp_path, now=now) == []
