@@ -5,15 +5,15 @@ summed as tinyBLAS (llama.cpp's f16 GEMM) sums it: an 8-lane FMA accumulator ove
 
 from __future__ import annotations
 
-from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..intrinsics import element_pointer
+from ..simd import target_features
 
-HOST_F16C = "+f16c" in llvm_binding.get_host_cpu_features().flatten()
+HOST_F16C = "f16c" in target_features()
 EXACT = ("ninf",)  # see quants/intdot_ir.py: keeps numba's fastmath pass off these operations
 F32, I16, I32 = ir.FloatType(), ir.IntType(16), ir.IntType(32)
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from llvmlite import binding as llvm_binding
 
 from ..ggml_math import hsum8
+from ..simd import target_features
 from .attention_tile_ir import (
     halves_f16c,
     halves_generic,
@@ -51,7 +51,7 @@ from .softmax_ir import (
 
 # Queries per vector: 16 where the CPU has AVX-512's 32 registers, else 8 (AVX2's 16 registers
 # would spill 16-wide accumulators). Both widths are compiled and tested; the bits are the same.
-LANES = 16 if "+avx512f" in llvm_binding.get_host_cpu_features().flatten() else 8
+LANES = 16 if "avx512f" in target_features() else 8
 BLOCK = 64  # keys converted to float32 at a time (a multiple of 8: blocks keep key t in lane t mod 8)
 # Values converted at a time: the weighted-values kernel keeps its accumulators in registers for
 # the VALUE_BLOCK / 8 keys of each accumulator lane, so a longer block loads and stores them less

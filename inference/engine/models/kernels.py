@@ -13,13 +13,12 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from llvmlite import binding as llvm_binding
-
 from ..ggml_math import expf_ggml, hsum8
-from .attention_ir import score_f16c, score_generic
 from ..intrinsics import bits_from_float, float_from_bits, fma32, half_bits_to_float
+from ..simd import target_features
+from .attention_ir import score_f16c, score_generic
 
-HOST_F16C = "+f16c" in llvm_binding.get_host_cpu_features().flatten()
+HOST_F16C = "f16c" in target_features()
 
 F16_MIN_NORMAL = np.float32(2.0**-14)
 F16_SUBNORMAL_STEP = np.float32(2.0**-24)
