@@ -170,8 +170,7 @@ class FusedForward:
         Writes every row's k and v into its cache (the caller commits the tokens)."""
         x = np.array(x, np.float32)  # (N, n_embd) updated in place
         logits = np.empty((rows.head_rows.shape[0], self.vocab), np.float32)  # (M, vocab)
-        threads = numba.get_num_threads()
-        step_region.forward_rows(threads, x, self.model, rows.kernel_rows(), logits)
+        _forward(numba.get_num_threads(), x, self.model, rows.kernel_rows(), logits)
         return logits
 
     def residual(self, x: np.ndarray, rows: RowPlan) -> np.ndarray:
@@ -180,8 +179,21 @@ class FusedForward:
         x = np.array(x, np.float32)  # (N, n_embd) updated in place
         no_logits = np.empty((0, self.vocab), np.float32)  # (0, vocab)
         plan = RowPlan(rows.caches, rows.positions, rows.cos, rows.sin, np.empty(0, np.int64))
-        step_region.forward_rows(numba.get_num_threads(), x, self.model, plan.kernel_rows(), no_logits)
+        _forward(numba.get_num_threads(), x, self.model, plan.kernel_rows(), no_logits)
         return x
+
+
+def _forward(
+    n_threads: int, x: np.ndarray, model: sk.StepModel, rows: sk.StepRows, logits: np.ndarray
+) -> None:
+    """step_region.forward_rows with the addresses of its stages (stage_calls.py): compiled, or
+    loaded from numba's cache, on the first call for these argument types."""
+    args = (n_threads, x, model, rows, logits, _NO_CALLS)
+    calls = step_region.STAGES.table(step_region.forward_rows, args)
+    step_region.forward_rows(*args[:-1], calls)
+
+
+_NO_CALLS = np.zeros(len(step_region.STAGES), np.int64)  # (sites,) a table's type, for typing
 
 
 @dataclass(frozen=True)

@@ -12,68 +12,123 @@ import numba
 import numpy as np
 
 from ..quants.intdot import ROW_BLOCK
+from ..stage_calls import Sites
 from .attention_tile import attend_scratch_size
 from .step_attention import attend_stage
 from .step_kernels import (
     ADD, ATTEND, COLS, DOWN, FFN, FFN_POST, FLAGS, GELU, HEAD_DIM, KV, N_FF, N_HEADS, N_KV, OUT, OUT_POST,
     POST_NORMS, PREP_DOWN, PREP_FFN, PREP_OUT, PREP_QKV, QKV, SLOT_DOWN, SLOT_GATE, SLOT_OUT, SLOT_Q,
-    SOLO_ROWS, STAGES_PER_LAYER, Rounded, StepModel, StepRows, StepWeights, add_normed_stage,
-    STORE, ffn_stage, kv_stage, prepare_stage, rows_stage,
+    SOLO_ROWS, STAGES_PER_LAYER, STORE, Rounded, StepModel, StepRows, StepWeights, add_normed_stage,
+    ffn_stage, kv_stage, prepare_stage, rows_stage,
 )  # fmt: skip
 
 Scratch = namedtuple(
     "Scratch",
-    ["qkv", "attn", "act", "proj", "normed", "values", "ints", "int_scales", "sums", "q_buf", "scores", "all_rows"],
+    [
+        "qkv",
+        "attn",
+        "act",
+        "proj",
+        "normed",
+        "values",
+        "ints",
+        "int_scales",
+        "sums",
+        "q_buf",
+        "scores",
+        "all_rows",
+    ],
 )
 
 
 # Inlined into run_stages by numba (not a function of its own): one level fewer for LLVM to
 # re-optimize on a cold start.
+# The stages are called through pointers (stage_calls.py): numba compiles each once, and the
+# region above them compiles without re-optimizing them. Site i calls STAGES.functions[i] with
+# the address calls[i].
+(
+    PREP_QKV_AT, QKV_AT, KV_AT, ATTEND_AT, PREP_OUT_AT, OUT_STORE_AT, OUT_POST_AT, OUT_ADD_AT, PREP_FFN_AT,
+    FFN_AT, PREP_DOWN_AT, DOWN_STORE_AT, FFN_POST_AT, DOWN_ADD_AT, PREP_HEAD_AT, HEAD_AT,
+) = range(16)  # fmt: skip
+STAGES = Sites(
+    "step_region",
+    [
+        prepare_stage, rows_stage, kv_stage, attend_stage, prepare_stage, rows_stage, add_normed_stage,
+        rows_stage, prepare_stage, ffn_stage, prepare_stage, rows_stage, add_normed_stage, rows_stage,
+        prepare_stage, rows_stage,
+    ],
+)  # fmt: skip
+stage = STAGES.call
+
+
+# Inlined into run_stages by numba (not a function of its own): one level fewer for LLVM to
+# re-optimize on a cold start.
 @numba.njit(cache=True, inline="always")
-def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo):
+def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo, calls):
     w, dims, eps, lin = model.weights, model.dims, model.eps, model.linears[layer]
-    stage, n_rows, n_layers = layer * STAGES_PER_LAYER, x.shape[0], model.linears.shape[0]
+    at, n_rows, n_layers = layer * STAGES_PER_LAYER, x.shape[0], model.linears.shape[0]
     window, rope = model.layer_info[layer, 0], model.layer_info[layer, 1]
     normed, no_norm, post = scratch.normed[tid], model.output_norm[:0], dims[FLAGS] & POST_NORMS
-    qkv_lin, out_lin, ffn_lin, down_lin = lin[SLOT_Q:SLOT_OUT], lin[SLOT_OUT:SLOT_GATE], lin[SLOT_GATE:SLOT_DOWN], lin[SLOT_DOWN:]
-    prepare_stage(x, scratch.all_rows, model.norms[layer, 0], eps, qkv_lin, rounded, normed, solo, counters, stage + PREP_QKV)
-    rows_stage(w, qkv_lin, rounded, n_rows, scratch.qkv, STORE, counters, stage + QKV)
-    kv_stage(scratch.qkv, model.qk_norms[layer, 1], eps, rows, rope, dims, layer, n_layers, counters, stage + KV)
-    attend_stage(
-        scratch.qkv, model.qk_norms[layer, 0], eps, rows, rope, dims, layer, n_layers, window, model.scale,
-        scratch.q_buf[tid], scratch.scores[tid], scratch.attn, counters, stage + ATTEND,
-    )  # fmt: skip
-    prepare_stage(scratch.attn, scratch.all_rows, no_norm, eps, out_lin, rounded, normed, solo, counters, stage + PREP_OUT)
+    qkv_lin, out_lin = lin[SLOT_Q:SLOT_OUT], lin[SLOT_OUT:SLOT_GATE]
+    ffn_lin, down_lin = lin[SLOT_GATE:SLOT_DOWN], lin[SLOT_DOWN:]
+    all_rows, norms, qk_norms = scratch.all_rows, model.norms[layer], model.qk_norms[layer]
+    stage(calls, PREP_QKV_AT, (
+        x, all_rows, norms[0], eps, qkv_lin, rounded, normed, solo, counters, at + PREP_QKV,
+    ))  # fmt: skip
+    stage(calls, QKV_AT, (w, qkv_lin, rounded, n_rows, scratch.qkv, STORE, counters, at + QKV))
+    stage(calls, KV_AT, (
+        scratch.qkv, qk_norms[1], eps, rows, rope, dims, layer, n_layers, counters, at + KV,
+    ))  # fmt: skip
+    stage(calls, ATTEND_AT, (
+        scratch.qkv, qk_norms[0], eps, rows, rope, dims, layer, n_layers, window, model.scale,
+        scratch.q_buf[tid], scratch.scores[tid], scratch.attn, counters, at + ATTEND,
+    ))  # fmt: skip
+    stage(calls, PREP_OUT_AT, (
+        scratch.attn, all_rows, no_norm, eps, out_lin, rounded, normed, solo, counters, at + PREP_OUT,
+    ))  # fmt: skip
     if post:
-        rows_stage(w, out_lin, rounded, n_rows, scratch.proj, STORE, counters, stage + OUT)
-        add_normed_stage(x, scratch.proj, model.norms[layer, 1], eps, counters, stage + OUT_POST)
+        stage(calls, OUT_STORE_AT, (w, out_lin, rounded, n_rows, scratch.proj, STORE, counters, at + OUT))
+        stage(calls, OUT_POST_AT, (x, scratch.proj, norms[1], eps, counters, at + OUT_POST))
     else:
-        rows_stage(w, out_lin, rounded, n_rows, x, ADD, counters, stage + OUT)
-    prepare_stage(x, scratch.all_rows, model.norms[layer, 2], eps, ffn_lin, rounded, normed, solo, counters, stage + PREP_FFN)
-    ffn_stage(w, ffn_lin, rounded, dims[N_FF], dims[FLAGS] & GELU, scratch.act, counters, stage + FFN)
-    prepare_stage(scratch.act, scratch.all_rows, no_norm, eps, down_lin, rounded, normed, solo, counters, stage + PREP_DOWN)
+        stage(calls, OUT_ADD_AT, (w, out_lin, rounded, n_rows, x, ADD, counters, at + OUT))
+    stage(calls, PREP_FFN_AT, (
+        x, all_rows, norms[2], eps, ffn_lin, rounded, normed, solo, counters, at + PREP_FFN,
+    ))  # fmt: skip
+    stage(calls, FFN_AT, (
+        w, ffn_lin, rounded, dims[N_FF], dims[FLAGS] & GELU, scratch.act, counters, at + FFN,
+    ))  # fmt: skip
+    stage(calls, PREP_DOWN_AT, (
+        scratch.act, all_rows, no_norm, eps, down_lin, rounded, normed, solo, counters, at + PREP_DOWN,
+    ))  # fmt: skip
     if post:
-        rows_stage(w, down_lin, rounded, n_rows, scratch.proj, STORE, counters, stage + DOWN)
-        add_normed_stage(x, scratch.proj, model.norms[layer, 3], eps, counters, stage + FFN_POST)
+        stage(calls, DOWN_STORE_AT, (w, down_lin, rounded, n_rows, scratch.proj, STORE, counters, at + DOWN))
+        stage(calls, FFN_POST_AT, (x, scratch.proj, norms[3], eps, counters, at + FFN_POST))
     else:
-        rows_stage(w, down_lin, rounded, n_rows, x, ADD, counters, stage + DOWN)
+        stage(calls, DOWN_ADD_AT, (w, down_lin, rounded, n_rows, x, ADD, counters, at + DOWN))
 
 
 @numba.njit(cache=True, inline="always")  # into forward_rows' loop: one LLVM level fewer
-def run_stages(tid, x, model, rows, scratch, logits, counters, solo):
+def run_stages(tid, x, model, rows, scratch, logits, counters, solo, calls):
     """Every stage of one forward, as thread ``tid`` of the region sees it."""
     copy = np.int64(tid) if solo else np.int64(0)
     rounded = Rounded(scratch.values[copy], scratch.ints[copy], scratch.int_scales[copy], scratch.sums[copy])
     n_layers = model.linears.shape[0]
     for layer in range(n_layers):
-        _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo)
+        _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo, calls)
     head_rows = rows.head_rows
     if head_rows.shape[0] > 0:
-        stage = n_layers * STAGES_PER_LAYER
-        prepare_stage(
-            x, head_rows, model.output_norm, model.eps, model.head, rounded, scratch.normed[tid], solo, counters, stage
+        at = n_layers * STAGES_PER_LAYER
+        normed = scratch.normed[tid]
+        stage(
+            calls,
+            PREP_HEAD_AT,
+            (x, head_rows, model.output_norm, model.eps, model.head, rounded, normed, solo, counters, at),
         )
-        rows_stage(model.weights, model.head, rounded, head_rows.shape[0], logits, STORE, counters, stage + 1)
+        stage(
+            calls,
+            HEAD_AT,
+            (model.weights, model.head, rounded, head_rows.shape[0], logits, STORE, counters, at + 1),
+        )
 
 
 # Only the prange loop runs in parallel: numba's other parallel rewrites (np.zeros as a
@@ -85,10 +140,11 @@ PRANGE_ONLY = {
 
 
 @numba.njit(parallel=PRANGE_ONLY, cache=True)
-def forward_rows(n_threads, x, model, rows, logits):
+def forward_rows(n_threads, x, model, rows, logits, calls):
     """Rows x (N, n_embd) through every layer, updated in place; each row's k and v go to its
     cache at its position; logits (M, vocab) get the head's output for rows.head_rows.
-    ``model`` is the StepModel fused.FusedForward builds. One region of ``n_threads`` threads.
+    ``model`` is the StepModel fused.FusedForward builds; ``calls`` the stages' addresses
+    (STAGES.table). One region of ``n_threads`` threads.
     The scratch is allocated here, in the function holding the region: a numba function per
     level costs a cold start seconds (each level re-optimizes every kernel it calls)."""
     dims, n_rows, n_embd = model.dims, x.shape[0], x.shape[1]
@@ -126,5 +182,5 @@ def forward_rows(n_threads, x, model, rows, logits):
                       output_norm, layer_info, dims, eps, scale),
             StepRows(positions, caches, cos, sin, head_rows),
             Scratch(qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, all_rows),
-            logits, (claimed, done), solo,
+            logits, (claimed, done), solo, calls,
         )  # fmt: skip
