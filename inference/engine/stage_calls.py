@@ -61,9 +61,10 @@ def _pointer_call(context, builder, address, argtypes, args):
 class Sites:
     """The pointer-call sites of one caller; site i calls ``functions[i]`` (module docstring)."""
 
-    def __init__(self, name: str, functions: list):
+    def __init__(self, name: str, functions: list, elsewhere: tuple = ()):
         self.name = name
         self.functions = list(functions)
+        self.elsewhere = elsewhere  # of functions: what a cold start compiles in a second process
         self.typed: dict[int, tuple] = {}  # site -> argument types, as the last typing saw them
         self._tables: dict[tuple, np.ndarray] = {}  # caller's argument types -> addresses
         self.call = self._make_intrinsic()
@@ -115,12 +116,20 @@ class Sites:
             argtypes = self.discover(caller, signature)
             save_sites(self.name, signature, argtypes)
         callees = [Callee(self.functions[i], argtypes[i]) for i in range(len(self))]
-        from .compile_split import compile_all
-
-        compile_all([Callee(caller, signature), *callees], split=cold)
+        self.compile(Callee(caller, signature), callees, cold)
         table = np.array([address(c) for c in callees], np.int64)  # (sites,)
         self._tables[signature] = table
         return table
+
+    def compile(self, caller: Callee, callees: list[Callee], cold: bool) -> None:
+        """Compile (or load) the caller and every distinct callee; on a cold start, those of
+        ``elsewhere`` in a second process meanwhile (compile_split.py)."""
+        from .compile_split import compile_all
+
+        distinct = list(dict.fromkeys(callees))
+        there = [c for c in distinct if cold and any(c.function is f for f in self.elsewhere)]
+        here = [caller] + [c for c in distinct if c not in there]
+        compile_all(here, there)
 
     def discover(self, caller, signature: tuple) -> list[tuple]:
         """Each site's argument types when ``caller`` takes ``signature``: the caller typed,

@@ -57,6 +57,9 @@ STAGES = Sites(
         rows_stage, prepare_stage, ffn_stage, prepare_stage, rows_stage, add_normed_stage, rows_stage,
         prepare_stage, rows_stage,
     ],
+    # What a cold start compiles in a second process, while this one compiles the region and
+    # the products (rows_stage and ffn_stage share dot_run: one process compiles both).
+    elsewhere=(attend_stage, prepare_stage, kv_stage, add_normed_stage),
 )  # fmt: skip
 stage = STAGES.call
 
