@@ -21,6 +21,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -36,9 +37,16 @@ def compile_all(here: list, elsewhere: list, command: list[str] | None = None) -
     replaces the second process's command line (tests). Returns whether the second process
     compiled its part (False: this process did)."""
     child = _start(elsewhere, command) if elsewhere and os.environ.get(SPLIT_VARIABLE) != "0" else None
+    started = time.perf_counter()
     for callee in here:
         callee.function.compile(callee.argtypes)
-    helped = child is not None and _finished(child)
+    if child is None:
+        helped = False
+    else:
+        own = time.perf_counter() - started
+        helped = _finished(child)
+        waited = time.perf_counter() - started - own
+        log.info("this process compiled its part in %.1f s, then waited %.1f s for the second", own, waited)
     for callee in elsewhere:
         callee.function.compile(callee.argtypes)  # from the cache if the second process made it
     return helped
@@ -94,16 +102,21 @@ def _finished(child: subprocess.Popen) -> bool:
             last,
         )
         return False
+    log.info("the second process %s", errors.splitlines()[-1] if errors else "said nothing")
     return True
 
 
 def main() -> None:
     """The second process: compile the callees pickled on stdin into numba's on-disk cache."""
+    started, cpu = time.perf_counter(), time.process_time()
     import inference.engine  # noqa: F401  (keys the cache directory first, as the parent's)
 
-    for module, name, argtypes in pickle.loads(sys.stdin.buffer.read()):
+    job = pickle.loads(sys.stdin.buffer.read())
+    for module, name, argtypes in job:
         function = getattr(importlib.import_module(module), name)
         function.compile(argtypes)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    print(f"compiled {len(job)} kernels in {wall:.1f} s ({cpu:.1f} s CPU)", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -31,13 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from llvmlite import ir
+from llvmlite import binding, ir
 from numba.core import cgutils, compiler, errors, types
 from numba.core.compiler_machinery import FunctionPass, register_pass
 from numba.core.typed_passes import NopythonTypeInference
 from numba.extending import intrinsic
 
 SITES_DIR = "lmserve_sites"  # under NUMBA_CACHE_DIR: the persisted argument types of each site
+
+
+CAPACITY = 64  # sites per table: the table's memory never moves once its symbol is registered
 
 
 @dataclass(frozen=True)
@@ -58,88 +61,147 @@ def _pointer_call(context, builder, address, argtypes, args):
         context.call_conv.return_status_propagate(builder, status)
 
 
-class Sites:
-    """The pointer-call sites of one caller; site i calls ``functions[i]`` (module docstring)."""
+def _table_global(module, symbol: str):
+    """The external global ``symbol`` ([CAPACITY x i64]) declared in ``module``: resolved by
+    name when the code is loaded, from this process's llvmlite symbol table."""
+    table = module.globals.get(symbol)
+    if table is None:
+        table = ir.GlobalVariable(module, ir.ArrayType(ir.IntType(64), CAPACITY), symbol)
+        table.linkage = "external"
+    return table
 
-    def __init__(self, name: str, functions: list, elsewhere: tuple = ()):
+
+class Sites:
+    """The pointer-call sites of one module; site i calls ``functions[i]`` (module docstring).
+    Its address table lives in this process and is named to the linker by ``symbol``: compiled
+    code reads it by that name, so code loaded from numba's cache finds this process's table."""
+
+    def __init__(self, name: str):
         self.name = name
-        self.functions = list(functions)
-        self.elsewhere = elsewhere  # of functions: what a cold start compiles in a second process
-        self.typed: dict[int, tuple] = {}  # site -> argument types, as the last typing saw them
-        self._tables: dict[tuple, np.ndarray] = {}  # caller's argument types -> addresses
+        self.symbol = f"lmserve_sites_{name}"
+        self.functions: list = []
+        self.typed: dict[int, tuple] = {}  # site -> the argument types its call passes
+        self.addresses = np.zeros(CAPACITY, np.int64)  # (CAPACITY,) where each site's callee starts
+        binding.add_symbol(self.symbol, self.addresses.ctypes.data)
         self.call = self._make_intrinsic()
+        ALL_SITES.append(self)
 
     def __len__(self) -> int:
         return len(self.functions)
+
+    def add(self, function, nested: bool = False) -> int:
+        """One more site calling ``function``; its index (a constant the caller passes to
+        ``call``). ``nested``: ``function`` makes pointer calls itself, so typing it finds
+        more sites. A function that makes pointer calls must only be called through one."""
+        if len(self.functions) == CAPACITY:
+            raise ValueError(f"{self.name}: more than {CAPACITY} sites")
+        self.functions.append(function)
+        if nested:
+            NESTED.append(function)
+        return len(self.functions) - 1
 
     def _make_intrinsic(self):
         sites = self
 
         @intrinsic(prefer_literal=True)
-        def call(typingctx, calls, site, args):
+        def call(typingctx, site, args):
             if not isinstance(site, types.IntegerLiteral):
                 raise errors.TypingError(f"{sites.name}: a pointer call's site must be a constant")
             if not isinstance(args, types.BaseTuple):
                 raise errors.TypingError(f"{sites.name}: a pointer call's arguments must be a tuple")
+            sites.record(site.literal_value, tuple(args.types))
             index = site.literal_value
-            if not 0 <= index < len(sites.functions):
-                raise errors.TypingError(f"{sites.name}: no site {index}")
-            sites.typed[index] = tuple(args.types)
 
             def codegen(context, builder, signature, llvm_args):
-                table_type = signature.args[0]
-                table = context.make_array(table_type)(context, builder, llvm_args[0])
-                at = [ir.Constant(ir.IntType(64), index)]
-                address = builder.load(cgutils.get_item_pointer(context, builder, table_type, table, at))
-                argtypes = list(signature.args[2].types)
-                values = cgutils.unpack_tuple(builder, llvm_args[2], len(argtypes))
+                table = _table_global(builder.module, sites.symbol)
+                at = [ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), index)]
+                address = builder.load(builder.gep(table, at))
+                with cgutils.if_unlikely(builder, cgutils.is_null(builder, address)):
+                    message = f"{sites.name} site {index}: no address (stage_calls.prepare not run)"
+                    context.call_conv.return_user_exc(builder, RuntimeError, (message,))
+                argtypes = list(signature.args[1].types)
+                values = cgutils.unpack_tuple(builder, llvm_args[1], len(argtypes))
                 _pointer_call(context, builder, address, argtypes, values)
                 return context.get_dummy_value()
 
-            return types.none(calls, site, args), codegen
+            return types.none(site, args), codegen
 
         return call
 
-    # -- the address table -------------------------------------------------------------------
+    def record(self, site: int, argtypes: tuple) -> None:
+        """Site ``site`` passes ``argtypes``: one signature per site and process (its callee
+        has one address)."""
+        if not 0 <= site < len(self.functions):
+            raise errors.TypingError(f"{self.name}: no site {site}")
+        known = self.typed.setdefault(site, argtypes)
+        if known != argtypes:
+            raise errors.TypingError(
+                f"{self.name}: site {site} ({self.functions[site].py_func.__qualname__}) called with "
+                f"{argtypes}, already with {known}"
+            )
 
-    def table(self, caller, args: tuple) -> np.ndarray:
-        """The address table for ``caller`` (a numba dispatcher whose last argument is the
-        table) called with ``args`` (the table's place: any int64 array): every site's callee
-        compiled, or loaded from numba's cache, for the types the caller passes it."""
-        signature = tuple(caller.typeof_pyval(a) for a in args)
-        found = self._tables.get(signature)
-        if found is not None:
-            return found
-        argtypes = load_sites(self.name, signature)
-        cold = argtypes is None
-        if cold:
-            argtypes = self.discover(caller, signature)
-            save_sites(self.name, signature, argtypes)
-        callees = [Callee(self.functions[i], argtypes[i]) for i in range(len(self))]
-        self.compile(Callee(caller, signature), callees, cold)
-        table = np.array([address(c) for c in callees], np.int64)  # (sites,)
-        self._tables[signature] = table
-        return table
+    def callees(self) -> list[Callee]:
+        return [Callee(self.functions[i], argtypes) for i, argtypes in sorted(self.typed.items())]
 
-    def compile(self, caller: Callee, callees: list[Callee], cold: bool) -> None:
-        """Compile (or load) the caller and every distinct callee; on a cold start, those of
-        ``elsewhere`` in a second process meanwhile (compile_split.py)."""
-        from .compile_split import compile_all
 
-        distinct = list(dict.fromkeys(callees))
-        there = [c for c in distinct if cold and any(c.function is f for f in self.elsewhere)]
-        here = [caller] + [c for c in distinct if c not in there]
-        compile_all(here, there)
+ALL_SITES: list[Sites] = []  # every table, in import order
+NESTED: list = []  # functions that make pointer calls themselves
+ELSEWHERE: list = []  # functions a cold start compiles in the second process
+_prepared: set[tuple] = set()  # callers' signatures whose sites have addresses
 
-    def discover(self, caller, signature: tuple) -> list[tuple]:
-        """Each site's argument types when ``caller`` takes ``signature``: the caller typed,
-        nothing compiled but the kernels its typing needs (it calls them directly)."""
-        self.typed.clear()
-        type_only(caller, signature)
-        missing = [i for i in range(len(self)) if i not in self.typed]
-        if missing:
-            raise RuntimeError(f"{self.name}: typing the caller reached no call at sites {missing}")
-        return [self.typed[i] for i in range(len(self))]
+
+def compile_elsewhere(*functions) -> None:
+    """On a cold start, compile these (callees, or a caller) in the second process."""
+    ELSEWHERE.extend(functions)
+
+
+def prepare(caller, args: tuple) -> None:
+    """Make ``caller`` (a numba dispatcher) callable with ``args``: every site it reaches,
+    directly or through other pointer calls, has its callee compiled (or loaded from numba's
+    cache) for the types the site passes, and its address in its table."""
+    signature = tuple(caller.typeof_pyval(a) for a in args)
+    if (caller, signature) in _prepared:
+        return
+    saved = load_sites(caller, signature)
+    cold = saved is None
+    if cold:
+        discover(caller, signature)
+        save_sites(caller, signature)
+    else:
+        for sites in ALL_SITES:
+            for site, argtypes in saved.get(sites.name, {}).items():
+                sites.record(site, argtypes)
+    compile_callees(Callee(caller, signature), cold)
+    for sites in ALL_SITES:
+        for site, argtypes in sites.typed.items():
+            sites.addresses[site] = address(Callee(sites.functions[site], argtypes))
+    _prepared.add((caller, signature))
+
+
+def compile_callees(caller: Callee, cold: bool) -> None:
+    """Compile (or load) the caller and every distinct callee; on a cold start, those of
+    ELSEWHERE in a second process meanwhile (compile_split.py)."""
+    from .compile_split import compile_all
+
+    distinct = list(dict.fromkeys([caller, *(c for sites in ALL_SITES for c in sites.callees())]))
+    there = [c for c in distinct if cold and any(c.function is f for f in ELSEWHERE)]
+    compile_all([c for c in distinct if c not in there], there)
+
+
+def discover(caller, signature: tuple) -> None:
+    """Each site's argument types: ``caller`` typed for ``signature``, then each nested callee
+    for the types its site passes, until no new site turns up. Nothing is compiled but the
+    kernels their typing needs (those they call directly)."""
+    type_only(caller, signature)
+    done: set[Callee] = set()
+    while pending := [c for s in ALL_SITES for c in s.callees() if c not in done and _nested(c.function)]:
+        for callee in pending:
+            done.add(callee)
+            type_only(callee.function, callee.argtypes)
+
+
+def _nested(function) -> bool:
+    return any(function is f for f in NESTED)
 
 
 def address(callee: Callee) -> int:
@@ -153,10 +215,6 @@ def address(callee: Callee) -> int:
 
 
 # -- typing a caller without compiling it ------------------------------------------------------
-
-
-class _Typed(Exception):
-    pass
 
 
 @register_pass(mutates_CFG=False, analysis_only=True)
@@ -199,28 +257,30 @@ def type_only(dispatcher, signature: tuple) -> None:
 # -- persisted argument types ------------------------------------------------------------------
 
 
-def _sites_path(name: str, signature: tuple) -> Path:
+def _sites_path(caller, signature: tuple) -> Path:
+    name = f"{caller.py_func.__module__}.{caller.py_func.__qualname__}"
     digest = hashlib.sha256(f"{name}\0{signature}".encode()).hexdigest()[:20]
     base = os.environ.get("NUMBA_CACHE_DIR") or "."
-    return Path(base) / SITES_DIR / f"{name}-{digest}.pkl"
+    return Path(base) / SITES_DIR / f"{caller.py_func.__qualname__}-{digest}.pkl"
 
 
-def save_sites(name: str, signature: tuple, argtypes: list[tuple]) -> None:
-    """Keep each site's argument types beside numba's cache (written whole or not at all)."""
-    path = _sites_path(name, signature)
+def save_sites(caller, signature: tuple) -> None:
+    """Keep every site's argument types beside numba's cache (written whole or not at all)."""
+    path = _sites_path(caller, signature)
+    typed = {sites.name: dict(sites.typed) for sites in ALL_SITES}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_bytes(pickle.dumps((signature, argtypes)))
+        partial.write_bytes(pickle.dumps((signature, typed)))
         os.replace(partial, path)
     except OSError:
         pass  # a read-only cache: the next process types the caller again
 
 
-def load_sites(name: str, signature: tuple) -> list[tuple] | None:
-    """The persisted argument types of each site for ``signature``, or None."""
+def load_sites(caller, signature: tuple) -> dict | None:
+    """The persisted argument types, {table name: {site: types}}, for ``signature``, or None."""
     try:
-        saved_signature, argtypes = pickle.loads(_sites_path(name, signature).read_bytes())
+        saved_signature, typed = pickle.loads(_sites_path(caller, signature).read_bytes())
     except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
         return None
-    return argtypes if saved_signature == signature else None
+    return typed if saved_signature == signature else None

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from .. import stage_calls
 from ..kv_cache import KVCache
 from ..quants.layout import GroupLayout
 from ..quants.matrix import FloatMatrix, GroupedMatrix, QuantMatrix
@@ -188,12 +189,9 @@ def _forward(
 ) -> None:
     """step_region.forward_rows with the addresses of its stages (stage_calls.py): compiled, or
     loaded from numba's cache, on the first call for these argument types."""
-    args = (n_threads, x, model, rows, logits, _NO_CALLS)
-    calls = step_region.STAGES.table(step_region.forward_rows, args)
-    step_region.forward_rows(*args[:-1], calls)
-
-
-_NO_CALLS = np.zeros(len(step_region.STAGES), np.int64)  # (sites,) a table's type, for typing
+    args = (n_threads, x, model, rows, logits)
+    stage_calls.prepare(step_region.forward_rows, args)
+    step_region.forward_rows(*args)
 
 
 @dataclass(frozen=True)

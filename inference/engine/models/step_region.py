@@ -12,7 +12,7 @@ import numba
 import numpy as np
 
 from ..quants.intdot import ROW_BLOCK
-from ..stage_calls import Sites
+from ..stage_calls import Sites, compile_elsewhere
 from .attention_tile import attend_scratch_size
 from .step_attention import attend_stage
 from .step_kernels import (
@@ -44,30 +44,24 @@ Scratch = namedtuple(
 # Inlined into run_stages by numba (not a function of its own): one level fewer for LLVM to
 # re-optimize on a cold start.
 # The stages are called through pointers (stage_calls.py): numba compiles each once, and the
-# region above them compiles without re-optimizing them. Site i calls STAGES.functions[i] with
-# the address calls[i].
+# region above them compiles without re-optimizing them. Site X_AT calls the function added
+# as X_AT below.
+STAGES = Sites("step_region")
 (
     PREP_QKV_AT, QKV_AT, KV_AT, ATTEND_AT, PREP_OUT_AT, OUT_STORE_AT, OUT_POST_AT, OUT_ADD_AT, PREP_FFN_AT,
     FFN_AT, PREP_DOWN_AT, DOWN_STORE_AT, FFN_POST_AT, DOWN_ADD_AT, PREP_HEAD_AT, HEAD_AT,
-) = range(16)  # fmt: skip
-STAGES = Sites(
-    "step_region",
-    [
-        prepare_stage, rows_stage, kv_stage, attend_stage, prepare_stage, rows_stage, add_normed_stage,
-        rows_stage, prepare_stage, ffn_stage, prepare_stage, rows_stage, add_normed_stage, rows_stage,
-        prepare_stage, rows_stage,
-    ],
-    # What a cold start compiles in a second process, while this one compiles the region and
-    # the products (rows_stage and ffn_stage share dot_run: one process compiles both).
-    elsewhere=(attend_stage, prepare_stage, kv_stage, add_normed_stage),
-)  # fmt: skip
+) = [STAGES.add(f) for f in (
+    prepare_stage, rows_stage, kv_stage, attend_stage, prepare_stage, rows_stage, add_normed_stage,
+    rows_stage, prepare_stage, ffn_stage, prepare_stage, rows_stage, add_normed_stage, rows_stage,
+    prepare_stage, rows_stage,
+)]  # fmt: skip
 stage = STAGES.call
 
 
 # Inlined into run_stages by numba (not a function of its own): one level fewer for LLVM to
 # re-optimize on a cold start.
 @numba.njit(cache=True, inline="always")
-def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo, calls):
+def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo):
     w, dims, eps, lin = model.weights, model.dims, model.eps, model.linears[layer]
     at, n_rows, n_layers = layer * STAGES_PER_LAYER, x.shape[0], model.linears.shape[0]
     window, rope = model.layer_info[layer, 0], model.layer_info[layer, 1]
@@ -75,63 +69,61 @@ def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo, calls):
     qkv_lin, out_lin = lin[SLOT_Q:SLOT_OUT], lin[SLOT_OUT:SLOT_GATE]
     ffn_lin, down_lin = lin[SLOT_GATE:SLOT_DOWN], lin[SLOT_DOWN:]
     all_rows, norms, qk_norms = scratch.all_rows, model.norms[layer], model.qk_norms[layer]
-    stage(calls, PREP_QKV_AT, (
+    stage(PREP_QKV_AT, (
         x, all_rows, norms[0], eps, qkv_lin, rounded, normed, solo, counters, at + PREP_QKV,
     ))  # fmt: skip
-    stage(calls, QKV_AT, (w, qkv_lin, rounded, n_rows, scratch.qkv, STORE, counters, at + QKV))
-    stage(calls, KV_AT, (
+    stage(QKV_AT, (w, qkv_lin, rounded, n_rows, scratch.qkv, STORE, counters, at + QKV))
+    stage(KV_AT, (
         scratch.qkv, qk_norms[1], eps, rows, rope, dims, layer, n_layers, counters, at + KV,
     ))  # fmt: skip
-    stage(calls, ATTEND_AT, (
+    stage(ATTEND_AT, (
         scratch.qkv, qk_norms[0], eps, rows, rope, dims, layer, n_layers, window, model.scale,
         scratch.q_buf[tid], scratch.scores[tid], scratch.attn, counters, at + ATTEND,
     ))  # fmt: skip
-    stage(calls, PREP_OUT_AT, (
+    stage(PREP_OUT_AT, (
         scratch.attn, all_rows, no_norm, eps, out_lin, rounded, normed, solo, counters, at + PREP_OUT,
     ))  # fmt: skip
     if post:
-        stage(calls, OUT_STORE_AT, (w, out_lin, rounded, n_rows, scratch.proj, STORE, counters, at + OUT))
-        stage(calls, OUT_POST_AT, (x, scratch.proj, norms[1], eps, counters, at + OUT_POST))
+        stage(OUT_STORE_AT, (w, out_lin, rounded, n_rows, scratch.proj, STORE, counters, at + OUT))
+        stage(OUT_POST_AT, (x, scratch.proj, norms[1], eps, counters, at + OUT_POST))
     else:
-        stage(calls, OUT_ADD_AT, (w, out_lin, rounded, n_rows, x, ADD, counters, at + OUT))
-    stage(calls, PREP_FFN_AT, (
+        stage(OUT_ADD_AT, (w, out_lin, rounded, n_rows, x, ADD, counters, at + OUT))
+    stage(PREP_FFN_AT, (
         x, all_rows, norms[2], eps, ffn_lin, rounded, normed, solo, counters, at + PREP_FFN,
     ))  # fmt: skip
-    stage(calls, FFN_AT, (
+    stage(FFN_AT, (
         w, ffn_lin, rounded, dims[N_FF], dims[FLAGS] & GELU, scratch.act, counters, at + FFN,
     ))  # fmt: skip
-    stage(calls, PREP_DOWN_AT, (
+    stage(PREP_DOWN_AT, (
         scratch.act, all_rows, no_norm, eps, down_lin, rounded, normed, solo, counters, at + PREP_DOWN,
     ))  # fmt: skip
     if post:
-        stage(calls, DOWN_STORE_AT, (w, down_lin, rounded, n_rows, scratch.proj, STORE, counters, at + DOWN))
-        stage(calls, FFN_POST_AT, (x, scratch.proj, norms[3], eps, counters, at + FFN_POST))
+        stage(DOWN_STORE_AT, (w, down_lin, rounded, n_rows, scratch.proj, STORE, counters, at + DOWN))
+        stage(FFN_POST_AT, (x, scratch.proj, norms[3], eps, counters, at + FFN_POST))
     else:
-        stage(calls, DOWN_ADD_AT, (w, down_lin, rounded, n_rows, x, ADD, counters, at + DOWN))
+        stage(DOWN_ADD_AT, (w, down_lin, rounded, n_rows, x, ADD, counters, at + DOWN))
 
 
-@numba.njit(cache=True, inline="always")  # into forward_rows' loop: one LLVM level fewer
-def run_stages(tid, x, model, rows, scratch, logits, counters, solo, calls):
+@numba.njit(cache=True)
+def run_stages(tid, x, model, rows, scratch, logits, counters, solo):
     """Every stage of one forward, as thread ``tid`` of the region sees it."""
     copy = np.int64(tid) if solo else np.int64(0)
     rounded = Rounded(scratch.values[copy], scratch.ints[copy], scratch.int_scales[copy], scratch.sums[copy])
     n_layers = model.linears.shape[0]
     for layer in range(n_layers):
-        _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo, calls)
+        _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo)
     head_rows = rows.head_rows
     if head_rows.shape[0] > 0:
         at = n_layers * STAGES_PER_LAYER
-        normed = scratch.normed[tid]
-        stage(
-            calls,
-            PREP_HEAD_AT,
-            (x, head_rows, model.output_norm, model.eps, model.head, rounded, normed, solo, counters, at),
-        )
-        stage(
-            calls,
-            HEAD_AT,
-            (model.weights, model.head, rounded, head_rows.shape[0], logits, STORE, counters, at + 1),
-        )
+        normed, n_head = scratch.normed[tid], head_rows.shape[0]
+        stage(PREP_HEAD_AT, (x, head_rows, model.output_norm, model.eps, model.head, rounded, normed, solo, counters, at))
+        stage(HEAD_AT, (model.weights, model.head, rounded, n_head, logits, STORE, counters, at + 1))
+
+
+# The region's body is one pointer call of run_stages: the parallel loop's lowering (numba
+# compiles its body as a gufunc, then a wrapper) stays small, and run_stages, compiled once
+# as a kernel of its own, can go to the second process of a cold start.
+RUN_AT = STAGES.add(run_stages, nested=True)
 
 
 # Only the prange loop runs in parallel: numba's other parallel rewrites (np.zeros as a
@@ -143,11 +135,11 @@ PRANGE_ONLY = {
 
 
 @numba.njit(parallel=PRANGE_ONLY, cache=True)
-def forward_rows(n_threads, x, model, rows, logits, calls):
+def forward_rows(n_threads, x, model, rows, logits):
     """Rows x (N, n_embd) through every layer, updated in place; each row's k and v go to its
     cache at its position; logits (M, vocab) get the head's output for rows.head_rows.
-    ``model`` is the StepModel fused.FusedForward builds; ``calls`` the stages' addresses
-    (STAGES.table). One region of ``n_threads`` threads.
+    ``model`` is the StepModel fused.FusedForward builds. One region of ``n_threads`` threads;
+    stage_calls.prepare(forward_rows, args) first (the stages' addresses).
     The scratch is allocated here, in the function holding the region: a numba function per
     level costs a cold start seconds (each level re-optimizes every kernel it calls)."""
     dims, n_rows, n_embd = model.dims, x.shape[0], x.shape[1]
@@ -179,11 +171,16 @@ def forward_rows(n_threads, x, model, rows, logits, calls):
     for tid in numba.prange(n_threads):
         # np.int64: the loop index is int64 where numba types this body and uint64 where the
         # parallel loop runs it, and each would compile its own run_stages (~8 s of a cold start).
-        run_stages(
+        stage(RUN_AT, (
             np.int64(tid), x,
             StepModel(StepWeights(q, scales, mins, bias, floats, gelu), linears, head, norms, qk_norms,
                       output_norm, layer_info, dims, eps, scale),
             StepRows(positions, caches, cos, sin, head_rows),
             Scratch(qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, all_rows),
-            logits, (claimed, done), solo, calls,
-        )  # fmt: skip
+            logits, (claimed, done), solo,
+        ))  # fmt: skip
+
+
+# What a cold start compiles in a second process while this one compiles the rest
+# (compile_split.py).
+compile_elsewhere(forward_rows, attend_stage, add_normed_stage)
