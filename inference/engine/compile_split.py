@@ -1,10 +1,11 @@
 """Compiling kernels on both cores: part of a cold start's list in a second process.
 
 numba compiles on one thread. Once the fused forward's callees are known (stage_calls.py),
-``compile_all`` starts ``python -m inference.engine.compile_split`` on the ones given as
-``elsewhere`` while this process compiles its own; the second process writes what it compiles
-into numba's on-disk cache (it inherits NUMBA_CACHE_DIR, so the same keyed directory), and this
-process then loads them from there. Work is split by function, never one function's signatures
+``start`` runs ``python -m inference.engine.compile_split`` on the caller and its argument
+types: it finds the callees as this process does (typing, stage_calls.discover) and compiles
+those of stage_calls.ELSEWHERE, while this process compiles the others (``compile_all``). The
+second process writes what it compiles into numba's on-disk cache (it inherits
+NUMBA_CACHE_DIR, so the same keyed directory), and this process then loads them from there. Work is split by function, never one function's signatures
 across both processes: two processes never write one kernel's cache index. (Small helpers
 both halves call may be compiled and saved by both: the same code under the same name.)
 
@@ -31,20 +32,17 @@ CHILD_TIMEOUT = 900.0  # seconds: a loaded machine compiles several times slower
 SPLIT_VARIABLE = "LMSERVE_COMPILE_SPLIT"  # "0": compile everything in this process
 
 
-def compile_all(here: list, elsewhere: list, command: list[str] | None = None) -> bool:
-    """Compile (or load from numba's cache) every Callee of ``here`` in this process and of
-    ``elsewhere`` in a second process at the same time, then load those here. ``command``
-    replaces the second process's command line (tests). Returns whether the second process
-    compiled its part (False: this process did)."""
-    child = _start(elsewhere, command) if elsewhere and os.environ.get(SPLIT_VARIABLE) != "0" else None
+def compile_all(here: list, elsewhere: list, helper: subprocess.Popen | None) -> bool:
+    """Compile (or load from numba's cache) every Callee of ``here`` in this process while the
+    second process ``helper`` (start()) compiles those of ``elsewhere``, then load those here
+    (or compile them, if it failed). Returns whether the second process did its part."""
     started = time.perf_counter()
     for callee in here:
         callee.function.compile(callee.argtypes)
-    if child is None:
-        helped = False
-    else:
+    helped = False
+    if helper is not None:
         own = time.perf_counter() - started
-        helped = _finished(child)
+        helped = _finished(helper)
         waited = time.perf_counter() - started - own
         log.info("this process compiled its part in %.1f s, then waited %.1f s for the second", own, waited)
     for callee in elsewhere:
@@ -52,14 +50,13 @@ def compile_all(here: list, elsewhere: list, command: list[str] | None = None) -
     return helped
 
 
-def _job(callees: list) -> bytes:
-    """What the second process compiles: (module, name, argument types) of each callee."""
-    return pickle.dumps(
-        [(c.function.py_func.__module__, c.function.py_func.__qualname__, c.argtypes) for c in callees]
-    )
-
-
-def _start(callees: list, command: list[str] | None) -> subprocess.Popen | None:
+def start(caller, signature: tuple, command: list[str] | None = None) -> subprocess.Popen | None:
+    """The second process, started on ``caller`` (a numba dispatcher) for ``signature``: it
+    finds the callees as this one does (stage_calls.discover) and compiles those of
+    stage_calls.ELSEWHERE. None if it cannot start or LMSERVE_COMPILE_SPLIT is 0. ``command``
+    replaces its command line (tests)."""
+    if os.environ.get(SPLIT_VARIABLE) == "0":
+        return None
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     argv = command or [sys.executable, "-m", "inference.engine.compile_split"]
@@ -73,12 +70,13 @@ def _start(callees: list, command: list[str] | None) -> subprocess.Popen | None:
         log.warning("compiling in one process: the second could not start (%s)", error)
         return None
     child.errors = errors
+    function = caller.py_func
     try:
-        child.stdin.write(_job(callees))
+        child.stdin.write(pickle.dumps((function.__module__, function.__qualname__, signature)))
         child.stdin.close()
     except OSError:
         pass  # it died at once: _finished reports its exit
-    log.info("compiling %d of the engine's kernels in a second process (pid %d)", len(callees), child.pid)
+    log.info("compiling the engine's kernels in two processes (the second: pid %d)", child.pid)
     return child
 
 
@@ -107,16 +105,23 @@ def _finished(child: subprocess.Popen) -> bool:
 
 
 def main() -> None:
-    """The second process: compile the callees pickled on stdin into numba's on-disk cache."""
+    """The second process: find the callees of the caller pickled on stdin (module, name,
+    argument types) and compile those of stage_calls.ELSEWHERE into numba's on-disk cache."""
     started, cpu = time.perf_counter(), time.process_time()
-    import inference.engine  # noqa: F401  (keys the cache directory first, as the parent's)
+    from . import stage_calls  # the package first keys the cache directory, as the parent's
 
-    job = pickle.loads(sys.stdin.buffer.read())
-    for module, name, argtypes in job:
-        function = getattr(importlib.import_module(module), name)
-        function.compile(argtypes)
+    module, name, signature = pickle.loads(sys.stdin.buffer.read())
+    caller = getattr(importlib.import_module(module), name)
+    stage_calls.discover(caller, signature)
+    mine = [
+        c
+        for c in [stage_calls.Callee(caller, signature), *stage_calls.all_callees()]
+        if stage_calls.compiled_elsewhere(c)
+    ]
+    for callee in mine:
+        callee.function.compile(callee.argtypes)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-    print(f"compiled {len(job)} kernels in {wall:.1f} s ({cpu:.1f} s CPU)", file=sys.stderr)
+    print(f"compiled {len(mine)} kernels in {wall:.1f} s ({cpu:.1f} s CPU)", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,9 @@ from numba.extending import intrinsic
 SITES_DIR = "lmserve_sites"  # under NUMBA_CACHE_DIR: the persisted argument types of each site
 
 
-CAPACITY = 64  # sites per table: the table's memory never moves once its symbol is registered
+# Slots per table: a callee's slot is a hash of its name and argument types (the same in every
+# process, so cached code reads the right one). calloc'd: untouched pages cost no memory.
+SLOTS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -62,39 +64,45 @@ def _pointer_call(context, builder, address, argtypes, args):
 
 
 def _table_global(module, symbol: str):
-    """The external global ``symbol`` ([CAPACITY x i64]) declared in ``module``: resolved by
+    """The external global ``symbol`` ([SLOTS x i64]) declared in ``module``: resolved by
     name when the code is loaded, from this process's llvmlite symbol table."""
     table = module.globals.get(symbol)
     if table is None:
-        table = ir.GlobalVariable(module, ir.ArrayType(ir.IntType(64), CAPACITY), symbol)
+        table = ir.GlobalVariable(module, ir.ArrayType(ir.IntType(64), SLOTS), symbol)
         table.linkage = "external"
     return table
 
 
+def slot_of(callee: Callee) -> int:
+    """The table slot of a callee compiled for its argument types."""
+    function = callee.function.py_func
+    name = f"{function.__module__}.{function.__qualname__}\0{callee.argtypes}"
+    if "0x" in name:  # a type named by an address would hash differently in each process
+        raise errors.TypingError(f"a pointer call's argument types must not name addresses: {name}")
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little") % SLOTS
+
+
 class Sites:
-    """The pointer-call sites of one module; site i calls ``functions[i]`` (module docstring).
-    Its address table lives in this process and is named to the linker by ``symbol``: compiled
-    code reads it by that name, so code loaded from numba's cache finds this process's table."""
+    """The pointer-call sites of one module: site i calls ``functions[i]``, each distinct
+    argument types at slot_of(...) of the module's address table (module docstring). The
+    table lives in this process and is named to the linker by ``symbol``: compiled code reads
+    it by that name, so code loaded from numba's cache finds this process's table."""
 
     def __init__(self, name: str):
         self.name = name
         self.symbol = f"lmserve_sites_{name}"
         self.functions: list = []
-        self.typed: dict[int, tuple] = {}  # site -> the argument types its call passes
-        self.addresses = np.zeros(CAPACITY, np.int64)  # (CAPACITY,) where each site's callee starts
+        self.typed: set[tuple[int, tuple]] = set()  # (site, argument types) seen by typing
+        self.slots: dict[int, Callee] = {}  # slot -> its callee
+        self.addresses = np.zeros(SLOTS, np.int64)  # (SLOTS,) where each slot's callee starts
         binding.add_symbol(self.symbol, self.addresses.ctypes.data)
         self.call = self._make_intrinsic()
         ALL_SITES.append(self)
 
-    def __len__(self) -> int:
-        return len(self.functions)
-
     def add(self, function, nested: bool = False) -> int:
-        """One more site calling ``function``; its index (a constant the caller passes to
-        ``call``). ``nested``: ``function`` makes pointer calls itself, so typing it finds
-        more sites. A function that makes pointer calls must only be called through one."""
-        if len(self.functions) == CAPACITY:
-            raise ValueError(f"{self.name}: more than {CAPACITY} sites")
+        """A site calling ``function``; its index (a constant the caller passes to ``call``).
+        ``nested``: ``function`` makes pointer calls itself, so typing it finds more sites. A
+        function that makes pointer calls runs only after prepare() (or through a pointer)."""
         self.functions.append(function)
         if nested:
             NESTED.append(function)
@@ -109,15 +117,15 @@ class Sites:
                 raise errors.TypingError(f"{sites.name}: a pointer call's site must be a constant")
             if not isinstance(args, types.BaseTuple):
                 raise errors.TypingError(f"{sites.name}: a pointer call's arguments must be a tuple")
-            sites.record(site.literal_value, tuple(args.types))
-            index = site.literal_value
+            slot = sites.record(site.literal_value, tuple(args.types))
+            name = sites.functions[site.literal_value].py_func.__qualname__
 
             def codegen(context, builder, signature, llvm_args):
                 table = _table_global(builder.module, sites.symbol)
-                at = [ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), index)]
+                at = [ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), slot)]
                 address = builder.load(builder.gep(table, at))
                 with cgutils.if_unlikely(builder, cgutils.is_null(builder, address)):
-                    message = f"{sites.name} site {index}: no address (stage_calls.prepare not run)"
+                    message = f"{name} has no address: run stage_calls.prepare on the caller first"
                     context.call_conv.return_user_exc(builder, RuntimeError, (message,))
                 argtypes = list(signature.args[1].types)
                 values = cgutils.unpack_tuple(builder, llvm_args[1], len(argtypes))
@@ -128,20 +136,16 @@ class Sites:
 
         return call
 
-    def record(self, site: int, argtypes: tuple) -> None:
-        """Site ``site`` passes ``argtypes``: one signature per site and process (its callee
-        has one address)."""
+    def record(self, site: int, argtypes: tuple) -> int:
+        """Site ``site`` passes ``argtypes``; the slot of its callee for them."""
         if not 0 <= site < len(self.functions):
             raise errors.TypingError(f"{self.name}: no site {site}")
-        known = self.typed.setdefault(site, argtypes)
-        if known != argtypes:
-            raise errors.TypingError(
-                f"{self.name}: site {site} ({self.functions[site].py_func.__qualname__}) called with "
-                f"{argtypes}, already with {known}"
-            )
-
-    def callees(self) -> list[Callee]:
-        return [Callee(self.functions[i], argtypes) for i, argtypes in sorted(self.typed.items())]
+        callee = Callee(self.functions[site], argtypes)
+        slot = slot_of(callee)
+        if self.slots.setdefault(slot, callee) != callee:
+            raise errors.TypingError(f"{self.name}: {callee} and {self.slots[slot]} hash to one slot")
+        self.typed.add((site, argtypes))
+        return slot
 
 
 ALL_SITES: list[Sites] = []  # every table, in import order
@@ -159,33 +163,38 @@ def prepare(caller, args: tuple) -> None:
     """Make ``caller`` (a numba dispatcher) callable with ``args``: every site it reaches,
     directly or through other pointer calls, has its callee compiled (or loaded from numba's
     cache) for the types the site passes, and its address in its table."""
+    from . import compile_split
+
     signature = tuple(caller.typeof_pyval(a) for a in args)
     if (caller, signature) in _prepared:
         return
     saved = load_sites(caller, signature)
-    cold = saved is None
-    if cold:
+    helper = None
+    if saved is None:  # a cold start: a second process discovers too, and compiles ELSEWHERE
+        helper = compile_split.start(caller, signature)
         discover(caller, signature)
         save_sites(caller, signature)
     else:
         for sites in ALL_SITES:
-            for site, argtypes in saved.get(sites.name, {}).items():
+            for site, argtypes in saved.get(sites.name, ()):
                 sites.record(site, argtypes)
-    compile_callees(Callee(caller, signature), cold)
+    everything = list(dict.fromkeys([Callee(caller, signature), *all_callees()]))
+    there = [c for c in everything if helper is not None and compiled_elsewhere(c)]
+    compile_split.compile_all([c for c in everything if c not in there], there, helper)
     for sites in ALL_SITES:
-        for site, argtypes in sites.typed.items():
-            sites.addresses[site] = address(Callee(sites.functions[site], argtypes))
+        for slot, callee in sites.slots.items():
+            sites.addresses[slot] = address(callee)
     _prepared.add((caller, signature))
 
 
-def compile_callees(caller: Callee, cold: bool) -> None:
-    """Compile (or load) the caller and every distinct callee; on a cold start, those of
-    ELSEWHERE in a second process meanwhile (compile_split.py)."""
-    from .compile_split import compile_all
+def all_callees() -> list[Callee]:
+    """Every callee typing has reached so far, each table's in slot order."""
+    return [callee for sites in ALL_SITES for _, callee in sorted(sites.slots.items())]
 
-    distinct = list(dict.fromkeys([caller, *(c for sites in ALL_SITES for c in sites.callees())]))
-    there = [c for c in distinct if cold and any(c.function is f for f in ELSEWHERE)]
-    compile_all([c for c in distinct if c not in there], there)
+
+def compiled_elsewhere(callee: Callee) -> bool:
+    """Whether a cold start compiles ``callee`` in the second process."""
+    return any(callee.function is f for f in ELSEWHERE)
 
 
 def discover(caller, signature: tuple) -> None:
@@ -194,7 +203,7 @@ def discover(caller, signature: tuple) -> None:
     kernels their typing needs (those they call directly)."""
     type_only(caller, signature)
     done: set[Callee] = set()
-    while pending := [c for s in ALL_SITES for c in s.callees() if c not in done and _nested(c.function)]:
+    while pending := [c for c in all_callees() if c not in done and _nested(c.function)]:
         for callee in pending:
             done.add(callee)
             type_only(callee.function, callee.argtypes)
@@ -267,7 +276,7 @@ def _sites_path(caller, signature: tuple) -> Path:
 def save_sites(caller, signature: tuple) -> None:
     """Keep every site's argument types beside numba's cache (written whole or not at all)."""
     path = _sites_path(caller, signature)
-    typed = {sites.name: dict(sites.typed) for sites in ALL_SITES}
+    typed = {sites.name: sorted(sites.typed, key=str) for sites in ALL_SITES}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
@@ -278,7 +287,7 @@ def save_sites(caller, signature: tuple) -> None:
 
 
 def load_sites(caller, signature: tuple) -> dict | None:
-    """The persisted argument types, {table name: {site: types}}, for ``signature``, or None."""
+    """The persisted argument types, {table name: [(site, types)]}, for ``signature``, or None."""
     try:
         saved_signature, typed = pickle.loads(_sites_path(caller, signature).read_bytes())
     except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):

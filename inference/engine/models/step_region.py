@@ -13,7 +13,8 @@ import numpy as np
 
 from ..quants.intdot import ROW_BLOCK
 from ..stage_calls import Sites, compile_elsewhere
-from .attention_tile import attend_scratch_size
+from .attention_tile import attend_scratch_size, attend_tile
+from .kernels import attend_head
 from .step_attention import attend_stage
 from .step_kernels import (
     ADD, ATTEND, COLS, DOWN, FFN, FFN_POST, FLAGS, GELU, HEAD_DIM, KV, N_FF, N_HEADS, N_KV, OUT, OUT_POST,
@@ -50,7 +51,7 @@ STAGES = Sites("step_region")
 (
     PREP_QKV_AT, QKV_AT, KV_AT, ATTEND_AT, PREP_OUT_AT, OUT_STORE_AT, OUT_POST_AT, OUT_ADD_AT, PREP_FFN_AT,
     FFN_AT, PREP_DOWN_AT, DOWN_STORE_AT, FFN_POST_AT, DOWN_ADD_AT, PREP_HEAD_AT, HEAD_AT,
-) = [STAGES.add(f) for f in (
+) = [STAGES.add(f, nested=f in (rows_stage, ffn_stage, attend_stage)) for f in (
     prepare_stage, rows_stage, kv_stage, attend_stage, prepare_stage, rows_stage, add_normed_stage,
     rows_stage, prepare_stage, ffn_stage, prepare_stage, rows_stage, add_normed_stage, rows_stage,
     prepare_stage, rows_stage,
@@ -116,7 +117,10 @@ def run_stages(tid, x, model, rows, scratch, logits, counters, solo):
     if head_rows.shape[0] > 0:
         at = n_layers * STAGES_PER_LAYER
         normed, n_head = scratch.normed[tid], head_rows.shape[0]
-        stage(PREP_HEAD_AT, (x, head_rows, model.output_norm, model.eps, model.head, rounded, normed, solo, counters, at))
+        stage(
+            PREP_HEAD_AT,
+            (x, head_rows, model.output_norm, model.eps, model.head, rounded, normed, solo, counters, at),
+        )
         stage(HEAD_AT, (model.weights, model.head, rounded, n_head, logits, STORE, counters, at + 1))
 
 
@@ -134,35 +138,49 @@ PRANGE_ONLY = {
 }  # fmt: skip
 
 
+def new_scratch(
+    n_threads: int, x: np.ndarray, model: StepModel, rows: StepRows
+) -> tuple[Scratch, np.ndarray]:
+    """The scratch of one forward of the rows x, and its stage counters (claimed | done).
+    Allocated by numpy here, not in forward_rows: compiled, the allocations cost a cold start
+    ~2 s (numba turned np.zeros into parallel loops of their own in forward_rows, and
+    compiled each np.empty/np.zeros shape), and here they take microseconds."""
+    dims, n_rows, n_embd = model.dims, x.shape[0], x.shape[1]
+    n_heads, n_kv, hd, n_ff = (int(dims[i]) for i in (N_HEADS, N_KV, HEAD_DIM, N_FF))
+    max_cols = int(max(model.linears[:, :, COLS].max(), model.head[0, COLS]))
+    n_stages = (model.linears.shape[0] + 1) * STAGES_PER_LAYER
+    copies = n_threads if n_rows <= SOLO_ROWS else 1
+    padded = -(-n_rows // ROW_BLOCK) * ROW_BLOCK  # rounded inputs: whole blocks of rows, zero padding
+    attend_floats = attend_scratch_size(int(rows.positions.max()) + 1, hd, hd, n_heads // n_kv)
+    rounded_shape = (copies, 3, padded, max_cols)  # (copies, slots, rows, cols)
+    groups_shape = (copies, 3, padded, max_cols // 16)  # (copies, slots, rows, groups)
+    scratch = Scratch(
+        np.empty((n_rows, (n_heads + 2 * n_kv) * hd), np.float32),  # qkv (N, q|k|v)
+        np.empty((n_rows, n_heads * hd), np.float32),  # attn (N, heads * hd) attention output
+        np.empty((n_rows, n_ff), np.float32),  # act (N, n_ff) activated gate * up
+        np.empty((n_rows, n_embd), np.float32),  # proj (N, n_embd) a product before its post norm
+        np.empty((n_threads, n_embd), np.float32),  # normed (threads, n_embd) a normed row
+        np.empty(rounded_shape, np.float32),  # values: rounded inputs
+        np.zeros(rounded_shape, np.int8),  # ints: their integer codes
+        np.zeros(groups_shape, np.float32),  # int_scales: code scales
+        np.zeros(groups_shape, np.float32),  # sums: group sums
+        np.empty((n_threads, hd), np.float32),  # q_buf (threads, hd) one q head
+        np.empty((n_threads, attend_floats), np.float32),  # scores (threads, attention scratch)
+        np.arange(n_rows, dtype=np.int64),  # all_rows (N,) every row, in order
+    )  # fmt: skip
+    return scratch, np.zeros((2, n_stages), np.int64)  # (claimed | done, stages)
+
+
 @numba.njit(parallel=PRANGE_ONLY, cache=True)
-def forward_rows(n_threads, x, model, rows, logits):
+def forward_rows(n_threads, x, model, rows, logits, scratch, counters):
     """Rows x (N, n_embd) through every layer, updated in place; each row's k and v go to its
     cache at its position; logits (M, vocab) get the head's output for rows.head_rows.
-    ``model`` is the StepModel fused.FusedForward builds. One region of ``n_threads`` threads;
-    stage_calls.prepare(forward_rows, args) first (the stages' addresses).
-    The scratch is allocated here, in the function holding the region: a numba function per
-    level costs a cold start seconds (each level re-optimizes every kernel it calls)."""
-    dims, n_rows, n_embd = model.dims, x.shape[0], x.shape[1]
-    n_heads, hd = dims[N_HEADS], dims[HEAD_DIM]
-    max_cols = max(model.linears[:, :, COLS].max(), model.head[0, COLS])
-    n_stages = (model.linears.shape[0] + 1) * STAGES_PER_LAYER
-    solo = n_rows <= SOLO_ROWS
-    copies = n_threads if solo else 1
-    padded = -(-n_rows // ROW_BLOCK) * ROW_BLOCK  # rounded inputs: whole blocks of rows, zero padding
-    attend_floats = attend_scratch_size(rows.positions.max() + 1, hd, hd, n_heads // dims[N_KV])
-    qkv = np.empty((n_rows, (n_heads + 2 * dims[N_KV]) * hd), np.float32)  # (N, q|k|v)
-    attn = np.empty((n_rows, n_heads * hd), np.float32)  # (N, heads * hd) attention output
-    act = np.empty((n_rows, dims[N_FF]), np.float32)  # (N, n_ff) activated gate * up
-    proj = np.empty((n_rows, n_embd), np.float32)  # (N, n_embd) a product before its post norm
-    normed = np.empty((n_threads, n_embd), np.float32)  # (threads, n_embd) a normed row
-    values = np.empty((copies, 3, padded, max_cols), np.float32)  # (copies, slots, rows, cols) rounded inputs
-    ints = np.zeros((copies, 3, padded, max_cols), np.int8)  # their integer codes
-    int_scales = np.zeros((copies, 3, padded, max_cols // 16), np.float32)  # (.., groups) code scales
-    sums = np.zeros((copies, 3, padded, max_cols // 16), np.float32)  # group sums
-    q_buf = np.empty((n_threads, hd), np.float32)  # (threads, hd) one q head
-    scores = np.empty((n_threads, attend_floats), np.float32)  # (threads, attention scratch)
-    all_rows = np.arange(n_rows)  # (N,) every row, in order
-    claimed, done = np.zeros(n_stages, np.int64), np.zeros(n_stages, np.int64)  # per stage
+    ``model`` is the StepModel fused.FusedForward builds, ``scratch`` and ``counters`` from
+    new_scratch. One region of ``n_threads`` threads; stage_calls.prepare(forward_rows, args)
+    first (the stages' addresses)."""
+    solo = x.shape[0] <= SOLO_ROWS
+    qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, all_rows = scratch
+    claimed, done = counters[0], counters[1]
     # A parallel loop's body may only capture arrays and scalars, not tuples of arrays: unpack
     # here, repack per thread.
     q, scales, mins, bias, floats, gelu = model.weights
@@ -181,6 +199,20 @@ def forward_rows(n_threads, x, model, rows, logits):
         ))  # fmt: skip
 
 
-# What a cold start compiles in a second process while this one compiles the rest
-# (compile_split.py).
-compile_elsewhere(forward_rows, attend_stage, add_normed_stage)
+# What a cold start compiles in a second process while this one compiles the rest, dot_run and
+# prepare_stage (compile_split.py). CPU seconds of each on an empty cache, SmolLM2 on the
+# AVX-512 VNNI machine (2026-12-01): here dot_run 6.6, prepare_stage 3.0; there attend_tile
+# 2.7, forward_rows 1.6, run_stages 1.2, attend_head 1.2, attend_stage 0.8, kv_stage 0.6,
+# rows_stage 0.5, ffn_stage 0.4, add_normed_stage 0.3. Both first type the forward
+# (stage_calls.discover), ~2-3 s.
+compile_elsewhere(
+    forward_rows,
+    run_stages,
+    attend_stage,
+    attend_tile,
+    attend_head,
+    kv_stage,
+    add_normed_stage,
+    rows_stage,
+    ffn_stage,
+)
