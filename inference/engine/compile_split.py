@@ -1,16 +1,17 @@
 """Compiling kernels on both cores: part of a cold start's list in a second process.
 
-numba compiles on one thread. Once the fused forward's callees are known (stage_calls.py),
-``start`` runs ``python -m inference.engine.compile_split`` on the caller and its argument
-types: it finds the callees as this process does (typing, stage_calls.discover) and compiles
-those of stage_calls.ELSEWHERE, while this process compiles the others (``compile_all``). The
-second process writes what it compiles into numba's on-disk cache (it inherits
-NUMBA_CACHE_DIR, so the same keyed directory), and this process then loads them from there. Work is split by function, never one function's signatures
-across both processes: two processes never write one kernel's cache index. (Small helpers
-both halves call may be compiled and saved by both: the same code under the same name.)
+numba compiles on one thread. On a cold start, ``start`` runs ``python -m
+inference.engine.compile_split`` on the fused forward's caller and its argument types: it finds
+the callees as this process does (stage_calls.discover, by typing) and compiles those of
+stage_calls.ELSEWHERE, while this process compiles the others (``compile_all``). The second
+process writes what it compiles into numba's on-disk cache (it inherits NUMBA_CACHE_DIR: the
+same keyed directory), and this process then loads them from there. Work is split by
+function, never one function's signatures across both processes: two processes never write
+one kernel's cache index. (Small helpers both halves call may be compiled and saved by both:
+the same code under the same name, whichever index write lands last.)
 
 If the second process cannot start, fails or times out, this process compiles its part too,
-and says so on the log: slower, never wrong.
+and says so on the log: slower, never wrong. LMSERVE_COMPILE_SPLIT=0 compiles in one process.
 """
 
 from __future__ import annotations

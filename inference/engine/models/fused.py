@@ -184,7 +184,9 @@ class FusedForward:
         return x
 
 
-def _forward(n_threads: int, x: np.ndarray, model: sk.StepModel, rows: sk.StepRows, logits: np.ndarray):
+def _forward(
+    n_threads: int, x: np.ndarray, model: sk.StepModel, rows: sk.StepRows, logits: np.ndarray
+) -> None:
     """step_region.forward_rows with its scratch, its stages' addresses ready (stage_calls.py:
     compiled, or loaded from numba's cache, on the first call for these argument types)."""
     scratch, counters = step_region.new_scratch(n_threads, x, model, rows)

@@ -284,7 +284,9 @@ def rows_stage(weights, linears, rounded, n_rows, out, accumulate, counters, sta
             lo, hi = max(a, offset), min(b, offset + linears[k, ROWS])
             if lo < hi:
                 r0, r1 = lo - offset, hi - offset
-                kernel_call(DOT_RUN_AT, (weights, linears[k], rounded, k, n_rows, r0, r1, out, lo, accumulate, scratch))
+                kernel_call(DOT_RUN_AT, (
+                    weights, linears[k], rounded, k, n_rows, r0, r1, out, lo, accumulate, scratch,
+                ))  # fmt: skip
             offset += linears[k, ROWS]
         mark_done(done, stage)
         item = claim(claimed, stage)
@@ -340,13 +342,17 @@ def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage):
     while item < n_items:
         a, b = item * per_item, min(n_ff, (item + 1) * per_item)
         gate, up = tile[0], tile[1]  # (N, item) each, the first b - a columns used
-        kernel_call(DOT_RUN_AT, (weights, linears[0], rounded, SLOT0, n_rows, a, b, gate, COLUMN0, STORE, scratch))
+        kernel_call(DOT_RUN_AT, (
+            weights, linears[0], rounded, SLOT0, n_rows, a, b, gate, COLUMN0, STORE, scratch,
+        ))  # fmt: skip
         if stacked:
             kernel_call(DOT_RUN_AT, (
                 weights, linears[0], rounded, SLOT0, n_rows, n_ff + a, n_ff + b, up, COLUMN0, STORE, scratch,
             ))  # fmt: skip
         else:
-            kernel_call(DOT_RUN_AT, (weights, linears[1], rounded, SLOT1, n_rows, a, b, up, COLUMN0, STORE, scratch))
+            kernel_call(DOT_RUN_AT, (
+                weights, linears[1], rounded, SLOT1, n_rows, a, b, up, COLUMN0, STORE, scratch,
+            ))  # fmt: skip
         for n in range(n_rows):
             if gelu:
                 gate_bits, table = gate[n].view(np.uint32), weights.gelu
