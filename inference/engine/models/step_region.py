@@ -1,7 +1,11 @@
 """The parallel region of the fused forward (step_kernels.py): every thread walks every stage.
 
-``forward_rows`` allocates the scratch for N rows and starts one region of n_threads threads;
-each runs ``run_stages`` over the same stage list, sharing the work through counters.
+``forward_rows`` starts one region of n_threads threads over scratch new_scratch allocated;
+each runs ``run_stages`` over the same stage list, sharing the work through counters. The
+region calls run_stages, and run_stages the stages, through function pointers
+(stage_calls.py): each is compiled once, as a kernel of its own, and a cold start compiles
+part of them in a second process (compile_split.py). stage_calls.prepare(forward_rows, args)
+makes their addresses ready before the first call (fused.FusedForward does).
 """
 
 from __future__ import annotations
