@@ -113,7 +113,7 @@ def main() -> None:
 
     module, name, signature = pickle.loads(sys.stdin.buffer.read())
     caller = getattr(importlib.import_module(module), name)
-    stage_calls.discover(caller, signature)
+    stage_calls.discover(caller, signature, "there")
     mine = [
         c
         for c in [stage_calls.Callee(caller, signature), *stage_calls.all_callees()]

@@ -99,13 +99,13 @@ class Sites:
         self.call = self._make_intrinsic()
         ALL_SITES.append(self)
 
-    def add(self, function, nested: bool = False) -> int:
+    def add(self, function, calls_through: Sites | None = None) -> int:
         """A site calling ``function``; its index (a constant the caller passes to ``call``).
-        ``nested``: ``function`` makes pointer calls itself, so typing it finds more sites. A
-        function that makes pointer calls runs only after prepare() (or through a pointer)."""
+        ``calls_through``: the table ``function`` itself makes pointer calls through, so typing
+        it finds more sites. A function that makes pointer calls runs only after prepare()."""
         self.functions.append(function)
-        if nested:
-            NESTED.append(function)
+        if calls_through is not None:
+            NESTED.append((function, calls_through))
         return len(self.functions) - 1
 
     def _make_intrinsic(self):
@@ -149,7 +149,7 @@ class Sites:
 
 
 ALL_SITES: list[Sites] = []  # every table, in import order
-NESTED: list = []  # functions that make pointer calls themselves
+NESTED: list[tuple] = []  # (function, the Sites it makes pointer calls through)
 ELSEWHERE: list = []  # functions a cold start compiles in the second process
 _prepared: set[tuple] = set()  # callers' signatures whose sites have addresses
 
@@ -172,8 +172,7 @@ def prepare(caller, args: tuple) -> None:
     helper = None
     if saved is None:  # a cold start: a second process discovers too, and compiles ELSEWHERE
         helper = compile_split.start(caller, signature)
-        discover(caller, signature)
-        save_sites(caller, signature)
+        discover(caller, signature, "here" if helper is not None else "all")
     else:
         for sites in ALL_SITES:
             for site, argtypes in saved.get(sites.name, ()):
@@ -181,6 +180,9 @@ def prepare(caller, args: tuple) -> None:
     everything = list(dict.fromkeys([Callee(caller, signature), *all_callees()]))
     there = [c for c in everything if helper is not None and compiled_elsewhere(c)]
     compile_split.compile_all([c for c in everything if c not in there], there, helper)
+    if saved is None:
+        discover(caller, signature)  # the sites left to the other process: their helpers cached now
+        save_sites(caller, signature)
     for sites in ALL_SITES:
         for slot, callee in sites.slots.items():
             sites.addresses[slot] = address(callee)
@@ -197,20 +199,39 @@ def compiled_elsewhere(callee: Callee) -> bool:
     return any(callee.function is f for f in ELSEWHERE)
 
 
-def discover(caller, signature: tuple) -> None:
+def discover(caller, signature: tuple, side: str = "all") -> None:
     """Each site's argument types: ``caller`` typed for ``signature``, then each nested callee
     for the types its site passes, until no new site turns up. Nothing is compiled but the
-    kernels their typing needs (those they call directly)."""
-    type_only(caller, signature)
+    kernels their typing needs (those they call directly). ``side`` "here" or "there" (the
+    two processes of a cold start) skips the nested callees whose sites call only what the
+    other process compiles (typing attend_stage compiles ~2 s of helpers)."""
+    _type_once(Callee(caller, signature))
     done: set[Callee] = set()
-    while pending := [c for c in all_callees() if c not in done and _nested(c.function)]:
+    while pending := [c for c in all_callees() if c not in done and _table_of(c.function) is not None]:
         for callee in pending:
             done.add(callee)
-            type_only(callee.function, callee.argtypes)
+            if _wanted(_table_of(callee.function), side):
+                _type_once(callee)
 
 
-def _nested(function) -> bool:
-    return any(function is f for f in NESTED)
+_typed: set[Callee] = set()  # what type_only has typed in this process
+
+
+def _type_once(callee: Callee) -> None:
+    if callee not in _typed:
+        type_only(callee.function, callee.argtypes)
+        _typed.add(callee)
+
+
+def _table_of(function) -> Sites | None:
+    """The table a function makes pointer calls through, if it makes any."""
+    return next((sites for f, sites in NESTED if f is function), None)
+
+
+def _wanted(sites: Sites, side: str) -> bool:
+    """Whether a process on ``side`` needs the sites of a function calling through ``sites``."""
+    elsewhere = [any(f is g for g in ELSEWHERE) for f in sites.functions]
+    return side == "all" or (side == "here" and not all(elsewhere)) or (side == "there" and any(elsewhere))
 
 
 def address(callee: Callee) -> int:

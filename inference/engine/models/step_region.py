@@ -19,12 +19,12 @@ from ..quants.intdot import ROW_BLOCK
 from ..stage_calls import Sites, compile_elsewhere
 from .attention_tile import attend_scratch_size, attend_tile
 from .kernels import attend_head
-from .step_attention import attend_stage
+from .step_attention import ATTEND_SITES, attend_stage
 from .step_kernels import (
-    ADD, ATTEND, COLS, DOWN, FFN, FFN_POST, FLAGS, GELU, HEAD_DIM, KV, N_FF, N_HEADS, N_KV, OUT, OUT_POST,
+    ADD, ATTEND, DOWN, FFN, FFN_POST, FLAGS, GELU, HEAD_DIM, KV, N_FF, N_HEADS, N_KV, OUT, OUT_POST, COLS,
     POST_NORMS, PREP_DOWN, PREP_FFN, PREP_OUT, PREP_QKV, QKV, SLOT_DOWN, SLOT_GATE, SLOT_OUT, SLOT_Q,
-    SOLO_ROWS, STAGES_PER_LAYER, STORE, Rounded, StepModel, StepRows, StepWeights, add_normed_stage,
-    ffn_stage, kv_stage, prepare_stage, rows_stage,
+    SOLO_ROWS, STAGES_PER_LAYER, STORE, KERNEL_SITES, Rounded, StepModel, StepRows, StepWeights,
+    add_normed_stage, ffn_stage, kv_stage, prepare_stage, rows_stage,
 )  # fmt: skip
 
 Scratch = namedtuple(
@@ -52,10 +52,11 @@ Scratch = namedtuple(
 # region above them compiles without re-optimizing them. Site X_AT calls the function added
 # as X_AT below.
 STAGES = Sites("step_region")
+CALLS_THROUGH = {rows_stage: KERNEL_SITES, ffn_stage: KERNEL_SITES, attend_stage: ATTEND_SITES}
 (
     PREP_QKV_AT, QKV_AT, KV_AT, ATTEND_AT, PREP_OUT_AT, OUT_STORE_AT, OUT_POST_AT, OUT_ADD_AT, PREP_FFN_AT,
     FFN_AT, PREP_DOWN_AT, DOWN_STORE_AT, FFN_POST_AT, DOWN_ADD_AT, PREP_HEAD_AT, HEAD_AT,
-) = [STAGES.add(f, nested=f in (rows_stage, ffn_stage, attend_stage)) for f in (
+) = [STAGES.add(f, CALLS_THROUGH.get(f)) for f in (
     prepare_stage, rows_stage, kv_stage, attend_stage, prepare_stage, rows_stage, add_normed_stage,
     rows_stage, prepare_stage, ffn_stage, prepare_stage, rows_stage, add_normed_stage, rows_stage,
     prepare_stage, rows_stage,
@@ -131,7 +132,7 @@ def run_stages(tid, x, model, rows, scratch, logits, counters, solo):
 # The region's body is one pointer call of run_stages: the parallel loop's lowering (numba
 # compiles its body as a gufunc, then a wrapper) stays small, and run_stages, compiled once
 # as a kernel of its own, can go to the second process of a cold start.
-RUN_AT = STAGES.add(run_stages, nested=True)
+RUN_AT = STAGES.add(run_stages, STAGES)
 
 
 # Only the prange loop runs in parallel: numba's other parallel rewrites (np.zeros as a
