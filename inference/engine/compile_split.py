@@ -56,8 +56,8 @@ def start(caller, signature: tuple, command: list[str] | None = None) -> subproc
     finds the callees as this one does (stage_calls.discover) and compiles those of
     stage_calls.ELSEWHERE. None if it cannot start or LMSERVE_COMPILE_SPLIT is 0. ``command``
     replaces its command line (tests)."""
-    if os.environ.get(SPLIT_VARIABLE) == "0":
-        return None
+    if os.environ.get(SPLIT_VARIABLE) == "0" or caller.py_func.__module__ == "__main__":
+        return None  # (a script's own kernel: the second process could not import it)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     argv = command or [sys.executable, "-m", "inference.engine.compile_split"]
