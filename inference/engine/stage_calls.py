@@ -7,19 +7,23 @@ its stages from inside a parallel region (step_region.py), and the region's leve
 15-19 s of a cold start, re-optimizing every stage below it. A call through a pointer links
 nothing: the caller knows only the callee's argument types.
 
-``Sites`` names the call sites of one caller: site i calls ``functions[i]``. In the caller,
-``sites.call(calls, SITE, (arg, ...))`` calls site SITE with the arguments of the tuple; the
-address is ``calls[SITE]``, an int64 array the caller takes as a runtime argument. An address is
-never baked into compiled code: the caller is cached by numba and loaded by another process,
-where the callees live at other addresses. The callee's error status is passed up, so an
-exception it raises reaches the caller's caller as with a direct call.
+``Sites`` holds the pointer-call sites of one module: site i calls ``functions[i]``. In a
+kernel, ``SITES.call(SITE, (arg, ...))`` calls it with the arguments of the tuple. Each
+(callee, argument types) has a slot in the module's address table, at a hash of the callee's
+name and the types (the same in every process). The table is a numpy array of this process,
+named to the linker (llvmlite's add_symbol): compiled code reads it by that name, so code
+loaded from numba's cache by another process finds that process's table. No address is ever
+baked into compiled code. An empty slot raises RuntimeError (never a jump to 0); the
+callee's error status is passed up, so its exceptions reach the caller's caller as with a
+direct call. Callees take and return nothing but their arguments (they must return None).
 
-Which argument types each site passes is known when the caller is typed (the intrinsic's typer
-sees them). ``Sites.table`` finds them by typing the caller only (no code generated, cheap),
-persists them beside numba's cache (a warm start loads the caller from the cache and types
-nothing), compiles or loads each callee for its types, and returns the address table. On a
-cold start, the callees are shared between this process and a second one (compile_split.py):
-the two cores compile at once.
+``prepare(caller, args)`` makes a kernel with pointer calls runnable: it types the caller only
+(no code generated; the intrinsic's typer records each site's argument types), then each
+nested callee (one that makes pointer calls itself, declared with ``Sites.add(f, table)``),
+persists the types beside numba's cache (a warm start loads the caller from the cache and
+types nothing), compiles or loads every callee and fills the slots. On a cold start the
+callees are shared with a second process (compile_split.py): the two cores compile at once.
+A kernel making pointer calls must run only after prepare() for its argument types.
 """
 
 from __future__ import annotations
