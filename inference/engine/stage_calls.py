@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,6 +157,7 @@ ALL_SITES: list[Sites] = []  # every table, in import order
 NESTED: list[tuple] = []  # (function, the Sites it makes pointer calls through)
 ELSEWHERE: list = []  # functions a cold start compiles in the second process
 _prepared: set[tuple] = set()  # callers' signatures whose sites have addresses
+_PREPARING = threading.Lock()
 
 
 def compile_elsewhere(*functions) -> None:
@@ -167,11 +169,17 @@ def prepare(caller, args: tuple) -> None:
     """Make ``caller`` (a numba dispatcher) callable with ``args``: every site it reaches,
     directly or through other pointer calls, has its callee compiled (or loaded from numba's
     cache) for the types the site passes, and its address in its table."""
-    from . import compile_split
-
     signature = tuple(caller.typeof_pyval(a) for a in args)
     if (caller, signature) in _prepared:
         return
+    with _PREPARING:  # two threads' first forwards: one prepares, the other then finds it done
+        if (caller, signature) not in _prepared:
+            _prepare(caller, signature)
+
+
+def _prepare(caller, signature: tuple) -> None:
+    from . import compile_split
+
     saved = load_sites(caller, signature)
     helper = None
     if saved is None:  # a cold start: a second process discovers too, and compiles ELSEWHERE
