@@ -384,7 +384,7 @@ def add_normed_stage(x, proj, weight, eps, counters, stage):
 
 
 # rows_stage and ffn_stage call dot_run through a pointer (stage_calls.py): compiled once, not
-# again inside each (a cold start's second process can take it); they run after prepare().
+# again inside each; they run after prepare() (fused.FusedForward does it).
 KERNEL_SITES = Sites("step_kernels")
 DOT_RUN_AT = KERNEL_SITES.add(dot_run)
 kernel_call = KERNEL_SITES.call

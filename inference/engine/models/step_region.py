@@ -46,11 +46,9 @@ Scratch = namedtuple(
 )
 
 
-# Inlined into run_stages by numba (not a function of its own): one level fewer for LLVM to
-# re-optimize on a cold start.
 # The stages are called through pointers (stage_calls.py): numba compiles each once, and the
 # region above them compiles without re-optimizing them. Site X_AT calls the function added
-# as X_AT below.
+# as X_AT below; CALLS_THROUGH: the stages that make pointer calls themselves.
 STAGES = Sites("step_region")
 CALLS_THROUGH = {rows_stage: KERNEL_SITES, ffn_stage: KERNEL_SITES, attend_stage: ATTEND_SITES}
 (
@@ -135,8 +133,9 @@ def run_stages(tid, x, model, rows, scratch, logits, counters, solo):
 RUN_AT = STAGES.add(run_stages, STAGES)
 
 
-# Only the prange loop runs in parallel: numba's other parallel rewrites (np.zeros as a
-# parallel loop, ...) would start a region for each scratch array.
+# Only the prange loop runs in parallel: numba's other parallel rewrites would start a region
+# for each array expression. (np.zeros and .max() became parallel loops even so: new_scratch
+# allocates in Python.)
 PRANGE_ONLY = {
     "comprehension": False, "reduction": False, "numpy": False, "stencil": False, "fusion": False,
     "setitem": False, "inplace_binop": False,
