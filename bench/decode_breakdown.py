@@ -28,6 +28,7 @@ from numba.extending import intrinsic
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from inference.engine import stage_calls  # noqa: E402
 from inference.engine.engine import Engine  # noqa: E402
 from inference.engine.models import step_region as sr  # noqa: E402
 from inference.engine.models.base import Run  # noqa: E402
@@ -268,8 +269,10 @@ def breakdown(path: Path, n_threads: int, steps: int, context: int) -> None:
         stamps = np.zeros((n_threads, n_stages + 1), np.int64)  # (threads, stages | start)
         counters = (np.zeros(n_stages, np.int64), np.zeros(n_stages, np.int64))
         scratch = _scratch(n_threads, x, fused.model, plan.kernel_rows())
+        args = (n_threads, x, fused.model, plan.kernel_rows(), scratch, logits, counters, True, stamps)
+        stage_calls.prepare(_all_threads, args)  # the stages make pointer calls (stage_calls.py)
         t0, c0 = time.perf_counter(), _now()
-        _all_threads(n_threads, x, fused.model, plan.kernel_rows(), scratch, logits, counters, True, stamps)
+        _all_threads(*args)
         t1, c1 = time.perf_counter(), _now()
         rate = (c1 - c0) / (t1 - t0)
         t2 = time.perf_counter()

@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
+from inference.engine import stage_calls  # noqa: E402
 from inference.engine.engine import Engine  # noqa: E402
 from inference.engine.models import step_kernels as sk  # noqa: E402
 from inference.engine.quants.intdot import HOST_SIMD, ROW_BLOCK  # noqa: E402
@@ -63,19 +64,13 @@ def _stage_seconds(model, name: str, n: int, reps: int) -> float:
         t0 = time.process_time()
         if name == "ffn":
             act = np.empty((n, int(model.dims[sk.N_FF])), np.float32)  # (n, n_ff)
-            sk.ffn_stage(
-                model.weights,
-                linears,
-                rounded,
-                model.dims[sk.N_FF],
-                model.dims[sk.FLAGS] & sk.GELU,
-                act,
-                counters,
-                0,
-            )
+            args = (model.weights, linears, rounded, model.dims[sk.N_FF], model.dims[sk.FLAGS] & sk.GELU)
+            stage, args = sk.ffn_stage, (*args, act, counters, 0)
         else:
             out = np.empty((n, int(linears[:, sk.ROWS].sum())), np.float32)  # (n, rows)
-            sk.rows_stage(model.weights, linears, rounded, n, out, False, counters, 0)
+            stage, args = sk.rows_stage, (model.weights, linears, rounded, n, out, False, counters, 0)
+        stage_calls.prepare(stage, args)  # the stage calls dot_run through a pointer
+        stage(*args)
         best = min(best, time.process_time() - t0)
     return best
 

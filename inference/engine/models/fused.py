@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from .. import stage_calls
 from ..kv_cache import KVCache
 from ..quants.layout import GroupLayout
 from ..quants.matrix import FloatMatrix, GroupedMatrix, QuantMatrix
@@ -142,6 +143,7 @@ class FusedForward:
         # What one decode step reads: every weight of every layer and the head, once.
         self.weight_bytes = sum(a.nbytes for a in weights[:5])
         self.vocab = int(head_row[0, sk.ROWS])
+        self._prepared = False  # the stages' addresses ready for this model's argument types
         # np.array copies: the mapped file's norm is read-only, and a read-only array would compile
         # its own variant of the norm kernels beside the writable one every other norm is.
         self.model = sk.StepModel(
@@ -170,8 +172,7 @@ class FusedForward:
         Writes every row's k and v into its cache (the caller commits the tokens)."""
         x = np.array(x, np.float32)  # (N, n_embd) updated in place
         logits = np.empty((rows.head_rows.shape[0], self.vocab), np.float32)  # (M, vocab)
-        threads = numba.get_num_threads()
-        step_region.forward_rows(threads, x, self.model, rows.kernel_rows(), logits)
+        self._forward(numba.get_num_threads(), x, rows.kernel_rows(), logits)
         return logits
 
     def residual(self, x: np.ndarray, rows: RowPlan) -> np.ndarray:
@@ -180,8 +181,20 @@ class FusedForward:
         x = np.array(x, np.float32)  # (N, n_embd) updated in place
         no_logits = np.empty((0, self.vocab), np.float32)  # (0, vocab)
         plan = RowPlan(rows.caches, rows.positions, rows.cos, rows.sin, np.empty(0, np.int64))
-        step_region.forward_rows(numba.get_num_threads(), x, self.model, plan.kernel_rows(), no_logits)
+        self._forward(numba.get_num_threads(), x, plan.kernel_rows(), no_logits)
         return x
+
+    def _forward(self, n_threads: int, x: np.ndarray, rows: sk.StepRows, logits: np.ndarray) -> None:
+        """step_region.forward_rows with its scratch. The first call makes the stages' addresses
+        ready (stage_calls.py: compiled, or loaded from numba's cache); later calls skip that
+        (~0.4 ms of typing the arguments): every call passes the same types, the arrays being
+        built here with fixed dtypes and layouts."""
+        scratch, counters = step_region.new_scratch(n_threads, x, self.model, rows)
+        args = (n_threads, x, self.model, rows, logits, scratch, counters)
+        if not self._prepared:
+            stage_calls.prepare(step_region.forward_rows, args)
+            self._prepared = True
+        step_region.forward_rows(*args)
 
 
 @dataclass(frozen=True)

@@ -128,5 +128,8 @@ def dot_tile_many(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scr
                 dot_rows_nib(q, row_start, codes, n0, scales, s_start, code_scales, groups, nib, one)
             else:
                 dot_rows_int(q, row_start, codes, n0, scales, s_start, code_scales, groups, shift, one)
-            block[:, r - r0] = one
+            # Element stores, not `block[:, r - r0] = one`: numba compiles a slice store's
+            # shape-mismatch message (string formatting, ~3 s of a cold start) though it never raises.
+            for i in range(ROW_BLOCK):
+                block[i, r - r0] = one[i]
         _finish(block, min_tile, has_mins, row_bias, has_bias, out[n0 : n0 + live], accumulate)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ..stage_calls import Sites
 from ..worksharing import claim, mark_done, wait_done
 from .attention_tile import (
     MIN_TILE_QUERIES,
@@ -71,7 +72,10 @@ def _attend_heads(qkv, q_norm, eps, rows, rope, dims, cache, window, scale, item
     keys, values = cache[0][h // (dims[N_HEADS] // dims[N_KV])], cache[1][h // (dims[N_HEADS] // dims[N_KV])]
     for n in range(item[0], item[1]):
         q = _prepared_q(qkv, n, h, q_norm, eps, rows, rope, dims, q_buf)
-        attend_head(q, keys, values, rows.positions[n], window, scale, scores, out[n, h * hd : (h + 1) * hd])
+        attend_call(
+            HEAD_AT,
+            (q, keys, values, rows.positions[n], window, scale, scores, out[n, h * hd : (h + 1) * hd]),
+        )
 
 
 @numba.njit(cache=True, inline="always")  # into attend_stage: one compile level fewer
@@ -90,7 +94,7 @@ def _attend_tile(qkv, q_norm, eps, rows, rope, dims, cache, window, scale, item,
         q = _prepared_q(qkv, n, h, q_norm, eps, rows, rope, dims, q_buf)
         set_lane(q_lanes, first, last, k, q, rows.positions[n], window)
     pad_lanes(q_lanes, first, last, n_queries)
-    attend_tile(q_lanes, first, last, cache[0][g], cache[1][g], scale, work, result)
+    attend_call(TILE_AT, (q_lanes, first, last, cache[0][g], cache[1][g], scale, work, result))
     for k in range(n_queries):
         n, h = item[0] + k // group, g * group + k % group
         for i in range(hd):
@@ -123,3 +127,10 @@ def attend_stage(
         mark_done(done, stage)
         item = claim(claimed, stage)
     wait_done(done, stage, items.shape[0])
+
+
+# attend_stage calls the attention kernels through pointers (stage_calls.py): compiled once
+# each, and not again inside attend_stage; it runs after prepare().
+ATTEND_SITES = Sites("step_attention")
+TILE_AT, HEAD_AT = ATTEND_SITES.add(attend_tile), ATTEND_SITES.add(attend_head)
+attend_call = ATTEND_SITES.call

@@ -37,6 +37,7 @@ from ..quants.intdot import ROW_BLOCK, dot_pair_int, dot_row_int, min_sum
 from ..quants.nibbles import dot_pair_nib, dot_row_nib
 from ..quants.pair_mins import dot_pair_min
 from ..quants.quantize import round_row, round_row_int
+from ..stage_calls import Sites
 from ..worksharing import claim, mark_done, wait_done
 from . import prefill_tiles
 from .kernels import rope_inplace, store_half
@@ -283,7 +284,9 @@ def rows_stage(weights, linears, rounded, n_rows, out, accumulate, counters, sta
             lo, hi = max(a, offset), min(b, offset + linears[k, ROWS])
             if lo < hi:
                 r0, r1 = lo - offset, hi - offset
-                dot_run(weights, linears[k], rounded, k, n_rows, r0, r1, out, lo, accumulate, scratch)
+                kernel_call(DOT_RUN_AT, (
+                    weights, linears[k], rounded, k, n_rows, r0, r1, out, lo, accumulate, scratch,
+                ))  # fmt: skip
             offset += linears[k, ROWS]
         mark_done(done, stage)
         item = claim(claimed, stage)
@@ -339,13 +342,17 @@ def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage):
     while item < n_items:
         a, b = item * per_item, min(n_ff, (item + 1) * per_item)
         gate, up = tile[0], tile[1]  # (N, item) each, the first b - a columns used
-        dot_run(weights, linears[0], rounded, SLOT0, n_rows, a, b, gate, COLUMN0, STORE, scratch)
+        kernel_call(DOT_RUN_AT, (
+            weights, linears[0], rounded, SLOT0, n_rows, a, b, gate, COLUMN0, STORE, scratch,
+        ))  # fmt: skip
         if stacked:
-            dot_run(
-                weights, linears[0], rounded, SLOT0, n_rows, n_ff + a, n_ff + b, up, COLUMN0, STORE, scratch
-            )
+            kernel_call(DOT_RUN_AT, (
+                weights, linears[0], rounded, SLOT0, n_rows, n_ff + a, n_ff + b, up, COLUMN0, STORE, scratch,
+            ))  # fmt: skip
         else:
-            dot_run(weights, linears[1], rounded, SLOT1, n_rows, a, b, up, COLUMN0, STORE, scratch)
+            kernel_call(DOT_RUN_AT, (
+                weights, linears[1], rounded, SLOT1, n_rows, a, b, up, COLUMN0, STORE, scratch,
+            ))  # fmt: skip
         for n in range(n_rows):
             if gelu:
                 gate_bits, table = gate[n].view(np.uint32), weights.gelu
@@ -374,3 +381,10 @@ def add_normed_stage(x, proj, weight, eps, counters, stage):
         mark_done(done, stage)
         n = claim(claimed, stage)
     wait_done(done, stage, x.shape[0])
+
+
+# rows_stage and ffn_stage call dot_run through a pointer (stage_calls.py): compiled once, not
+# again inside each; they run after prepare() (fused.FusedForward does it).
+KERNEL_SITES = Sites("step_kernels")
+DOT_RUN_AT = KERNEL_SITES.add(dot_run)
+kernel_call = KERNEL_SITES.call

@@ -1,7 +1,11 @@
 """The parallel region of the fused forward (step_kernels.py): every thread walks every stage.
 
-``forward_rows`` allocates the scratch for N rows and starts one region of n_threads threads;
-each runs ``run_stages`` over the same stage list, sharing the work through counters.
+``forward_rows`` starts one region of n_threads threads over scratch new_scratch allocated;
+each runs ``run_stages`` over the same stage list, sharing the work through counters. The
+region calls run_stages, and run_stages the stages, through function pointers
+(stage_calls.py): each is compiled once, as a kernel of its own, and a cold start compiles
+part of them in a second process (compile_split.py). stage_calls.prepare(forward_rows, args)
+makes their addresses ready before the first call (fused.FusedForward does).
 """
 
 from __future__ import annotations
@@ -12,19 +16,50 @@ import numba
 import numpy as np
 
 from ..quants.intdot import ROW_BLOCK
-from .attention_tile import attend_scratch_size
-from .step_attention import attend_stage
+from ..stage_calls import Sites, compile_elsewhere
+from .attention_tile import attend_scratch_size, attend_tile
+from .kernels import attend_head
+from .step_attention import ATTEND_SITES, attend_stage
 from .step_kernels import (
-    ADD, ATTEND, COLS, DOWN, FFN, FFN_POST, FLAGS, GELU, HEAD_DIM, KV, N_FF, N_HEADS, N_KV, OUT, OUT_POST,
+    ADD, ATTEND, DOWN, FFN, FFN_POST, FLAGS, GELU, HEAD_DIM, KV, N_FF, N_HEADS, N_KV, OUT, OUT_POST, COLS,
     POST_NORMS, PREP_DOWN, PREP_FFN, PREP_OUT, PREP_QKV, QKV, SLOT_DOWN, SLOT_GATE, SLOT_OUT, SLOT_Q,
-    SOLO_ROWS, STAGES_PER_LAYER, Rounded, StepModel, StepRows, StepWeights, add_normed_stage,
-    STORE, ffn_stage, kv_stage, prepare_stage, rows_stage,
+    SOLO_ROWS, STAGES_PER_LAYER, STORE, KERNEL_SITES, Rounded, StepModel, StepRows, StepWeights,
+    add_normed_stage, ffn_stage, kv_stage, prepare_stage, rows_stage,
 )  # fmt: skip
 
 Scratch = namedtuple(
     "Scratch",
-    ["qkv", "attn", "act", "proj", "normed", "values", "ints", "int_scales", "sums", "q_buf", "scores", "all_rows"],
+    [
+        "qkv",
+        "attn",
+        "act",
+        "proj",
+        "normed",
+        "values",
+        "ints",
+        "int_scales",
+        "sums",
+        "q_buf",
+        "scores",
+        "all_rows",
+    ],
 )
+
+
+# The stages are called through pointers (stage_calls.py): numba compiles each once, and the
+# region above them compiles without re-optimizing them. Site X_AT calls the function added
+# as X_AT below; CALLS_THROUGH: the stages that make pointer calls themselves.
+STAGES = Sites("step_region")
+CALLS_THROUGH = {rows_stage: KERNEL_SITES, ffn_stage: KERNEL_SITES, attend_stage: ATTEND_SITES}
+(
+    PREP_QKV_AT, QKV_AT, KV_AT, ATTEND_AT, PREP_OUT_AT, OUT_STORE_AT, OUT_POST_AT, OUT_ADD_AT, PREP_FFN_AT,
+    FFN_AT, PREP_DOWN_AT, DOWN_STORE_AT, FFN_POST_AT, DOWN_ADD_AT, PREP_HEAD_AT, HEAD_AT,
+) = [STAGES.add(f, CALLS_THROUGH.get(f)) for f in (
+    prepare_stage, rows_stage, kv_stage, attend_stage, prepare_stage, rows_stage, add_normed_stage,
+    rows_stage, prepare_stage, ffn_stage, prepare_stage, rows_stage, add_normed_stage, rows_stage,
+    prepare_stage, rows_stage,
+)]  # fmt: skip
+stage = STAGES.call
 
 
 # Inlined into run_stages by numba (not a function of its own): one level fewer for LLVM to
@@ -32,34 +67,48 @@ Scratch = namedtuple(
 @numba.njit(cache=True, inline="always")
 def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo):
     w, dims, eps, lin = model.weights, model.dims, model.eps, model.linears[layer]
-    stage, n_rows, n_layers = layer * STAGES_PER_LAYER, x.shape[0], model.linears.shape[0]
+    at, n_rows, n_layers = layer * STAGES_PER_LAYER, x.shape[0], model.linears.shape[0]
     window, rope = model.layer_info[layer, 0], model.layer_info[layer, 1]
     normed, no_norm, post = scratch.normed[tid], model.output_norm[:0], dims[FLAGS] & POST_NORMS
-    qkv_lin, out_lin, ffn_lin, down_lin = lin[SLOT_Q:SLOT_OUT], lin[SLOT_OUT:SLOT_GATE], lin[SLOT_GATE:SLOT_DOWN], lin[SLOT_DOWN:]
-    prepare_stage(x, scratch.all_rows, model.norms[layer, 0], eps, qkv_lin, rounded, normed, solo, counters, stage + PREP_QKV)
-    rows_stage(w, qkv_lin, rounded, n_rows, scratch.qkv, STORE, counters, stage + QKV)
-    kv_stage(scratch.qkv, model.qk_norms[layer, 1], eps, rows, rope, dims, layer, n_layers, counters, stage + KV)
-    attend_stage(
-        scratch.qkv, model.qk_norms[layer, 0], eps, rows, rope, dims, layer, n_layers, window, model.scale,
-        scratch.q_buf[tid], scratch.scores[tid], scratch.attn, counters, stage + ATTEND,
-    )  # fmt: skip
-    prepare_stage(scratch.attn, scratch.all_rows, no_norm, eps, out_lin, rounded, normed, solo, counters, stage + PREP_OUT)
+    qkv_lin, out_lin = lin[SLOT_Q:SLOT_OUT], lin[SLOT_OUT:SLOT_GATE]
+    ffn_lin, down_lin = lin[SLOT_GATE:SLOT_DOWN], lin[SLOT_DOWN:]
+    all_rows, norms, qk_norms = scratch.all_rows, model.norms[layer], model.qk_norms[layer]
+    stage(PREP_QKV_AT, (
+        x, all_rows, norms[0], eps, qkv_lin, rounded, normed, solo, counters, at + PREP_QKV,
+    ))  # fmt: skip
+    stage(QKV_AT, (w, qkv_lin, rounded, n_rows, scratch.qkv, STORE, counters, at + QKV))
+    stage(KV_AT, (
+        scratch.qkv, qk_norms[1], eps, rows, rope, dims, layer, n_layers, counters, at + KV,
+    ))  # fmt: skip
+    stage(ATTEND_AT, (
+        scratch.qkv, qk_norms[0], eps, rows, rope, dims, layer, n_layers, window, model.scale,
+        scratch.q_buf[tid], scratch.scores[tid], scratch.attn, counters, at + ATTEND,
+    ))  # fmt: skip
+    stage(PREP_OUT_AT, (
+        scratch.attn, all_rows, no_norm, eps, out_lin, rounded, normed, solo, counters, at + PREP_OUT,
+    ))  # fmt: skip
     if post:
-        rows_stage(w, out_lin, rounded, n_rows, scratch.proj, STORE, counters, stage + OUT)
-        add_normed_stage(x, scratch.proj, model.norms[layer, 1], eps, counters, stage + OUT_POST)
+        stage(OUT_STORE_AT, (w, out_lin, rounded, n_rows, scratch.proj, STORE, counters, at + OUT))
+        stage(OUT_POST_AT, (x, scratch.proj, norms[1], eps, counters, at + OUT_POST))
     else:
-        rows_stage(w, out_lin, rounded, n_rows, x, ADD, counters, stage + OUT)
-    prepare_stage(x, scratch.all_rows, model.norms[layer, 2], eps, ffn_lin, rounded, normed, solo, counters, stage + PREP_FFN)
-    ffn_stage(w, ffn_lin, rounded, dims[N_FF], dims[FLAGS] & GELU, scratch.act, counters, stage + FFN)
-    prepare_stage(scratch.act, scratch.all_rows, no_norm, eps, down_lin, rounded, normed, solo, counters, stage + PREP_DOWN)
+        stage(OUT_ADD_AT, (w, out_lin, rounded, n_rows, x, ADD, counters, at + OUT))
+    stage(PREP_FFN_AT, (
+        x, all_rows, norms[2], eps, ffn_lin, rounded, normed, solo, counters, at + PREP_FFN,
+    ))  # fmt: skip
+    stage(FFN_AT, (
+        w, ffn_lin, rounded, dims[N_FF], dims[FLAGS] & GELU, scratch.act, counters, at + FFN,
+    ))  # fmt: skip
+    stage(PREP_DOWN_AT, (
+        scratch.act, all_rows, no_norm, eps, down_lin, rounded, normed, solo, counters, at + PREP_DOWN,
+    ))  # fmt: skip
     if post:
-        rows_stage(w, down_lin, rounded, n_rows, scratch.proj, STORE, counters, stage + DOWN)
-        add_normed_stage(x, scratch.proj, model.norms[layer, 3], eps, counters, stage + FFN_POST)
+        stage(DOWN_STORE_AT, (w, down_lin, rounded, n_rows, scratch.proj, STORE, counters, at + DOWN))
+        stage(FFN_POST_AT, (x, scratch.proj, norms[3], eps, counters, at + FFN_POST))
     else:
-        rows_stage(w, down_lin, rounded, n_rows, x, ADD, counters, stage + DOWN)
+        stage(DOWN_ADD_AT, (w, down_lin, rounded, n_rows, x, ADD, counters, at + DOWN))
 
 
-@numba.njit(cache=True, inline="always")  # into forward_rows' loop: one LLVM level fewer
+@numba.njit(cache=True)
 def run_stages(tid, x, model, rows, scratch, logits, counters, solo):
     """Every stage of one forward, as thread ``tid`` of the region sees it."""
     copy = np.int64(tid) if solo else np.int64(0)
@@ -69,49 +118,73 @@ def run_stages(tid, x, model, rows, scratch, logits, counters, solo):
         _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo)
     head_rows = rows.head_rows
     if head_rows.shape[0] > 0:
-        stage = n_layers * STAGES_PER_LAYER
-        prepare_stage(
-            x, head_rows, model.output_norm, model.eps, model.head, rounded, scratch.normed[tid], solo, counters, stage
+        at = n_layers * STAGES_PER_LAYER
+        normed, n_head = scratch.normed[tid], head_rows.shape[0]
+        stage(
+            PREP_HEAD_AT,
+            (x, head_rows, model.output_norm, model.eps, model.head, rounded, normed, solo, counters, at),
         )
-        rows_stage(model.weights, model.head, rounded, head_rows.shape[0], logits, STORE, counters, stage + 1)
+        stage(HEAD_AT, (model.weights, model.head, rounded, n_head, logits, STORE, counters, at + 1))
 
 
-# Only the prange loop runs in parallel: numba's other parallel rewrites (np.zeros as a
-# parallel loop, ...) would start a region for each scratch array.
+# The region's body is one pointer call of run_stages: the parallel loop's lowering (numba
+# compiles its body as a gufunc, then a wrapper) stays small, and run_stages, compiled once
+# as a kernel of its own, can go to the second process of a cold start.
+RUN_AT = STAGES.add(run_stages, STAGES)
+
+
+# Only the prange loop runs in parallel: numba's other parallel rewrites would start a region
+# for each array expression. (np.zeros and .max() became parallel loops even so: new_scratch
+# allocates in Python.)
 PRANGE_ONLY = {
     "comprehension": False, "reduction": False, "numpy": False, "stencil": False, "fusion": False,
     "setitem": False, "inplace_binop": False,
 }  # fmt: skip
 
 
+def new_scratch(
+    n_threads: int, x: np.ndarray, model: StepModel, rows: StepRows
+) -> tuple[Scratch, np.ndarray]:
+    """The scratch of one forward of the rows x, and its stage counters (claimed | done).
+    Allocated by numpy here, not in forward_rows: compiled, the allocations cost a cold start
+    ~2 s (numba turned np.zeros into parallel loops of their own in forward_rows, and
+    compiled each np.empty/np.zeros shape), and here they take microseconds."""
+    dims, n_rows, n_embd = model.dims, x.shape[0], x.shape[1]
+    n_heads, n_kv, hd, n_ff = (int(dims[i]) for i in (N_HEADS, N_KV, HEAD_DIM, N_FF))
+    max_cols = int(max(model.linears[:, :, COLS].max(), model.head[0, COLS]))
+    n_stages = (model.linears.shape[0] + 1) * STAGES_PER_LAYER
+    copies = n_threads if n_rows <= SOLO_ROWS else 1
+    padded = -(-n_rows // ROW_BLOCK) * ROW_BLOCK  # rounded inputs: whole blocks of rows, zero padding
+    attend_floats = attend_scratch_size(int(rows.positions.max()) + 1, hd, hd, n_heads // n_kv)
+    rounded_shape = (copies, 3, padded, max_cols)  # (copies, slots, rows, cols)
+    groups_shape = (copies, 3, padded, max_cols // 16)  # (copies, slots, rows, groups)
+    scratch = Scratch(
+        np.empty((n_rows, (n_heads + 2 * n_kv) * hd), np.float32),  # qkv (N, q|k|v)
+        np.empty((n_rows, n_heads * hd), np.float32),  # attn (N, heads * hd) attention output
+        np.empty((n_rows, n_ff), np.float32),  # act (N, n_ff) activated gate * up
+        np.empty((n_rows, n_embd), np.float32),  # proj (N, n_embd) a product before its post norm
+        np.empty((n_threads, n_embd), np.float32),  # normed (threads, n_embd) a normed row
+        np.empty(rounded_shape, np.float32),  # values: rounded inputs
+        np.zeros(rounded_shape, np.int8),  # ints: their integer codes
+        np.zeros(groups_shape, np.float32),  # int_scales: code scales
+        np.zeros(groups_shape, np.float32),  # sums: group sums
+        np.empty((n_threads, hd), np.float32),  # q_buf (threads, hd) one q head
+        np.empty((n_threads, attend_floats), np.float32),  # scores (threads, attention scratch)
+        np.arange(n_rows, dtype=np.int64),  # all_rows (N,) every row, in order
+    )  # fmt: skip
+    return scratch, np.zeros((2, n_stages), np.int64)  # (claimed | done, stages)
+
+
 @numba.njit(parallel=PRANGE_ONLY, cache=True)
-def forward_rows(n_threads, x, model, rows, logits):
+def forward_rows(n_threads, x, model, rows, logits, scratch, counters):
     """Rows x (N, n_embd) through every layer, updated in place; each row's k and v go to its
     cache at its position; logits (M, vocab) get the head's output for rows.head_rows.
-    ``model`` is the StepModel fused.FusedForward builds. One region of ``n_threads`` threads.
-    The scratch is allocated here, in the function holding the region: a numba function per
-    level costs a cold start seconds (each level re-optimizes every kernel it calls)."""
-    dims, n_rows, n_embd = model.dims, x.shape[0], x.shape[1]
-    n_heads, hd = dims[N_HEADS], dims[HEAD_DIM]
-    max_cols = max(model.linears[:, :, COLS].max(), model.head[0, COLS])
-    n_stages = (model.linears.shape[0] + 1) * STAGES_PER_LAYER
-    solo = n_rows <= SOLO_ROWS
-    copies = n_threads if solo else 1
-    padded = -(-n_rows // ROW_BLOCK) * ROW_BLOCK  # rounded inputs: whole blocks of rows, zero padding
-    attend_floats = attend_scratch_size(rows.positions.max() + 1, hd, hd, n_heads // dims[N_KV])
-    qkv = np.empty((n_rows, (n_heads + 2 * dims[N_KV]) * hd), np.float32)  # (N, q|k|v)
-    attn = np.empty((n_rows, n_heads * hd), np.float32)  # (N, heads * hd) attention output
-    act = np.empty((n_rows, dims[N_FF]), np.float32)  # (N, n_ff) activated gate * up
-    proj = np.empty((n_rows, n_embd), np.float32)  # (N, n_embd) a product before its post norm
-    normed = np.empty((n_threads, n_embd), np.float32)  # (threads, n_embd) a normed row
-    values = np.empty((copies, 3, padded, max_cols), np.float32)  # (copies, slots, rows, cols) rounded inputs
-    ints = np.zeros((copies, 3, padded, max_cols), np.int8)  # their integer codes
-    int_scales = np.zeros((copies, 3, padded, max_cols // 16), np.float32)  # (.., groups) code scales
-    sums = np.zeros((copies, 3, padded, max_cols // 16), np.float32)  # group sums
-    q_buf = np.empty((n_threads, hd), np.float32)  # (threads, hd) one q head
-    scores = np.empty((n_threads, attend_floats), np.float32)  # (threads, attention scratch)
-    all_rows = np.arange(n_rows)  # (N,) every row, in order
-    claimed, done = np.zeros(n_stages, np.int64), np.zeros(n_stages, np.int64)  # per stage
+    ``model`` is the StepModel fused.FusedForward builds, ``scratch`` and ``counters`` from
+    new_scratch. One region of ``n_threads`` threads; stage_calls.prepare(forward_rows, args)
+    first (the stages' addresses)."""
+    solo = x.shape[0] <= SOLO_ROWS
+    qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, all_rows = scratch
+    claimed, done = counters[0], counters[1]
     # A parallel loop's body may only capture arrays and scalars, not tuples of arrays: unpack
     # here, repack per thread.
     q, scales, mins, bias, floats, gelu = model.weights
@@ -120,11 +193,30 @@ def forward_rows(n_threads, x, model, rows, logits):
     for tid in numba.prange(n_threads):
         # np.int64: the loop index is int64 where numba types this body and uint64 where the
         # parallel loop runs it, and each would compile its own run_stages (~8 s of a cold start).
-        run_stages(
+        stage(RUN_AT, (
             np.int64(tid), x,
             StepModel(StepWeights(q, scales, mins, bias, floats, gelu), linears, head, norms, qk_norms,
                       output_norm, layer_info, dims, eps, scale),
             StepRows(positions, caches, cos, sin, head_rows),
             Scratch(qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, all_rows),
             logits, (claimed, done), solo,
-        )  # fmt: skip
+        ))  # fmt: skip
+
+
+# What a cold start compiles in a second process while this one compiles the rest, dot_run and
+# prepare_stage (compile_split.py). CPU seconds of each on an empty cache, SmolLM2 on the
+# AVX-512 VNNI machine (2026-12-01): here dot_run 6.6, prepare_stage 3.0; there attend_tile
+# 2.7, forward_rows 1.6, run_stages 1.2, attend_head 1.2, attend_stage 0.8, kv_stage 0.6,
+# rows_stage 0.5, ffn_stage 0.4, add_normed_stage 0.3. Both first type the forward
+# (stage_calls.discover), ~2-3 s.
+compile_elsewhere(
+    forward_rows,
+    run_stages,
+    attend_stage,
+    attend_tile,
+    attend_head,
+    kv_stage,
+    add_normed_stage,
+    rows_stage,
+    ffn_stage,
+)

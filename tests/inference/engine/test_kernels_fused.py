@@ -16,6 +16,7 @@ import numba
 import numpy as np
 import pytest
 
+from inference.engine import stage_calls
 from inference.engine.engine import Engine
 from inference.engine.kv_cache import KVCache
 from inference.engine.layers import gelu_tanh, rms_norm
@@ -137,7 +138,9 @@ def test_rows_stage_equals_matrix_matvec(qtype, n_rows):
         sk.round_inputs(linears, x[n], rounded, n)
     out = np.full((n_rows, 115), np.nan, np.float32)
     counters = (np.zeros(1, np.int64), np.zeros(1, np.int64))
-    sk.rows_stage(weights, linears, rounded, n_rows, out, False, counters, 0)
+    args = (weights, linears, rounded, n_rows, out, False, counters, 0)
+    stage_calls.prepare(sk.rows_stage, args)  # its products are pointer calls of dot_run
+    sk.rows_stage(*args)
     expected = np.stack([np.concatenate([first.matvec(row), second.matvec(row, bias)]) for row in x])
     if qtype in (Q.F32, Q.F16, Q.BF16):
         np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)

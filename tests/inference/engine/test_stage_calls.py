@@ -1,0 +1,134 @@
+"""Pointer calls between kernels (inference/engine/stage_calls.py) and the two-process cold
+compile (inference/engine/compile_split.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+
+from inference.engine import compile_split, stage_calls
+from inference.engine.stage_calls import Callee, Sites
+from tests.fixtures.model_files import default_model_path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@numba.njit
+def axpy(a, b, k):
+    """a += b * k; refuses a negative k (to see an exception cross a pointer call)."""
+    for i in range(a.shape[0]):
+        a[i] += b[i] * k
+    if k < 0:
+        raise ValueError("negative k")
+
+
+SITES = Sites("test_stage_calls")
+AXPY_AT = SITES.add(axpy)
+call = SITES.call
+stage_calls.compile_elsewhere(axpy)  # a second process started on twice_by_pointer compiles it
+
+
+@numba.njit
+def twice_by_pointer(a, b, k):
+    call(AXPY_AT, (a, b, k))
+    call(AXPY_AT, (a, b, k * 2))
+
+
+@numba.njit
+def twice_direct(a, b, k):
+    axpy(a, b, k)
+    axpy(a, b, k * 2)
+
+
+def _vectors(dtype=np.float32):
+    rng = np.random.default_rng(3)
+    return rng.standard_normal(37).astype(dtype), rng.standard_normal(37).astype(dtype)
+
+
+def test_a_pointer_call_gives_the_direct_calls_bits_and_passes_its_exception_up():
+    a, b = _vectors()
+    expected = a.copy()
+    twice_direct(expected, b, np.float32(0.7))
+    args = (a, b, np.float32(0.7))
+    stage_calls.prepare(twice_by_pointer, args)
+    twice_by_pointer(*args)
+    np.testing.assert_array_equal(a, expected)
+    with pytest.raises(ValueError, match="negative k"):
+        twice_by_pointer(a, b, np.float32(-1.0))
+
+
+def test_a_site_without_an_address_raises_instead_of_jumping_to_zero():
+    a, b = _vectors(np.int16)  # types never prepared: their slot is empty
+    with pytest.raises(RuntimeError, match="axpy has no address"):
+        twice_by_pointer(a, b, np.int16(1))
+
+
+def test_each_argument_type_has_its_own_slot():
+    a32, b32 = _vectors()
+    a64, b64 = _vectors(np.float64)
+    stage_calls.prepare(twice_by_pointer, (a32, b32, np.float32(1.0)))
+    stage_calls.prepare(twice_by_pointer, (a64, b64, 1.0))
+    slots = {slot for slot, callee in SITES.slots.items() if callee.function is axpy}
+    assert len(slots) >= 2
+    expected = a64.copy()
+    twice_direct(expected, b64, 1.0)
+    twice_by_pointer(a64, b64, 1.0)
+    np.testing.assert_array_equal(a64, expected)
+
+
+def test_the_second_process_finds_and_compiles_its_part(caplog):
+    caplog.set_level(logging.INFO, logger=compile_split.__name__)
+    a, b = _vectors(np.int32)
+    signature = tuple(numba.typeof(v) for v in (a, b, np.int32(1)))
+    helper = compile_split.start(twice_by_pointer, signature)
+    assert helper is not None
+    there = [Callee(axpy, signature)]
+    assert compile_split.compile_all([], there, helper)  # it exited 0
+    # axpy for (int32, int32, int32) and, k * 2 being an int64, for (int32, int32, int64): found by
+    # typing the caller there
+    assert "the second process compiled 2 kernels" in caplog.text
+
+
+def test_if_the_second_process_fails_this_one_compiles_its_part():
+    a, b = _vectors(np.int64)
+    signature = tuple(numba.typeof(v) for v in (a, b, np.int64(1)))
+    failing = [sys.executable, "-c", "import sys; sys.stdin.read(); sys.exit(3)"]
+    helper = compile_split.start(twice_by_pointer, signature, command=failing)
+    assert helper is not None
+    there = [Callee(axpy, signature)]
+    assert not compile_split.compile_all([], there, helper)
+    assert signature in axpy.overloads  # compiled here instead
+
+
+WARM_SCRIPT = """
+import sys
+from inference.engine import stage_calls
+from inference.engine.compile_watch import CompileWatch
+from inference.engine.engine import Engine
+discoveries = []
+original = stage_calls.discover
+stage_calls.discover = lambda *a: (discoveries.append(a), original(*a))
+engine = Engine.load(sys.argv[1])
+with CompileWatch(lambda line: None) as watch:
+    engine.warm_up()
+print(watch.compiled, len(discoveries))
+"""
+
+
+def test_a_warm_start_loads_the_persisted_sites_and_compiles_nothing():
+    """A fresh process on a filled cache: the sites' argument types come from the file beside
+    numba's cache (no typing of the forward), every kernel from numba's cache."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    path = str(default_model_path())
+    run = [sys.executable, "-c", WARM_SCRIPT, path]
+    subprocess.run(run, env=env, cwd=ROOT, check=True, capture_output=True)  # fills the cache if empty
+    out = subprocess.run(run, env=env, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    compiled, discoveries = (int(v) for v in out.split())
+    assert (compiled, discoveries) == (0, 0)
