@@ -1,0 +1,117 @@
+"""LLVM IR of a decode pair over Q5_0 blocks with both weight rows in one 512-bit register.
+
+intdot_ir.row_dots handles a pair as two 256-bit streams: per group and row a nibble unpack,
+a fifth-bit merge, a scale widening and multiply, vpdpbusd, a convert and an FMA, ~16
+instructions a row; one thread then runs ALU-bound at ~24 Gweights/s, below what the file's
+22 bytes per 32 weights let two threads stream. Here row A's group fills the low 256 bits and
+row B's the high 256, so each step runs once for both rows:
+
+    codes  = [A.qs, A.qs, B.qs, B.qs] >> [0, 4, 0, 4] (per 16 bytes) & 15, | 16 where qh's bit is set
+    lanes  = vpdpbusd(-16 * quad sums of a, codes, [a, a])          (the offset, as intdot_ir)
+    acc    = fma(float(lanes), [fl(dA * d_a) x 8, fl(dB * d_a) x 8], acc)
+
+Lanes 0-7 are row A's lanes of intdot_ir (lane j: codes 4j..4j+3), lanes 8-15 row B's, and
+every lane sees the same operations in the same order, so each row's sum (lane_sum of its
+half) has the bits of the int8 copy's. Needs AVX-512 BW and VNNI (``fits``).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils
+
+from .intdot_ir import EXACT, I8, I16, I32, QUINT_BLOCK, QUINT_OFFSET, QUINT_QH, QUINT_QS, _call, lane_sum
+
+WIDE = 16  # int32 / float lanes of one 512-bit register
+I64 = ir.IntType(64)
+NEEDED_FEATURES = ("avx512bw", "avx512vnni", "avx512vl")
+
+
+def fits(features: frozenset[str]) -> bool:
+    """Whether the CPU runs this kernel (512-bit byte ops and vpdpbusd)."""
+    return all(f in features for f in NEEDED_FEATURES)
+
+
+def _byte_pointer(builder, block, offset: int, vector_type):
+    return builder.bitcast(builder.gep(block, [ir.Constant(I64, offset)]), vector_type.as_pointer())
+
+
+def _pair_codes(builder, block_a, block_b):
+    """<64 x i8>: row A's 32 codes then row B's, stored plus 16 (0..31)."""
+    qs_type = ir.VectorType(I8, 16)
+    qs_a = builder.load(_byte_pointer(builder, block_a, QUINT_QS, qs_type), align=1)
+    qs_b = builder.load(_byte_pointer(builder, block_b, QUINT_QS, qs_type), align=1)
+    order = list(range(16)) * 2 + list(range(16, 32)) * 2
+    both = builder.shuffle_vector(qs_a, qs_b, ir.Constant(ir.VectorType(I32, 64), order))  # (64,) bytes
+    words = builder.bitcast(both, ir.VectorType(I16, 32))
+    shifts = ir.Constant(words.type, ([0] * 8 + [4] * 8) * 2)  # high nibbles: codes 16..31
+    nibbles = builder.and_(
+        builder.bitcast(builder.lshr(words, shifts), both.type), ir.Constant(both.type, [15] * 64)
+    )
+    mask_type = ir.VectorType(ir.IntType(1), 32)
+    # Two mask loads joined (kunpckdq): built in a general register (shift, or, kmovq) the
+    # mask cost ~1.5x the kernel's time, the moves from general registers being scarce.
+    bits_a = builder.load(_byte_pointer(builder, block_a, QUINT_QH, mask_type), align=1)
+    bits_b = builder.load(_byte_pointer(builder, block_b, QUINT_QH, mask_type), align=1)
+    bits = builder.shuffle_vector(bits_a, bits_b, ir.Constant(ir.VectorType(I32, 64), list(range(64))))
+    fifth = builder.select(bits, ir.Constant(both.type, [16] * 64), ir.Constant(both.type, None))
+    return builder.or_(nibbles, fifth)
+
+
+def _pair_factors(builder, block_a, block_b, code_scale):
+    """<16 x float>: fl(dA * code_scale) in lanes 0-7, fl(dB * code_scale) in 8-15."""
+    half = ir.HalfType()
+    # Vector loads of the blocks' first 16 bytes and one word shuffle: two scalar halves
+    # inserted (vpinsrw) cost as much again as the mask built in a general register.
+    eight = ir.VectorType(half, 8)
+    head_a = builder.load(builder.bitcast(block_a, eight.as_pointer()), align=1)
+    head_b = builder.load(builder.bitcast(block_b, eight.as_pointer()), align=1)
+    pair = builder.shuffle_vector(head_a, head_b, ir.Constant(ir.VectorType(I32, 2), [0, 8]))
+    widened = builder.fpext(pair, ir.VectorType(ir.FloatType(), 2))  # exact
+    splat = builder.insert_element(ir.Constant(widened.type, ir.Undefined), code_scale, ir.Constant(I32, 0))
+    splat = builder.shuffle_vector(splat, splat, ir.Constant(ir.VectorType(I32, 2), [0, 0]))
+    factors = builder.fmul(widened, splat, flags=EXACT)
+    return builder.shuffle_vector(factors, factors, ir.Constant(ir.VectorType(I32, WIDE), [0] * 8 + [1] * 8))
+
+
+def _activation(builder, a_ptr):
+    """(<64 x i8> the group's 32 codes twice, <16 x i32> minus 16 times each lane's four)."""
+    a = builder.load(builder.bitcast(a_ptr, ir.VectorType(I8, 32).as_pointer()), align=1)
+    twice = builder.shuffle_vector(a, a, ir.Constant(ir.VectorType(I32, 64), list(range(32)) * 2))
+    words = ir.VectorType(I32, WIDE)
+    zero = ir.Constant(words, None)
+    sixteens = builder.bitcast(ir.Constant(twice.type, [QUINT_OFFSET] * 64), words)
+    quads = _call(
+        builder, "llvm.x86.avx512.vpdpbusd.512", words, [zero, sixteens, builder.bitcast(twice, words)]
+    )
+    return twice, builder.sub(zero, quads)
+
+
+def quint_pair_dots(builder, block_a, block_b, a0, d0, n_groups):
+    """[row A's sum, row B's sum] over ``n_groups`` Q5_0 blocks from ``block_a``/``block_b``
+    (i8 pointers) with activation codes at ``a0`` and their group scales at ``d0``: the
+    values intdot_ir.row_dots gives each row (module docstring)."""
+    floats, words = ir.VectorType(ir.FloatType(), WIDE), ir.VectorType(I32, WIDE)
+    acc = cgutils.alloca_once_value(builder, ir.Constant(floats, None))
+    with cgutils.for_range(builder, n_groups) as loop:
+        g = loop.index
+        w_at = builder.mul(g, ir.Constant(g.type, QUINT_BLOCK))
+        a_at = builder.mul(g, ir.Constant(g.type, 32))
+        first, second = builder.gep(block_a, [w_at]), builder.gep(block_b, [w_at])
+        codes = _pair_codes(builder, first, second)
+        twice, offset = _activation(builder, builder.gep(a0, [a_at]))
+        lanes = _call(
+            builder, "llvm.x86.avx512.vpdpbusd.512", words,
+            [offset, builder.bitcast(codes, words), builder.bitcast(twice, words)],
+        )  # fmt: skip
+        factors = _pair_factors(builder, first, second, builder.load(builder.gep(d0, [g])))
+        step = _call(
+            builder, "llvm.fma.v16f32", floats, [builder.sitofp(lanes, floats), factors, builder.load(acc)]
+        )
+        builder.store(step, acc)
+    total = builder.load(acc)
+    halves = [
+        builder.shuffle_vector(total, total, ir.Constant(ir.VectorType(I32, 8), list(range(h, h + 8))))
+        for h in (0, 8)
+    ]
+    return [lane_sum(builder, half) for half in halves]
