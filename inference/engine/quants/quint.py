@@ -29,6 +29,11 @@ from .intdot import HOST_SIMD, _group_dot_intrinsic, _group_dot_pair_intrinsic
 from .intdot_ir import QUINT_BLOCK, QUINT_OFFSET
 
 GROUP = 32
+# Whether the one-row products read Q5_0 matrices as blocks (a second copy beside the int8
+# codes the tiles read). Measured on two threads streaming 151936x896 (bench/q5_stream.py):
+# the 512-bit pair reads the blocks ~1.3x faster than the int8 copy; a 256-bit unpack is
+# instruction-bound at about the int8 copy's speed, so the other selections keep that.
+DECODE_BLOCKS = HOST_SIMD == "vnni" and quint_ir.fits(target_features())
 
 
 def quint_packable(q: np.ndarray, scales: np.ndarray, group_size: int) -> bool:
@@ -40,6 +45,7 @@ def quint_packable(q: np.ndarray, scales: np.ndarray, group_size: int) -> bool:
         return bool(np.array_equal(scales.astype(np.float16).astype(np.float32), scales, equal_nan=True))
 
 
+@numba.njit(cache=True)
 def quint_row_bytes(cols):
     """Bytes of a row of ``cols`` weights in Q5_0 blocks."""
     return cols // GROUP * QUINT_BLOCK
