@@ -170,8 +170,10 @@ class FusedForward:
         layer_info = np.array([[w.window, w.rope_table] for w in layers], np.int64)  # (L, 2)
         gelu = gelu_table() if dims[sk.FLAGS] & sk.GELU else np.zeros(1, np.float32)  # (65536,) or unused
         weights = sk.StepWeights(arena.q, arena.scales, arena.mins, arena.bias_array(), arena.floats, gelu)
-        # What one decode step reads: every weight of every layer and the head, once.
-        self.weight_bytes = sum(a.nbytes for a in weights[:5])
+        # What one decode step reads: every weight of every layer and the head, once (the
+        # matrices it reads as Q5_0 blocks not as their int8 codes and scales).
+        unread = sum(m.layout.q.nbytes + m.layout.scales.nbytes for m in arena.quint)
+        self.weight_bytes = sum(a.nbytes for a in weights[:5]) - unread
         self.vocab = int(head_row[0, sk.ROWS])
         # np.array copies: the mapped file's norm is read-only, and a read-only array would compile
         # its own variant of the norm kernels beside the writable one every other norm is.
