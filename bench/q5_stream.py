@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inference.engine.intrinsics import prefetch  # noqa: E402
 from inference.engine.quants.intdot import HOST_SIMD, dot_pair_int  # noqa: E402
-from inference.engine.quants.quint import dot_pair_quint, pack_quint  # noqa: E402
+from inference.engine.quants.quint import WIDE, dot_pair_quint, pack_quint, wide_dot_quad_quint  # noqa: E402
 
 PREFETCH_BYTES = 3072
 
@@ -61,7 +61,7 @@ def stream_int8(q, scales, ints, int_scales, rows, cols, out, passes):
 
 
 @numba.njit(parallel=True, cache=True)
-def stream_quint(q, scales, ints, int_scales, rows, cols, out, passes):
+def stream_quint(q, scales, ints, int_scales, rows, cols, out, passes, prefetch_bytes=PREFETCH_BYTES):
     """out[r] = row r of the Q5_0 blocks times the activation, rows split between the threads."""
     groups = cols >> 5
     row_bytes = groups * 22
@@ -69,7 +69,7 @@ def stream_quint(q, scales, ints, int_scales, rows, cols, out, passes):
     for t in numba.prange(n_threads):
         r0, r1 = rows * t // n_threads // 2 * 2, rows * (t + 1) // n_threads // 2 * 2
         block = np.empty(2, np.float32)
-        ahead = max(1, PREFETCH_BYTES // row_bytes) * row_bytes
+        ahead = max(1, prefetch_bytes // row_bytes) * row_bytes
         for i in range(0, (r1 - r0) * passes, 2):
             r = r0 + i % (r1 - r0)
             start = r * row_bytes
@@ -79,12 +79,34 @@ def stream_quint(q, scales, ints, int_scales, rows, cols, out, passes):
             out[r], out[r + 1] = block[0], block[1]
 
 
+@numba.njit(parallel=True, cache=True)
+def stream_quint_quad(q, scales, ints, int_scales, rows, cols, out, passes):
+    """stream_quint four rows a call (two 512-bit pairs sharing the activation's work)."""
+    groups = cols >> 5
+    row_bytes = groups * 22
+    n_threads = numba.get_num_threads()
+    for t in numba.prange(n_threads):
+        r0, r1 = rows * t // n_threads // 4 * 4, rows * (t + 1) // n_threads // 4 * 4
+        block = np.empty(4, np.float32)
+        ahead = max(1, PREFETCH_BYTES // row_bytes) * row_bytes
+        for i in range(0, (r1 - r0) * passes, 4):
+            r = r0 + i % (r1 - r0)
+            start = r * row_bytes
+            for j in range(start + ahead, min(start + ahead + 4 * row_bytes, rows * row_bytes), 64):
+                prefetch(q, j)
+            wide_dot_quad_quint(q, start, start + row_bytes, ints, scales, 0, 0, int_scales, groups, block)
+            out[r], out[r + 1], out[r + 2], out[r + 3] = block[0], block[1], block[2], block[3]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=151936)
     parser.add_argument("--cols", type=int, default=896)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--prefetch", type=int, nargs="*", default=[], help="also: blocks prefetched this far"
+    )
     parser.add_argument("--passes", type=int, default=1, help="passes over the rows (small rows: from cache)")
     args = parser.parse_args()
     numba.set_num_threads(args.threads)
@@ -107,10 +129,25 @@ def main() -> None:
             blocks.nbytes,
         ),
     }
+    if WIDE:
+        out_c = np.empty(rows, np.float32)
+        runs["Q5_0 quads"] = (
+            lambda: stream_quint_quad(blocks, flat_s, ints, int_scales, rows, cols, out_c, args.passes),
+            blocks.nbytes,
+        )
+    for far in args.prefetch:
+        out_far = np.empty(rows, np.float32)
+        runs[f"blocks pf{far}"] = (
+            lambda far=far, out_far=out_far: stream_quint(
+                blocks, flat_s, ints, int_scales, rows, cols, out_far, args.passes, far
+            ),
+            blocks.nbytes,
+        )
     times = {name: [] for name in runs}
     for run, _ in runs.values():
         run()  # compile and warm
     assert np.array_equal(out_a, out_b), "the two layouts gave different bits"
+    assert not WIDE or np.array_equal(out_a, out_c), "the quads gave different bits"
     for _ in range(args.reps):
         for name, (run, _) in runs.items():
             t0 = time.perf_counter()

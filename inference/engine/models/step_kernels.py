@@ -64,6 +64,9 @@ N_HEADS, N_KV, HEAD_DIM, N_FF, FLAGS, NEOX = range(6)
 # Columns of StepRows.caches: the addresses of a row's cache arrays and their context length.
 CACHE_K, CACHE_V, CACHE_CTX = range(3)
 PREFETCH_BYTES = 3072
+# Q5_0 blocks take more instructions a byte: two threads streaming 151936x896 of them ran at
+# 34-39 Gweights/s prefetching 6-12 KB ahead against 22-23 at 3 KB (bench/q5_stream.py).
+QUINT_PREFETCH_BYTES = 12288
 TILE_ROWS = 32  # weight rows per work item: ~18-150 KB, reused from cache by every token row
 # One token row (a decode step) reuses nothing, and a work item of 32 rows cost ~25% of its
 # streaming time in per-item overhead (the head of Qwen2.5 in items of 32 rows: 15.6 Gw/s of
@@ -102,7 +105,7 @@ def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, 
     nib, quint = lin[NIB], lin[QUINT] >= 0
     row_bytes = quint_row_bytes(cols) if quint else cols if nib < 0 else cols >> 1
     q_first = lin[QUINT] if quint else lin[Q_OFF]
-    ahead = max(1, PREFETCH_BYTES // row_bytes) * row_bytes
+    ahead = max(1, (QUINT_PREFETCH_BYTES if quint else PREFETCH_BYTES) // row_bytes) * row_bytes
     end = q_first + lin[ROWS] * row_bytes
     has_mins, has_bias, b_first = lin[M_OFF] >= 0, lin[B_OFF] >= 0, lin[B_OFF]
     for r in range(r0, r1, 2):

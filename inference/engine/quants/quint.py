@@ -89,25 +89,42 @@ def dot_row_quint_reference(blocks: np.ndarray, ints: np.ndarray, int_scales: np
     return float((d[0].astype(np.float64) * int_scales.astype(np.float64) * sums).sum())
 
 
-@intrinsic
-def _wide_pair(typingctx, q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out):
-    """The pair kernel with both rows in one 512-bit register (quint_ir.py); same signature."""
-    sig = types.void(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+def _wide_intrinsic(n_pairs: int):
+    """``f(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)``:
+    out[i] = the product of the weight row at q_start + i * (q_next - q_start), i < 2 *
+    n_pairs, pairs of rows in 512-bit registers (quint_ir.py); dot_pair_int's signature."""
 
-    def codegen(context, builder, signature, args):
-        t = signature.args
-        zero = ir.Constant(ir.IntType(64), 0)
-        first = element_pointer(context, builder, t[0], args[0], args[1])
-        second = element_pointer(context, builder, t[0], args[0], args[2])
-        a0 = element_pointer(context, builder, t[3], args[3], zero)
-        d0 = element_pointer(context, builder, t[7], args[7], zero)
-        for i, value in enumerate(quint_ir.quint_pair_dots(builder, first, second, a0, d0, args[8])):
-            builder.store(
-                value, element_pointer(context, builder, t[9], args[9], ir.Constant(ir.IntType(64), i))
-            )
-        return context.get_dummy_value()
+    @intrinsic
+    def wide(typingctx, q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out):
+        sig = types.void(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
 
-    return sig, codegen
+        def codegen(context, builder, signature, args):
+            t, i64 = signature.args, ir.IntType(64)
+            stride = builder.sub(args[2], args[1])
+            rows = [
+                element_pointer(
+                    context,
+                    builder,
+                    t[0],
+                    args[0],
+                    builder.add(args[1], builder.mul(stride, ir.Constant(i64, i))),
+                )
+                for i in range(2 * n_pairs)
+            ]
+            a0 = element_pointer(context, builder, t[3], args[3], ir.Constant(i64, 0))
+            d0 = element_pointer(context, builder, t[7], args[7], ir.Constant(i64, 0))
+            pairs = [(rows[2 * p], rows[2 * p + 1]) for p in range(n_pairs)]
+            sums = quint_ir.quint_pair_dots(builder, pairs, a0, d0, args[8])
+            for i, value in enumerate(v for pair in sums for v in pair):
+                builder.store(value, element_pointer(context, builder, t[9], args[9], ir.Constant(i64, i)))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return wide
+
+
+_wide_pair, _wide_quad = _wide_intrinsic(1), _wide_intrinsic(2)
 
 
 _row = {s: _group_dot_intrinsic(GROUP, s, QUINT_OFFSET) for s in ("generic", "avx2", "vnni")}
@@ -147,6 +164,13 @@ def generic_dot_pair_quint(q, q_start, q_next, ints, scales, s_start, s_next, in
 def wide_dot_pair_quint(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out):
     """dot_pair_quint with both rows in one 512-bit register (only where quint_ir.fits)."""
     _wide_pair(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+
+
+@numba.njit(cache=True)
+def wide_dot_quad_quint(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out):
+    """out[0:4] = the products of four rows q_next - q_start bytes apart, two 512-bit pairs
+    sharing the activation's work (only where quint_ir.fits)."""
+    _wide_quad(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
 
 
 @numba.njit(cache=True)

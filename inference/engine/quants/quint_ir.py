@@ -97,31 +97,39 @@ def _activation(builder, a_ptr):
     return twice, builder.sub(zero, quads)
 
 
-def quint_pair_dots(builder, block_a, block_b, a0, d0, n_groups):
-    """[row A's sum, row B's sum] over ``n_groups`` Q5_0 blocks from ``block_a``/``block_b``
-    (i8 pointers) with activation codes at ``a0`` and their group scales at ``d0``: the
-    values intdot_ir.row_dots gives each row (module docstring)."""
+def quint_pair_dots(builder, pairs, a0, d0, n_groups):
+    """[[row A's sum, row B's sum] for each (block_a, block_b) of ``pairs``] over ``n_groups``
+    Q5_0 blocks (i8 pointers) with activation codes at ``a0`` and their group scales at
+    ``d0``: the values intdot_ir.row_dots gives each row (module docstring). Several pairs
+    share the activation's load and offset term, and their sums are independent chains."""
     floats, words = ir.VectorType(ir.FloatType(), WIDE), ir.VectorType(I32, WIDE)
-    acc = cgutils.alloca_once_value(builder, ir.Constant(floats, None))
+    accs = [cgutils.alloca_once_value(builder, ir.Constant(floats, None)) for _ in pairs]
     with cgutils.for_range(builder, n_groups) as loop:
         g = loop.index
         w_at = builder.mul(g, ir.Constant(g.type, QUINT_BLOCK))
-        a_at = builder.mul(g, ir.Constant(g.type, 32))
-        first, second = builder.gep(block_a, [w_at]), builder.gep(block_b, [w_at])
-        codes = _pair_codes(builder, first, second)
-        twice, offset = _activation(builder, builder.gep(a0, [a_at]))
-        lanes = _call(
-            builder, "llvm.x86.avx512.vpdpbusd.512", words,
-            [offset, builder.bitcast(codes, words), builder.bitcast(twice, words)],
-        )  # fmt: skip
-        factors = _pair_factors(builder, first, second, builder.load(builder.gep(d0, [g])))
-        step = _call(
-            builder, "llvm.fma.v16f32", floats, [builder.sitofp(lanes, floats), factors, builder.load(acc)]
-        )
-        builder.store(step, acc)
-    total = builder.load(acc)
-    halves = [
-        builder.shuffle_vector(total, total, ir.Constant(ir.VectorType(I32, 8), list(range(h, h + 8))))
-        for h in (0, 8)
-    ]
-    return [lane_sum(builder, half) for half in halves]
+        twice, offset = _activation(builder, builder.gep(a0, [builder.mul(g, ir.Constant(g.type, 32))]))
+        code_scale = builder.load(builder.gep(d0, [g]))
+        for (block_a, block_b), acc in zip(pairs, accs, strict=True):
+            first, second = builder.gep(block_a, [w_at]), builder.gep(block_b, [w_at])
+            codes = _pair_codes(builder, first, second)
+            lanes = _call(
+                builder, "llvm.x86.avx512.vpdpbusd.512", words,
+                [offset, builder.bitcast(codes, words), builder.bitcast(twice, words)],
+            )  # fmt: skip
+            factors = _pair_factors(builder, first, second, code_scale)
+            step = _call(
+                builder,
+                "llvm.fma.v16f32",
+                floats,
+                [builder.sitofp(lanes, floats), factors, builder.load(acc)],
+            )
+            builder.store(step, acc)
+    sums = []
+    for acc in accs:
+        total = builder.load(acc)
+        halves = [
+            builder.shuffle_vector(total, total, ir.Constant(ir.VectorType(I32, 8), list(range(h, h + 8))))
+            for h in (0, 8)
+        ]
+        sums.append([lane_sum(builder, half) for half in halves])
+    return sums
