@@ -31,14 +31,14 @@ PREFETCH_BYTES = 3072
 
 
 @numba.njit(parallel=True, cache=True)
-def stream_int8(q, scales, ints, int_scales, rows, cols, out, passes):
+def stream_int8(q, scales, ints, int_scales, rows, cols, out, passes, prefetch_bytes=PREFETCH_BYTES):
     """out[r] = row r of the int8 copy times the activation, rows split between the threads."""
     groups = cols >> 5
     n_threads = numba.get_num_threads()
     for t in numba.prange(n_threads):
         r0, r1 = rows * t // n_threads // 2 * 2, rows * (t + 1) // n_threads // 2 * 2
         block = np.empty(2, np.float32)
-        ahead = max(1, PREFETCH_BYTES // cols) * cols
+        ahead = max(1, prefetch_bytes // cols) * cols
         for i in range(0, (r1 - r0) * passes, 2):
             r = r0 + i % (r1 - r0)
             start = r * cols
@@ -136,6 +136,13 @@ def main() -> None:
             blocks.nbytes,
         )
     for far in args.prefetch:
+        out_int8 = np.empty(rows, np.float32)
+        runs[f"int8 pf{far}"] = (
+            lambda far=far, out_int8=out_int8: stream_int8(
+                flat_q, flat_s, ints, int_scales, rows, cols, out_int8, args.passes, far
+            ),
+            q.nbytes + scales.nbytes,
+        )
         out_far = np.empty(rows, np.float32)
         runs[f"blocks pf{far}"] = (
             lambda far=far, out_far=out_far: stream_quint(
