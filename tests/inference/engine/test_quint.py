@@ -17,6 +17,7 @@ from inference.engine.quants.quint import (
     quint_row_bytes,
     unpack_quint,
     wide_dot_pair_quint,
+    wide_dot_quad_quint,
 )
 from inference.engine.quants.quint_ir import fits
 from inference.engine.simd import SELECTIONS, missing_features, target_features
@@ -100,7 +101,7 @@ def test_every_selection_gives_the_int8_copys_bits(simd):
             assert abs(one - reference) <= bound
 
 
-def test_the_512_bit_pair_gives_the_int8_copys_bits():
+def test_the_512_bit_pair_and_quad_give_the_int8_copys_bits():
     if not fits(target_features()):
         pytest.skip("the CPU lacks AVX-512 BW / VNNI for the 512-bit pair")
     for seed in range(3, 6):
@@ -125,6 +126,17 @@ def test_the_512_bit_pair_gives_the_int8_copys_bits():
             )
             wide_dot_pair_quint(blocks, r * rb, (r + 1) * rb, ints, scales.ravel(), 0, 0, int_scales, g, out)
             np.testing.assert_array_equal(out, expected)
+            if r % 4 == 0:  # four rows a call: two pairs sharing the activation's work
+                quad = np.zeros(4, np.float32)
+                wide_dot_quad_quint(
+                    blocks, r * rb, (r + 1) * rb, ints, scales.ravel(), 0, 0, int_scales, g, quad
+                )
+                following = np.zeros(2, np.float32)
+                pair(
+                    q.ravel(), (r + 2) * cols, (r + 3) * cols, ints, scales.ravel(), (r + 2) * g, (r + 3) * g,
+                    int_scales, g, 5, following,
+                )  # fmt: skip
+                np.testing.assert_array_equal(quad, np.concatenate([expected, following]))
 
 
 def test_the_fused_step_reads_q5_0_matrices_as_blocks(synthetic_dir):
