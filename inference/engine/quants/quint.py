@@ -5,10 +5,10 @@ layout (layout.py) spends 32 bytes of codes and a 4-byte scale on every 32 Q5_0 
 the file spends 22: an f16 scale ``d``, the fifth bits of the 32 codes as a little-endian
 uint32 ``qh`` (bit j: code j) and 16 bytes ``qs`` of nibbles (byte j: code j low, code j + 16
 high). Qwen2.5-Coder-0.5B keeps 133 of its 170 matrices in Q5_0: ~250M weights per token.
-Here those blocks are kept byte for byte and the vector kernel (intdot_ir.py, ``QUINT_OFFSET``)
-unpacks them in registers: the same integer lanes and the same float32 scale (an f16 widens
-exactly), so every product has the bits of the int8 copy's, from 0.69 bytes a weight instead
-of 1.125.
+A decode step keeps those blocks byte for byte (fused.py) and the vector kernel
+(intdot_ir.py ``QUINT_OFFSET``, quint_ir.py) unpacks them in registers: the same integer
+lanes and the same float32 scale (an f16 widens exactly), so every product has the bits of
+the int8 copy's, from 0.69 bytes a weight instead of 1.125.
 
 The blocks are rebuilt from the int8 codes and scales (``pack_quint``): a Q5_0 file's own bytes,
 and any matrix whose codes are -16..15 in groups of 32 with f16-exact scales.
@@ -30,9 +30,10 @@ from .intdot_ir import QUINT_BLOCK, QUINT_OFFSET
 
 GROUP = 32
 # Whether the one-row products read Q5_0 matrices as blocks (a second copy beside the int8
-# codes the tiles read). Measured on two threads streaming 151936x896 (bench/q5_stream.py):
-# the 512-bit pair reads the blocks ~1.3x faster than the int8 copy; a 256-bit unpack is
-# instruction-bound at about the int8 copy's speed, so the other selections keep that.
+# codes the tiles read). Two threads streaming 151936x896 (bench/q5_stream.py): the 512-bit
+# pair reads the blocks 1.0-1.56x as fast as the int8 copy (the more the memory bus is shared,
+# the more); the avx2 selection's 256-bit unpack is instruction-bound below the int8 copy
+# (21-22 against 26 Gweights/s), so the other selections keep that.
 DECODE_BLOCKS = HOST_SIMD == "vnni" and quint_ir.fits(target_features())
 
 
