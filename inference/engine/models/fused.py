@@ -21,6 +21,7 @@ from ..kv_cache import KVCache
 from ..quants.layout import GroupLayout
 from ..quants.matrix import FloatMatrix, GroupedMatrix, QuantMatrix
 from ..quants.nibbles import pack_nibbles, packable_offset
+from ..quants.quint import DECODE_BLOCKS, pack_quint, quint_packable, quint_row_bytes
 from . import step_kernels as sk
 from . import step_region
 from .rowops import gelu_table
@@ -45,7 +46,9 @@ class LayerWeights:
 class _Arena:
     """Flat arrays holding every matrix of the step; matrices are re-pointed at their slices
     so the weights are held once. 4-bit codes go in as packed nibbles (quants/nibbles.py):
-    those matrices keep their int8 copy for their own products (the numpy path, tests)."""
+    those matrices keep their int8 copy for their own products (the numpy path, tests).
+    Five-bit codes (Q5_0) go in twice where DECODE_BLOCKS: int8 codes for the tiles of several
+    rows, and the file's blocks after all codes for one row's products (quants/quint.py)."""
 
     def __init__(self, matrices: list[QuantMatrix]):
         unique = list({id(m): m for m in matrices}.values())
@@ -53,6 +56,9 @@ class _Arena:
         floating = [m for m in unique if isinstance(m, FloatMatrix)]
         self.nibble_offsets = {id(m): packable_offset(m.layout.q, m.layout.group_size) for m in grouped}
         q_bytes = sum(m.layout.q.size // (1 if self.nibble_offsets[id(m)] is None else 2) for m in grouped)
+        self.quint = [m for m in grouped if self._takes_blocks(m)]
+        self.quint_at = q_bytes
+        q_bytes += sum(m.rows * quint_row_bytes(m.cols) for m in self.quint)
         self.q = np.empty(q_bytes, np.int8)  # (int8 codes and packed nibbles of every matrix,)
         self.scales = np.empty(sum(m.layout.scales.size for m in grouped), np.float32)  # (groups,)
         n_mins = sum(m.layout.mins.size for m in grouped if m.layout.mins is not None)
@@ -60,12 +66,13 @@ class _Arena:
         self.floats = np.empty(max(sum(m.weights.size for m in floating), 1), np.float32)  # (float weights,)
         self.rows: dict[int, list[int]] = {}
         self._place_grouped(grouped)
+        self._place_blocks()
         at = 0
         for m in floating:
             view = self.floats[at : at + m.weights.size].reshape(m.weights.shape)
             view[...] = m.weights
             m.weights = view
-            self.rows[id(m)] = [at, m.rows, m.cols, -1, -1, sk.FLOAT_SHIFT, m.activation_kind, -1, -1]
+            self.rows[id(m)] = [at, m.rows, m.cols, -1, -1, sk.FLOAT_SHIFT, m.activation_kind, -1, -1, -1]
             at += m.weights.size
         self.biases: list[np.ndarray] = []
         self.bias_at = 0
@@ -90,14 +97,38 @@ class _Arena:
                 m_at += lay.mins.size
             m.layout = GroupLayout(q_view, s_view, m_view, lay.group_size)
             self.rows[id(m)] = [
-                q_at, m.rows, m.cols, s_at, m_off, lay.group_shift, m.activation_kind, -1, -1 if nib is None else nib
+                q_at, m.rows, m.cols, s_at, m_off, lay.group_shift, m.activation_kind, -1,
+                -1 if nib is None else nib, -1,
             ]  # fmt: skip
             q_at, s_at = q_at + lay.q.size // (1 if nib is None else 2), s_at + lay.scales.size
+
+    def _takes_blocks(self, m: GroupedMatrix) -> bool:
+        lay = m.layout
+        return (
+            DECODE_BLOCKS
+            and self.nibble_offsets[id(m)] is None
+            and lay.mins is None
+            and quint_packable(lay.q, lay.scales, lay.group_size)
+        )
+
+    def _place_blocks(self) -> None:
+        at = self.quint_at
+        for m in self.quint:
+            self.rows[id(m)][sk.QUINT] = at
+            row_bytes, slab = quint_row_bytes(m.cols), max(1, (1 << 20) // m.cols)  # ~1M weights a slab
+            for r in range(0, m.rows, slab):
+                lay = m.layout
+                blocks = pack_quint(lay.q[r : r + slab], lay.scales[r : r + slab]).view(
+                    np.int8
+                )  # (slab, row_bytes)
+                self.q[at : at + blocks.size] = blocks.ravel()
+                at += blocks.size
+            assert at == self.rows[id(m)][sk.QUINT] + m.rows * row_bytes
 
     def row(self, matrix: GroupedMatrix | None, bias: np.ndarray | None) -> list[int]:
         """The table row of a matrix (zero rows for an empty slot), with its bias appended."""
         if matrix is None:
-            return [0] * (sk.LINEAR_FIELDS - 1) + [-1]
+            return [0] * (sk.LINEAR_FIELDS - 2) + [-1, -1]
         row = list(self.rows[id(matrix)])
         if bias is not None:
             row[sk.B_OFF] = self.bias_at
@@ -140,8 +171,10 @@ class FusedForward:
         layer_info = np.array([[w.window, w.rope_table] for w in layers], np.int64)  # (L, 2)
         gelu = gelu_table() if dims[sk.FLAGS] & sk.GELU else np.zeros(1, np.float32)  # (65536,) or unused
         weights = sk.StepWeights(arena.q, arena.scales, arena.mins, arena.bias_array(), arena.floats, gelu)
-        # What one decode step reads: every weight of every layer and the head, once.
-        self.weight_bytes = sum(a.nbytes for a in weights[:5])
+        # What one decode step reads: every weight of every layer and the head, once (the
+        # matrices it reads as Q5_0 blocks not as their int8 codes and scales).
+        unread = sum(m.layout.q.nbytes + m.layout.scales.nbytes for m in arena.quint)
+        self.weight_bytes = sum(a.nbytes for a in weights[:5]) - unread
         self.vocab = int(head_row[0, sk.ROWS])
         self._prepared = False  # the stages' addresses ready for this model's argument types
         # np.array copies: the mapped file's norm is read-only, and a read-only array would compile

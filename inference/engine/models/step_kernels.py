@@ -37,6 +37,7 @@ from ..quants.intdot import ROW_BLOCK, dot_pair_int, dot_row_int, min_sum
 from ..quants.nibbles import dot_pair_nib, dot_row_nib
 from ..quants.pair_mins import dot_pair_min
 from ..quants.quantize import round_row, round_row_int
+from ..quants.quint import dot_pair_quint, dot_row_quint, quint_row_bytes
 from ..stage_calls import Sites
 from ..worksharing import claim, mark_done, wait_done
 from . import prefill_tiles
@@ -45,10 +46,12 @@ from .rowops import gelu_lookup, rms_norm_into
 
 # Columns of the linear table: offsets into the arenas (-1: none), shape, format. A float
 # matrix (F32/F16/BF16) has SHIFT 0 and Q_OFF into the float arena. NIB: -1 for int8 codes,
-# else the weights are packed nibbles (quants/nibbles.py) stored plus this offset.
-Q_OFF, ROWS, COLS, S_OFF, M_OFF, SHIFT, KIND, B_OFF, NIB = range(9)
+# else the weights are packed nibbles (quants/nibbles.py) stored plus this offset. QUINT: -1,
+# or where in the q arena a one-row product reads the matrix as Q5_0 blocks (quants/quint.py;
+# a second copy: the several-row tiles read the int8 codes at Q_OFF).
+Q_OFF, ROWS, COLS, S_OFF, M_OFF, SHIFT, KIND, B_OFF, NIB, QUINT = range(10)
 FLOAT_SHIFT = 0
-LINEAR_FIELDS = 9
+LINEAR_FIELDS = 10
 # Linear slots of a layer: q/k/v (or the stacked qkv in slot 0), output, gate/up (or stacked
 # gate_up in slot 4), down. Unused slots have ROWS 0.
 SLOT_Q, SLOT_OUT, SLOT_GATE, SLOT_UP, SLOT_DOWN = 0, 3, 4, 5, 6
@@ -62,6 +65,9 @@ N_HEADS, N_KV, HEAD_DIM, N_FF, FLAGS, NEOX = range(6)
 # Columns of StepRows.caches: the addresses of a row's cache arrays and their context length.
 CACHE_K, CACHE_V, CACHE_CTX = range(3)
 PREFETCH_BYTES = 3072
+# Q5_0 blocks take more instructions a byte: two threads streaming 151936x896 of them ran at
+# 34-39 Gweights/s prefetching 6-12 KB ahead against 22-23 at 3 KB (bench/q5_stream.py).
+QUINT_PREFETCH_BYTES = 12288
 TILE_ROWS = 32  # weight rows per work item: ~18-150 KB, reused from cache by every token row
 # One token row (a decode step) reuses nothing, and a work item of 32 rows cost ~25% of its
 # streaming time in per-item overhead (the head of Qwen2.5 in items of 32 rows: 15.6 Gw/s of
@@ -97,15 +103,16 @@ def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, 
     cols, shift = lin[COLS], lin[SHIFT]
     groups = cols >> shift
     codes, code_scales, group_sums = rounded.ints[k, 0], rounded.int_scales[k, 0], rounded.sums[k, 0]
-    nib = lin[NIB]
-    row_bytes = cols if nib < 0 else cols >> 1
-    ahead = max(1, PREFETCH_BYTES // row_bytes) * row_bytes
-    end = lin[Q_OFF] + lin[ROWS] * row_bytes
+    nib, quint = lin[NIB], lin[QUINT] >= 0
+    row_bytes = quint_row_bytes(cols) if quint else cols if nib < 0 else cols >> 1
+    q_first = lin[QUINT] if quint else lin[Q_OFF]
+    ahead = max(1, (QUINT_PREFETCH_BYTES if quint else PREFETCH_BYTES) // row_bytes) * row_bytes
+    end = q_first + lin[ROWS] * row_bytes
     has_mins, has_bias, b_first = lin[M_OFF] >= 0, lin[B_OFF] >= 0, lin[B_OFF]
     for r in range(r0, r1, 2):
         pair = r + 1 < r1
         row_start, s_start, m_start = (
-            lin[Q_OFF] + r * row_bytes,
+            q_first + r * row_bytes,
             lin[S_OFF] + r * groups,
             lin[M_OFF] + r * groups,
         )
@@ -118,6 +125,11 @@ def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, 
                 q, row_start, row_start + row_bytes, codes, scales, s_start, s_start + groups, code_scales,
                 mins, m_start, m_start + groups, group_sums, groups, shift, nib, block,
             )  # fmt: skip
+        elif pair and quint:  # Q5_0 as the file packs it: the fewest bytes a token streams
+            next_row = row_start + row_bytes
+            dot_pair_quint(
+                q, row_start, next_row, codes, scales, s_start, s_start, code_scales, groups, block
+            )
         elif pair and nib >= 0:
             dot_pair_nib(
                 q,
@@ -146,6 +158,8 @@ def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, 
                 shift,
                 block,
             )
+        elif quint:
+            block[0] = dot_row_quint(q, row_start, codes, scales, s_start, code_scales, groups)
         elif nib >= 0:
             block[0] = dot_row_nib(q, row_start, codes, scales, s_start, code_scales, groups, nib)
         else:

@@ -27,6 +27,10 @@ from llvmlite import ir
 from numba.core import cgutils
 
 LANES = 8
+# nibble_offset QUINT_OFFSET: a Q5_0 block read as the file stores it (quint.py): f16 scale d,
+# the 32 fifth bits as a uint32 qh, 16 bytes of nibbles qs; codes stored plus 16.
+QUINT_OFFSET = 16
+QUINT_BLOCK, QUINT_QH, QUINT_QS = 22, 2, 6  # block bytes, byte offsets of qh and qs
 # Float operations carry this flag, which changes no result: numba's fastmath pass adds its
 # reassociating flags only to instructions that have none, and this code can end up inside a
 # fastmath kernel, where the one-row and the multi-row sums would then be reordered differently.
@@ -59,6 +63,26 @@ def _load_nibbles(builder, pointer, offset: int):
     return builder.sub(codes, ir.Constant(codes.type, [offset] * 32)) if offset else codes
 
 
+def _load_quint(builder, block, subtract: bool):
+    """A Q5_0 block's 32 codes (0..31: the nibbles of qs, bit j of qh the fifth bit of code
+    j), minus QUINT_OFFSET if ``subtract`` -> <32 x i8>. AVX-512 turns the bit select into a
+    mask move and a masked byte move."""
+    codes = _load_nibbles(builder, builder.gep(block, [ir.Constant(ir.IntType(64), QUINT_QS)]), 0)
+    word = builder.gep(block, [ir.Constant(ir.IntType(64), QUINT_QH)])
+    fifth = builder.load(builder.bitcast(word, I32.as_pointer()), align=1)
+    bits = builder.bitcast(fifth, ir.VectorType(ir.IntType(1), 32))
+    codes = builder.or_(
+        codes, builder.select(bits, ir.Constant(codes.type, [16] * 32), ir.Constant(codes.type, None))
+    )
+    return builder.sub(codes, ir.Constant(codes.type, [QUINT_OFFSET] * 32)) if subtract else codes
+
+
+def _quint_scale(builder, block):
+    """A Q5_0 block's scale: its f16 d widened to float32 (exact, as the int8 copy's scale)."""
+    half = builder.load(builder.bitcast(block, ir.HalfType().as_pointer()), align=1)
+    return builder.fpext(half, ir.FloatType())
+
+
 def prepare_weights(builder, simd: str, group: int, q_ptr, nibble_offset: int | None = None):
     """What every row's product with this weight group reuses: (codes, magnitudes or None,
     offset still in the codes). ``nibble_offset`` None: int8 codes; else 4-bit codes packed
@@ -66,6 +90,8 @@ def prepare_weights(builder, simd: str, group: int, q_ptr, nibble_offset: int | 
     vnni = simd == "vnni" and group == 32
     if nibble_offset is None:
         w = _load_codes(builder, q_ptr, group)
+    elif nibble_offset == QUINT_OFFSET:
+        w = _load_quint(builder, q_ptr, subtract=not vnni)
     else:  # vpdpbusd takes the stored (unsigned) codes and subtracts the offset in its accumulator
         w = _load_nibbles(builder, q_ptr, 0 if vnni else nibble_offset)
     if simd == "generic":
@@ -169,6 +195,8 @@ def row_dots(
     (its latency hidden behind the vector work) and added to the lane sum as the callers of a
     separate min_sum add it: the same bits."""
     weight_bytes = group if nibble_offset is None else group // 2
+    if nibble_offset == QUINT_OFFSET:  # whole Q5_0 blocks, the scale inside (s pointers unused)
+        weight_bytes = QUINT_BLOCK
     floats = ir.VectorType(ir.FloatType(), LANES)
     accs = [
         [cgutils.alloca_once_value(builder, ir.Constant(floats, None)) for _ in act_rows] for _ in weight_rows
@@ -184,8 +212,12 @@ def row_dots(
         offset = builder.mul(g, ir.Constant(g.type, group))
         w_offset = builder.mul(g, ir.Constant(g.type, weight_bytes))
         for (q0, s0), row_accs in zip(weight_rows, accs, strict=True):
-            weights = prepare_weights(builder, simd, group, builder.gep(q0, [w_offset]), nibble_offset)
-            scale = builder.load(builder.gep(s0, [g]))
+            block = builder.gep(q0, [w_offset])
+            weights = prepare_weights(builder, simd, group, block, nibble_offset)
+            if nibble_offset == QUINT_OFFSET:
+                scale = _quint_scale(builder, block)
+            else:
+                scale = builder.load(builder.gep(s0, [g]))
             for acc, (a0, d0) in zip(row_accs, act_rows, strict=True):
                 factor = builder.fmul(scale, builder.load(builder.gep(d0, [g])), flags=EXACT)
                 splat = builder.insert_element(ir.Constant(floats, ir.Undefined), factor, ir.Constant(I32, 0))

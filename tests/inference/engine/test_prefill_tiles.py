@@ -10,10 +10,13 @@ import pytest
 from inference.engine.models import step_kernels as sk
 from inference.engine.quants.intdot import ROW_BLOCK
 from inference.engine.quants.nibbles import NIBBLE_OFFSET, pack_nibbles
+from inference.engine.quants.quint import pack_quint
 
+QUINT = -2  # in FORMATS' nib column: int8 codes plus their Q5_0 blocks (quants/quint.py)
 # (group shift, nib, lowest code, highest code + 1, with mins)
 FORMATS = [
     (5, -1, -16, 16, False),
+    (5, QUINT, -16, 16, False),
     (4, -1, -32, 32, False),
     (5, 0, 0, 16, True),
     (5, NIBBLE_OFFSET, -8, 8, False),
@@ -25,12 +28,16 @@ def _linear(rng, group_shift, nib, low, high, with_mins, rows=29, cols=256):
     q8 = rng.integers(low, high, (rows, cols)).astype(np.int8)  # (rows, cols)
     q = q8.ravel() if nib < 0 else pack_nibbles(q8, nib).view(np.int8).ravel()
     groups = cols >> group_shift
-    scales = rng.standard_normal(rows * groups).astype(np.float32)  # (rows * groups,)
+    scales = rng.standard_normal(rows * groups).astype(np.float16).astype(np.float32)  # (rows * groups,)
+    quint_at = -1
+    if nib == QUINT:  # the one-row path reads the blocks, the tiles the int8 codes
+        blocks = pack_quint(q8, scales.reshape(rows, groups)).view(np.int8).ravel()
+        q, quint_at, nib = np.concatenate([q, blocks]), q.size, -1
     mins = rng.standard_normal(rows * groups).astype(np.float32)  # (rows * groups,)
     bias = rng.standard_normal(rows).astype(np.float32)  # (rows,)
     none = np.zeros(1, np.float32)
     weights = sk.StepWeights(q, scales, mins if with_mins else none, bias, none, none)
-    lin = np.array([0, rows, cols, 0, 0 if with_mins else -1, group_shift, 0, 0, nib], np.int64)
+    lin = np.array([0, rows, cols, 0, 0 if with_mins else -1, group_shift, 0, 0, nib, quint_at], np.int64)
     return weights, lin
 
 

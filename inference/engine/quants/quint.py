@@ -1,0 +1,197 @@
+"""Integer group dot products over Q5_0 weights read as the file packs them (five bits a code).
+
+A decode step reads every weight once per token and is bound by memory bandwidth. The int8
+layout (layout.py) spends 32 bytes of codes and a 4-byte scale on every 32 Q5_0 weights where
+the file spends 22: an f16 scale ``d``, the fifth bits of the 32 codes as a little-endian
+uint32 ``qh`` (bit j: code j) and 16 bytes ``qs`` of nibbles (byte j: code j low, code j + 16
+high). Qwen2.5-Coder-0.5B keeps 133 of its 170 matrices in Q5_0: ~250M weights per token.
+A decode step keeps those blocks byte for byte (fused.py) and the vector kernel
+(intdot_ir.py ``QUINT_OFFSET``, quint_ir.py) unpacks them in registers: the same integer
+lanes and the same float32 scale (an f16 widens exactly), so every product has the bits of
+the int8 copy's, from 0.69 bytes a weight instead of 1.125.
+
+The blocks are rebuilt from the int8 codes and scales (``pack_quint``): a Q5_0 file's own bytes,
+and any matrix whose codes are -16..15 in groups of 32 with f16-exact scales.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from ..intrinsics import element_pointer
+from ..simd import target_features
+from . import quint_ir
+from .intdot import HOST_SIMD, _group_dot_intrinsic, _group_dot_pair_intrinsic
+from .intdot_ir import QUINT_BLOCK, QUINT_OFFSET
+
+GROUP = 32
+# Whether the one-row products read Q5_0 matrices as blocks (a second copy beside the int8
+# codes the tiles read). Two threads streaming 151936x896 (bench/q5_stream.py): the 512-bit
+# pair reads the blocks 1.0-1.56x as fast as the int8 copy (the more the memory bus is shared,
+# the more); the avx2 selection's 256-bit unpack is instruction-bound below the int8 copy
+# (21-22 against 26 Gweights/s), so the other selections keep that.
+DECODE_BLOCKS = HOST_SIMD == "vnni" and quint_ir.fits(target_features())
+
+
+def quint_packable(q: np.ndarray, scales: np.ndarray, group_size: int) -> bool:
+    """Whether int8 codes ``q`` (rows, cols) with float32 ``scales`` (rows, cols // 32) fit Q5_0
+    blocks exactly: groups of 32, codes -16..15, scales an f16 holds bit for bit."""
+    if group_size != GROUP or q.size == 0 or int(q.min()) < -QUINT_OFFSET or int(q.max()) >= QUINT_OFFSET:
+        return False
+    with np.errstate(over="ignore"):
+        return bool(np.array_equal(scales.astype(np.float16).astype(np.float32), scales, equal_nan=True))
+
+
+@numba.njit(cache=True)
+def quint_row_bytes(cols):
+    """Bytes of a row of ``cols`` weights in Q5_0 blocks."""
+    return cols // GROUP * QUINT_BLOCK
+
+
+def pack_quint(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """int8 codes (rows, cols) and scales (rows, cols // 32) -> Q5_0 blocks (rows,
+    quint_row_bytes(cols)) uint8: per group d (f16), qh (uint32, bit j = bit 4 of code j + 16),
+    qs (byte j = (code j + 16) & 15 | ((code j + 16 + 16) & 15) << 4)."""
+    rows, cols = q.shape
+    n = cols // GROUP
+    u = (q.astype(np.int16) + QUINT_OFFSET).astype(np.uint8).reshape(rows, n, GROUP)  # (rows, n, 32)
+    qs = (u[:, :, :16] & 0x0F) | ((u[:, :, 16:] & 0x0F) << 4)  # (rows, n, 16)
+    bits = (u >> 4).astype(np.uint32) << np.arange(GROUP, dtype=np.uint32)  # (rows, n, 32)
+    qh = bits.sum(axis=2, dtype=np.uint32).astype("<u4")  # (rows, n)
+    d = scales.astype("<f2").reshape(rows, n)  # (rows, n)
+    blocks = np.empty((rows, n, QUINT_BLOCK), np.uint8)  # (rows, n, 22)
+    blocks[:, :, 0:2] = d.view(np.uint8).reshape(rows, n, 2)
+    blocks[:, :, 2:6] = qh.view(np.uint8).reshape(rows, n, 4)
+    blocks[:, :, 6:] = qs
+    return blocks.reshape(rows, n * QUINT_BLOCK)
+
+
+def unpack_quint(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """pack_quint undone: (rows, bytes) uint8 -> (int8 codes (rows, cols), float32 scales)."""
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, QUINT_BLOCK)  # (rows, n, 22)
+    d = np.ascontiguousarray(b[:, :, 0:2]).view("<f2")[:, :, 0].astype(np.float32)  # (rows, n)
+    qh = np.ascontiguousarray(b[:, :, 2:6]).view("<u4")  # (rows, n, 1)
+    qs = b[:, :, 6:]  # (rows, n, 16)
+    low = np.concatenate([qs & 0x0F, qs >> 4], axis=2).astype(np.int16)  # (rows, n, 32)
+    fifth = ((qh >> np.arange(GROUP, dtype=np.uint32)) & 1).astype(np.int16) << 4  # (rows, n, 32)
+    return ((low | fifth) - QUINT_OFFSET).astype(np.int8).reshape(rows, -1), d
+
+
+def dot_row_quint_reference(blocks: np.ndarray, ints: np.ndarray, int_scales: np.ndarray) -> float:
+    """numpy: one row of Q5_0 blocks (bytes,) against int8 activation codes (cols,) with their
+    per-group scales -> float64 (within rounding of the kernels' float32)."""
+    q, d = unpack_quint(blocks[None, :])
+    sums = (q[0].astype(np.int64) * ints.astype(np.int64)).reshape(-1, GROUP).sum(axis=1)  # (groups,)
+    return float((d[0].astype(np.float64) * int_scales.astype(np.float64) * sums).sum())
+
+
+def _wide_intrinsic(n_pairs: int):
+    """``f(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)``:
+    out[i] = the product of the weight row at q_start + i * (q_next - q_start), i < 2 *
+    n_pairs, pairs of rows in 512-bit registers (quint_ir.py); dot_pair_int's signature."""
+
+    @intrinsic
+    def wide(typingctx, q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out):
+        sig = types.void(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+
+        def codegen(context, builder, signature, args):
+            t, i64 = signature.args, ir.IntType(64)
+            stride = builder.sub(args[2], args[1])
+            rows = [
+                element_pointer(
+                    context,
+                    builder,
+                    t[0],
+                    args[0],
+                    builder.add(args[1], builder.mul(stride, ir.Constant(i64, i))),
+                )
+                for i in range(2 * n_pairs)
+            ]
+            a0 = element_pointer(context, builder, t[3], args[3], ir.Constant(i64, 0))
+            d0 = element_pointer(context, builder, t[7], args[7], ir.Constant(i64, 0))
+            pairs = [(rows[2 * p], rows[2 * p + 1]) for p in range(n_pairs)]
+            sums = quint_ir.quint_pair_dots(builder, pairs, a0, d0, args[8])
+            for i, value in enumerate(v for pair in sums for v in pair):
+                builder.store(value, element_pointer(context, builder, t[9], args[9], ir.Constant(i64, i)))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return wide
+
+
+_wide_pair, _wide_quad = _wide_intrinsic(1), _wide_intrinsic(2)
+
+
+_row = {s: _group_dot_intrinsic(GROUP, s, QUINT_OFFSET) for s in ("generic", "avx2", "vnni")}
+_pair = {s: _group_dot_pair_intrinsic(GROUP, s, QUINT_OFFSET) for s in ("generic", "avx2", "vnni")}
+_generic_row, _avx2_row, _vnni_row = _row["generic"], _row["avx2"], _row["vnni"]
+_generic_pair, _avx2_pair, _vnni_pair = _pair["generic"], _pair["avx2"], _pair["vnni"]
+
+
+# q holds the blocks (as int8), q_start a byte offset; the scales array and s_start of the
+# intdot signatures are taken and unused (each block carries its scale), so the call sites
+# stay those of dot_row_int / dot_pair_int.
+@numba.njit(cache=True)
+def generic_dot_row_quint(q, q_start, ints, scales, s_start, int_scales, n_groups):
+    """dot_row_quint through the generic instruction selection."""
+    return _generic_row(q, q_start, ints, scales, s_start, int_scales, n_groups)
+
+
+@numba.njit(cache=True)
+def avx2_dot_row_quint(q, q_start, ints, scales, s_start, int_scales, n_groups):
+    """dot_row_quint through AVX2 (only where the CPU has AVX2)."""
+    return _avx2_row(q, q_start, ints, scales, s_start, int_scales, n_groups)
+
+
+@numba.njit(cache=True)
+def vnni_dot_row_quint(q, q_start, ints, scales, s_start, int_scales, n_groups):
+    """dot_row_quint through VNNI (offset 16 in the vpdpbusd accumulator)."""
+    return _vnni_row(q, q_start, ints, scales, s_start, int_scales, n_groups)
+
+
+@numba.njit(cache=True)
+def generic_dot_pair_quint(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out):
+    """dot_pair_quint through the generic instruction selection."""
+    _generic_pair(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+
+
+@numba.njit(cache=True)
+def wide_dot_pair_quint(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out):
+    """dot_pair_quint with both rows in one 512-bit register (only where quint_ir.fits)."""
+    _wide_pair(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+
+
+@numba.njit(cache=True)
+def wide_dot_quad_quint(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out):
+    """out[0:4] = the products of four rows q_next - q_start bytes apart, two 512-bit pairs
+    sharing the activation's work (only where quint_ir.fits)."""
+    _wide_quad(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+
+
+@numba.njit(cache=True)
+def avx2_dot_pair_quint(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out):
+    """dot_pair_quint through AVX2 (only where the CPU has AVX2)."""
+    _avx2_pair(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+
+
+@numba.njit(cache=True)
+def vnni_dot_pair_quint(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out):
+    """dot_pair_quint through VNNI (only where the CPU has it)."""
+    _vnni_pair(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+
+
+# Each selection's (dot_row_quint, dot_pair_quint); all give the int8 copy's bits. The vnni
+# selection runs the 512-bit pair where the CPU has AVX-512 (AVX-VNNI alone: 256-bit).
+WIDE = quint_ir.fits(target_features())
+SELECTED = {
+    "vnni": (vnni_dot_row_quint, wide_dot_pair_quint if WIDE else vnni_dot_pair_quint),
+    "avx2": (avx2_dot_row_quint, avx2_dot_pair_quint),
+    "generic": (generic_dot_row_quint, generic_dot_pair_quint),
+}
+dot_row_quint, dot_pair_quint = SELECTED[HOST_SIMD]
