@@ -132,32 +132,14 @@ def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, 
             )
         elif pair and nib >= 0:
             dot_pair_nib(
-                q,
-                row_start,
-                row_start + row_bytes,
-                codes,
-                scales,
-                s_start,
-                s_start + groups,
-                code_scales,
-                groups,
-                nib,
-                block,
-            )
+                q, row_start, row_start + row_bytes, codes, scales, s_start, s_start + groups, code_scales,
+                groups, nib, block,
+            )  # fmt: skip
         elif pair:
             dot_pair_int(
-                q,
-                row_start,
-                row_start + cols,
-                codes,
-                scales,
-                s_start,
-                s_start + groups,
-                code_scales,
-                groups,
-                shift,
-                block,
-            )
+                q, row_start, row_start + cols, codes, scales, s_start, s_start + groups, code_scales,
+                groups, shift, block,
+            )  # fmt: skip
         elif quint:
             block[0] = dot_row_quint(q, row_start, codes, scales, s_start, code_scales, groups)
         elif nib >= 0:
