@@ -115,13 +115,11 @@ class _Arena:
         at = self.quint_at
         for m in self.quint:
             self.rows[id(m)][sk.QUINT] = at
-            row_bytes, slab = quint_row_bytes(m.cols), max(1, (1 << 20) // m.cols)  # ~1M weights a slab
+            lay, row_bytes = m.layout, quint_row_bytes(m.cols)
+            slab = max(1, (1 << 20) // m.cols)  # rows packed at a time: ~1M weights
             for r in range(0, m.rows, slab):
-                lay = m.layout
-                blocks = pack_quint(lay.q[r : r + slab], lay.scales[r : r + slab]).view(
-                    np.int8
-                )  # (slab, row_bytes)
-                self.q[at : at + blocks.size] = blocks.ravel()
+                blocks = pack_quint(lay.q[r : r + slab], lay.scales[r : r + slab])  # (slab, row_bytes) uint8
+                self.q[at : at + blocks.size] = blocks.view(np.int8).ravel()
                 at += blocks.size
             assert at == self.rows[id(m)][sk.QUINT] + m.rows * row_bytes
 
