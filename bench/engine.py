@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
+from stream import stream_gbs  # noqa: E402  (bench/stream.py: this script's own directory)
 
 from inference.engine.engine import Engine  # noqa: E402
 from inference.engine.quants.intdot import HOST_SIMD  # noqa: E402
@@ -56,7 +57,6 @@ DEFAULT_MODELS = [
 PREFILL_SIZES = (16, 64, 256, 1024)
 DECODE_STEPS = 64
 N_CTX = 2048
-STREAM_GBS = 33.0  # what two threads stream on this machine (docs/BENCHMARKS.md)
 
 
 class Ours:
@@ -236,6 +236,23 @@ def llama_env(policy: str) -> dict[str, str]:
     return dict(os.environ) if policy == "same" else dict(USER_ENV)
 
 
+def decode_bandwidth_line(ours: Ours, decode: dict[str, float], threads: int) -> str:
+    """GB/s the decode test read (our layout, and the file's bytes both engines stand for),
+    against what ``threads`` threads stream on this machine, measured now (bench/stream.py):
+    a share of the bus is what the load of the minute cannot flatter."""
+    touched, in_file = ours.bytes_per_token()
+    bus = stream_gbs(threads)
+    ours_gbs, file_gbs = touched * decode["ours"] / 1e9, in_file * decode["ours"] / 1e9
+    theirs = decode.get("llama.cpp")
+    theirs_gbs = in_file * theirs / 1e9 if theirs else 0.0
+    llama = f"; llama.cpp {theirs_gbs:.1f} GB/s ({theirs_gbs / bus:.0%})" if theirs else ""
+    return (
+        f"- decode bandwidth: {ours_gbs:.1f} GB/s read by our kernels ({touched / 1e6:.0f} MB/token), "
+        f"{file_gbs:.1f} GB/s counted in file bytes ({in_file / 1e6:.0f} MB/token), {file_gbs / bus:.0%} "
+        f"of the {bus:.1f} GB/s {threads} threads stream now{llama}"
+    )
+
+
 def report_model(
     path: Path,
     llama_python: str | None,
@@ -269,14 +286,9 @@ def report_model(
             if theirs
             else f"| {test} | {by_runner['ours']:.1f} | - | - |"
         )
-    touched, in_file = ours.bytes_per_token()
-    tg = medians.get(f"tg{DECODE_STEPS}", {}).get("ours", float("nan"))
+    decode = medians.get(f"tg{DECODE_STEPS}", {})
+    lines += ["", decode_bandwidth_line(ours, decode, threads)] if decode else [""]
     lines += [
-        "",
-        f"- decode bandwidth: {touched * tg / 1e9:.1f} GB/s read by our kernels "
-        f"({touched / 1e6:.0f} MB/token), "
-        f"{in_file * tg / 1e9:.1f} GB/s counted in file bytes ({in_file / 1e6:.0f} MB/token); "
-        f"two threads stream ~{STREAM_GBS:.0f} GB/s",
         f"- model load: ours {ours.load_seconds:.2f} s"
         + (f", llama.cpp {runners['llama.cpp'].load_seconds:.2f} s" if llama_python else ""),
         *started,
