@@ -31,6 +31,7 @@ from collections import namedtuple
 import numba
 import numpy as np
 
+from ..ggml_math import expf_ggml
 from ..intrinsics import prefetch, uint16_pointer
 from ..layers import silu_one
 from ..quants.intdot import ROW_BLOCK, dot_pair_int, dot_row_int, min_sum
@@ -322,6 +323,18 @@ def kv_stage(qkv, qk_norm, eps, rows, rope, dims, layer, n_layers, counters, sta
     wait_done(done, stage, n_items)
 
 
+@numba.njit(cache=True, error_model="numpy")  # no zero-division check: IEEE division, vectorizable
+def _silu_mul(gate, up, out, vector_end):
+    """out[i] = SiLU(gate[i]) * up[i] for i < out.shape[0], the first ``vector_end`` as
+    ggml's 8-wide blocks compute them: that loop has no call and no branch, so LLVM vectorizes
+    it (the per-element loop around silu_one was ~10% of a 16-token prefill's CPU time)."""
+    for i in range(vector_end):
+        g = gate[i]
+        out[i] = g / (np.float32(1.0) + expf_ggml(np.float32(0.0) - g)) * up[i]
+    for i in range(vector_end, out.shape[0]):
+        out[i] = silu_one(gate[i], False) * up[i]
+
+
 @numba.njit(cache=True)
 def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage):
     """Tiles of gate and up rows (slot 0 of ``linears`` is gate, or gate|up stacked when slot 1
@@ -355,8 +368,7 @@ def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage):
                 for i in range(b - a):
                     act[n, a + i] = gelu_lookup(gate[n, i], gate_bits[i], table) * up[n, i]
             else:
-                for i in range(b - a):
-                    act[n, a + i] = silu_one(gate[n, i], a + i < n_ff - n_ff % 8) * up[n, i]
+                _silu_mul(gate[n], up[n], act[n, a:b], max(0, min(b, n_ff - n_ff % 8) - a))
         mark_done(done, stage)
         item = claim(claimed, stage)
     wait_done(done, stage, n_items)
