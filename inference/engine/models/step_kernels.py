@@ -76,6 +76,7 @@ TILE_ROWS = 32  # weight rows per work item: ~18-150 KB, reused from cache by ev
 # between TILE_ROWS and SOLO_ITEM_ROWS rows (whole pairs, so the same kernels run on every row).
 ITEMS_PER_MATRIX = 16
 SOLO_ITEM_ROWS = 1024
+FEW_ROWS_WORK = 64  # prefill items of TILE_ROWS * max(1, this // token rows) weight rows
 SOLO_ROWS = 1  # up to this many rows, each thread rounds every row's input itself
 # numba compiles a kernel once per literal constant a call passes it (dot_tile(..., 0, ...,
 # False) and dot_tile(..., 1, ..., True) were four variants of it and of the kernels inside):
@@ -257,8 +258,9 @@ def prepare_stage(src, src_rows, norm, eps, linears, rounded, normed, solo, coun
 @numba.njit(cache=True)
 def item_rows(total, n_rows):
     """Weight rows per work item of a stage over ``total`` rows with ``n_rows`` token rows."""
-    if n_rows > 1:
-        return TILE_ROWS
+    if n_rows > 1:  # a few token rows: more weight rows an item (each call costs ~30 atomic refcounts)
+        few = TILE_ROWS * max(1, FEW_ROWS_WORK // n_rows)
+        return max(TILE_ROWS, min(few, total // ITEMS_PER_MATRIX // TILE_ROWS * TILE_ROWS))
     return max(TILE_ROWS, min(SOLO_ITEM_ROWS, total // ITEMS_PER_MATRIX // TILE_ROWS * TILE_ROWS))
 
 
