@@ -31,9 +31,7 @@ from collections import namedtuple
 import numba
 import numpy as np
 
-from ..ggml_math import expf_ggml
 from ..intrinsics import prefetch, uint16_pointer
-from ..layers import silu_one
 from ..quants.intdot import ROW_BLOCK, dot_pair_int, dot_row_int, min_sum
 from ..quants.nibbles import dot_pair_nib, dot_row_nib
 from ..quants.pair_mins import dot_pair_min
@@ -42,8 +40,9 @@ from ..quants.quint import dot_pair_quint, dot_row_quint, quint_row_bytes
 from ..stage_calls import Sites
 from ..worksharing import claim, mark_done, wait_done
 from . import prefill_tiles
+from .ffn_act import gelu_mul, silu_mul
 from .kernels import rope_inplace, store_half
-from .rowops import gelu_lookup, rms_norm_into
+from .rowops import rms_norm_into
 
 # Columns of the linear table: offsets into the arenas (-1: none), shape, format. A float
 # matrix (F32/F16/BF16) has SHIFT 0 and Q_OFF into the float arena. NIB: -1 for int8 codes,
@@ -325,18 +324,6 @@ def kv_stage(qkv, qk_norm, eps, rows, rope, dims, layer, n_layers, counters, sta
     wait_done(done, stage, n_items)
 
 
-@numba.njit(cache=True, error_model="numpy")  # no zero-division check: IEEE division, vectorizable
-def _silu_mul(gate, up, out, vector_end):
-    """out[i] = SiLU(gate[i]) * up[i] for i < out.shape[0], the first ``vector_end`` as
-    ggml's 8-wide blocks compute them: that loop has no call and no branch, so LLVM vectorizes
-    it (the per-element loop around silu_one was ~10% of a 16-token prefill's CPU time)."""
-    for i in range(vector_end):
-        g = gate[i]
-        out[i] = g / (np.float32(1.0) + expf_ggml(np.float32(0.0) - g)) * up[i]
-    for i in range(vector_end, out.shape[0]):
-        out[i] = silu_one(gate[i], False) * up[i]
-
-
 @numba.njit(cache=True)
 def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage):
     """Tiles of gate and up rows (slot 0 of ``linears`` is gate, or gate|up stacked when slot 1
@@ -366,11 +353,9 @@ def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage):
             ))  # fmt: skip
         for n in range(n_rows):
             if gelu:
-                gate_bits, table = gate[n].view(np.uint32), weights.gelu
-                for i in range(b - a):
-                    act[n, a + i] = gelu_lookup(gate[n, i], gate_bits[i], table) * up[n, i]
+                gelu_mul(gate[n], up[n], act[n, a:b], weights.gelu)
             else:
-                _silu_mul(gate[n], up[n], act[n, a:b], max(0, min(b, n_ff - n_ff % 8) - a))
+                silu_mul(gate[n], up[n], act[n, a:b], max(0, min(b, n_ff - n_ff % 8) - a))
         mark_done(done, stage)
         item = claim(claimed, stage)
     wait_done(done, stage, n_items)
