@@ -6,7 +6,10 @@ decode_breakdown.py's instrumented copy of the stage list (a cycle-counter stamp
 stage in each thread) run over a prefill chunk of ``--rows`` tokens into an empty cache
 instead of one decode row: a stage's wall time is from the previous stage's end to its end in
 thread 0 (the barrier included). Also the real ``Engine.prefill`` of the same tokens against
-the instrumented region alone. Read the shares, not the absolute ms, on a busy machine.
+the instrumented region alone. Read the shares, not the absolute ms, on a busy machine; when
+another process holds a core, thread 0 may start after the other thread has done most stages
+(every stage then shows ~0 ms but the last few): rerun when the sum of stages is far below the
+region's time.
 """
 
 from __future__ import annotations
