@@ -240,7 +240,9 @@ class RowPlan:
     head_rows: np.ndarray  # (M,) int64: rows whose logits are wanted, in order
 
     def kernel_rows(self) -> sk.StepRows:
-        table = np.array(
-            [[c.k_bits.ctypes.data, c.v_bits.ctypes.data, c.n_ctx] for c in self.caches], np.int64
-        )  # (N, 3)
+        # Each cache's addresses once (a prefill's rows share one cache): ``.ctypes`` builds
+        # Python objects, ~1 us each and work for the garbage collector.
+        unique = {id(c): c for c in self.caches}
+        rows = {key: [c.k_bits.ctypes.data, c.v_bits.ctypes.data, c.n_ctx] for key, c in unique.items()}
+        table = np.array([rows[id(c)] for c in self.caches], np.int64)  # (N, 3)
         return sk.StepRows(self.positions, table, self.cos, self.sin, self.head_rows)

@@ -43,6 +43,9 @@ def _prepared_q(qkv, n, h, q_norm, eps, rows, rope, dims, q_buf):
     return q_buf
 
 
+ATTEND_SPLIT = 4  # tiles a run of rows is cut into at least (while each has MIN_TILE_QUERIES)
+
+
 @numba.njit(cache=True)
 def attend_items(caches, group, n_kv):
     """The work items of the attention stage, (items, 3): rows r0..r1 of one cache and a head.
@@ -50,7 +53,11 @@ def attend_items(caches, group, n_kv):
     head; a tile of fewer than MIN_TILE_QUERIES queries (a decode step or a lockstep row of a
     model with few q heads per kv head) is one item per query head instead (head < 0 then: q
     head -1 - head). Either way a row's bits are the same."""
-    n, per_tile = caches.shape[0], tile_rows(group)
+    n = caches.shape[0]
+    # A short chunk in ATTEND_SPLIT tiles at least (16 rows of Gemma 3 were one tile: one
+    # thread attended while the other waited), none under MIN_TILE_QUERIES queries.
+    few = max(-(-MIN_TILE_QUERIES // group), -(-n // ATTEND_SPLIT))
+    per_tile = min(tile_rows(group), few)
     items = np.empty((n * group * n_kv, 3), np.int64)  # (most items, r0|r1|head)
     count, r0 = 0, 0
     while r0 < n:

@@ -32,7 +32,6 @@ import numba
 import numpy as np
 
 from ..intrinsics import prefetch, uint16_pointer
-from ..layers import silu_one
 from ..quants.intdot import ROW_BLOCK, dot_pair_int, dot_row_int, min_sum
 from ..quants.nibbles import dot_pair_nib, dot_row_nib
 from ..quants.pair_mins import dot_pair_min
@@ -41,8 +40,9 @@ from ..quants.quint import dot_pair_quint, dot_row_quint, quint_row_bytes
 from ..stage_calls import Sites
 from ..worksharing import claim, mark_done, wait_done
 from . import prefill_tiles
+from .ffn_act import gelu_mul, silu_mul
 from .kernels import rope_inplace, store_half
-from .rowops import gelu_lookup, rms_norm_into
+from .rowops import rms_norm_into
 
 # Columns of the linear table: offsets into the arenas (-1: none), shape, format. A float
 # matrix (F32/F16/BF16) has SHIFT 0 and Q_OFF into the float arena. NIB: -1 for int8 codes,
@@ -75,6 +75,7 @@ TILE_ROWS = 32  # weight rows per work item: ~18-150 KB, reused from cache by ev
 # between TILE_ROWS and SOLO_ITEM_ROWS rows (whole pairs, so the same kernels run on every row).
 ITEMS_PER_MATRIX = 16
 SOLO_ITEM_ROWS = 1024
+FEW_ROWS_WORK = 64  # prefill items of TILE_ROWS * max(1, this // token rows) weight rows
 SOLO_ROWS = 1  # up to this many rows, each thread rounds every row's input itself
 # numba compiles a kernel once per literal constant a call passes it (dot_tile(..., 0, ...,
 # False) and dot_tile(..., 1, ..., True) were four variants of it and of the kernels inside):
@@ -256,8 +257,9 @@ def prepare_stage(src, src_rows, norm, eps, linears, rounded, normed, solo, coun
 @numba.njit(cache=True)
 def item_rows(total, n_rows):
     """Weight rows per work item of a stage over ``total`` rows with ``n_rows`` token rows."""
-    if n_rows > 1:
-        return TILE_ROWS
+    if n_rows > 1:  # a few token rows: more weight rows an item (each call costs ~30 atomic refcounts)
+        few = TILE_ROWS * max(1, FEW_ROWS_WORK // n_rows)
+        return max(TILE_ROWS, min(few, total // ITEMS_PER_MATRIX // TILE_ROWS * TILE_ROWS))
     return max(TILE_ROWS, min(SOLO_ITEM_ROWS, total // ITEMS_PER_MATRIX // TILE_ROWS * TILE_ROWS))
 
 
@@ -351,12 +353,9 @@ def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage):
             ))  # fmt: skip
         for n in range(n_rows):
             if gelu:
-                gate_bits, table = gate[n].view(np.uint32), weights.gelu
-                for i in range(b - a):
-                    act[n, a + i] = gelu_lookup(gate[n, i], gate_bits[i], table) * up[n, i]
+                gelu_mul(gate[n], up[n], act[n, a:b], weights.gelu)
             else:
-                for i in range(b - a):
-                    act[n, a + i] = silu_one(gate[n, i], a + i < n_ff - n_ff % 8) * up[n, i]
+                silu_mul(gate[n], up[n], act[n, a:b], max(0, min(b, n_ff - n_ff % 8) - a))
         mark_done(done, stage)
         item = claim(claimed, stage)
     wait_done(done, stage, n_items)

@@ -15,6 +15,7 @@ from collections import namedtuple
 import numba
 import numpy as np
 
+from ..borrow import borrowed
 from ..quants.intdot import ROW_BLOCK
 from ..stage_calls import Sites, compile_elsewhere
 from .attention_tile import attend_scratch_size, attend_tile
@@ -193,13 +194,16 @@ def forward_rows(n_threads, x, model, rows, logits, scratch, counters):
     for tid in numba.prange(n_threads):
         # np.int64: the loop index is int64 where numba types this body and uint64 where the
         # parallel loop runs it, and each would compile its own run_stages (~8 s of a cold start).
+        # Every array borrowed (borrow.py): no atomic reference counts shared by the threads.
+        b = borrowed
         stage(RUN_AT, (
-            np.int64(tid), x,
-            StepModel(StepWeights(q, scales, mins, bias, floats, gelu), linears, head, norms, qk_norms,
-                      output_norm, layer_info, dims, eps, scale),
-            StepRows(positions, caches, cos, sin, head_rows),
-            Scratch(qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, all_rows),
-            logits, (claimed, done), solo,
+            np.int64(tid), b(x),
+            StepModel(StepWeights(b(q), b(scales), b(mins), b(bias), b(floats), b(gelu)), b(linears), b(head),
+                      b(norms), b(qk_norms), b(output_norm), b(layer_info), b(dims), eps, scale),
+            StepRows(b(positions), b(caches), b(cos), b(sin), b(head_rows)),
+            Scratch(b(qkv), b(attn), b(act), b(proj), b(normed), b(values), b(ints), b(int_scales), b(sums),
+                    b(q_buf), b(scores), b(all_rows)),
+            b(logits), (b(claimed), b(done)), solo,
         ))  # fmt: skip
 
 

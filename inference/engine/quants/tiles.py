@@ -108,7 +108,7 @@ _v16, _v32, _v0, _v8 = _vnni
 _w16, _w32, _w0, _w8 = _wide
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")  # no call per tile: no reference counts
 def generic_dot_tile_rows(
     q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out, col0
 ):
@@ -123,7 +123,7 @@ def generic_dot_tile_rows(
         _g32(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")  # no call per tile: no reference counts
 def avx2_dot_tile_rows(
     q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out, col0
 ):
@@ -138,7 +138,7 @@ def avx2_dot_tile_rows(
         _a32(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")  # no call per tile: no reference counts
 def vnni_dot_tile_rows(
     q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out, col0
 ):
@@ -153,7 +153,7 @@ def vnni_dot_tile_rows(
         _v32(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")  # no call per tile: no reference counts
 def wide_dot_tile_rows(
     q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out, col0
 ):

@@ -117,17 +117,28 @@ def test_attend_items_cut_tiles_at_cache_changes_and_split_small_ones_by_head():
     caches = np.zeros((23, 3), np.int64)
     caches[:20, CACHE_K] = 1000
     caches[20:, CACHE_K] = [2000, 3000, 4000]
-    items = attend_items(caches, 7, 2)  # 7 q heads per kv head, 2 kv heads: 9 rows per tile
+    # 23 rows: tiles of ceil(23 / ATTEND_SPLIT) = 6 rows (a short chunk is split for the threads)
+    items = attend_items(caches, 7, 2)  # 7 q heads per kv head, 2 kv heads
     assert (items[:, 2] >= 0).all()  # a lone row's 7 queries still fill an 8-lane vector
-    assert items[:, :2].tolist() == [[r0, r1] for r0, r1 in [(0, 9), (9, 18), (18, 20)] for _ in range(2)] + [
+    cuts = [(0, 6), (6, 12), (12, 18), (18, 20)]
+    assert items[:, :2].tolist() == [[r0, r1] for r0, r1 in cuts for _ in range(2)] + [
         [r, r + 1] for r in (20, 21, 22) for _ in range(2)
     ]
     items = attend_items(caches, 3, 3)  # 3 q heads per kv head: a lone row goes head by head
     single = items[items[:, 2] < 0]
     assert sorted(single[:, 0].tolist()) == sorted([20] * 9 + [21] * 9 + [22] * 9)
     assert sorted((-1 - single[single[:, 0] == 21, 2]).tolist()) == list(range(9))
-    assert items[items[:, 2] >= 0][:, :2].tolist() == [[0, 20]] * 3  # 21 rows per tile
+    assert items[items[:, 2] >= 0][:, :2].tolist() == [[r0, r1] for r0, r1 in cuts for _ in range(3)]
     assert (tile_lanes(7), tile_lanes(8), tile_lanes(9)) == (8, 8, LANES)
+
+
+def test_attend_items_of_a_long_run_fill_whole_tiles_and_of_a_short_one_keep_enough_queries():
+    long_run = np.full((200, 3), 1000, np.int64)  # 200 rows of one cache
+    assert attend_items(long_run, 7, 1)[:2, :2].tolist() == [[0, 9], [9, 18]]  # 64 // 7 rows per tile
+    short = np.full((8, 3), 1000, np.int64)  # 8 rows, 2 q heads per kv head: 3 rows for 6 queries
+    items = attend_items(short, 2, 1)
+    assert items[:, :2].tolist() == [[0, 3], [3, 6], [6, 8], [6, 8]]  # the last 2 rows head by head
+    assert (items[:2, 2] >= 0).all() and (items[2:, 2] < 0).all()
 
 
 def test_a_strided_cache_view_is_refused_at_compile_time():

@@ -17,6 +17,7 @@ from inference.engine.quants.quantize import (
     ACT_Q8_K,
     round_activations,
     round_f16,
+    round_row_int,
 )
 
 
@@ -78,3 +79,24 @@ def test_no_rounding_passes_values_and_group_sums():
     values, group_sums = round_activations(x, ACT_NONE, 32)
     assert_bitwise_equal(values, x)
     np.testing.assert_allclose(group_sums, x.reshape(4, 4, 32).sum(axis=-1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("kind", "group_size"), [(ACT_Q8_0, 32), (ACT_Q8_1, 32), (ACT_Q8_K, 16), (ACT_Q8_K, 32)]
+)
+def test_integer_rounding_gives_the_codes_their_scales_and_exact_group_sums(kind, group_size):
+    """round_row_int (what the products take): the values round_row gives, integer codes and
+    per-group scales whose products are those values, and Q8_K's group sums d * sum(q)."""
+    x = _rows(5, 512, seed=kind + group_size)
+    reference, _ = round_activations(x, kind, group_size)
+    for row, expected in zip(x, reference, strict=True):
+        values, ints = np.empty_like(row), np.empty(row.size, np.int8)  # (cols,) each
+        scales = np.empty(row.size // group_size, np.float32)  # (groups,)
+        sums = np.zeros(row.size // group_size, np.float32)  # (groups,)
+        round_row_int(kind, row, values, ints, scales, sums, group_size, True)
+        assert_bitwise_equal(values, expected)
+        # As values (a code of 0 has no sign: -0.0 and 0.0 compare equal here)
+        np.testing.assert_array_equal(ints.astype(np.float32) * np.repeat(scales, group_size), values)
+        if kind == ACT_Q8_K:
+            code_sums = ints.reshape(-1, group_size).astype(np.int64).sum(axis=-1).astype(np.float32)
+            assert_bitwise_equal(sums, scales * code_sums)

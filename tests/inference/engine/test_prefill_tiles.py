@@ -61,10 +61,12 @@ def _one_row(rounded, t):
 
 @pytest.mark.parametrize(("group_shift", "nib", "low", "high", "with_mins"), FORMATS)
 @pytest.mark.parametrize("accumulate", [False, True])
-def test_several_rows_equal_each_row_alone(group_shift, nib, low, high, with_mins, accumulate):
+# n: one pass of the tiles over two blocks of rows; three passes, the last partial
+@pytest.mark.parametrize("n", [7, 37])
+def test_several_rows_equal_each_row_alone(group_shift, nib, low, high, with_mins, accumulate, n):
     rng = np.random.default_rng(group_shift * 3 + nib + 7)
     weights, lin = _linear(rng, group_shift, nib, low, high, with_mins)
-    n, cols = 7, int(lin[sk.COLS])
+    cols = int(lin[sk.COLS])
     rounded = _rounded(rng, n, cols, group_shift)
     scratch = np.empty((1 + sk.TILE_ROWS, ROW_BLOCK), np.float32)
     for r0, r1 in [(0, 29), (3, 20)]:  # 3 whole tiles and 5 rows; a tile starting off 0 and 1 row
