@@ -36,10 +36,11 @@ from ..layers import silu_one
 from ..quants.intdot import ROW_BLOCK, dot_pair_int, dot_row_int, min_sum
 from ..quants.nibbles import dot_pair_nib, dot_row_nib
 from ..quants.pair_mins import dot_pair_min
+from ..quants.q41 import dot_pair_q41, q41_row_bytes
 from ..quants.quantize import round_row, round_row_int
 from ..quants.quint import dot_pair_quint, dot_row_quint, quint_row_bytes
 from ..stage_calls import Sites
-from ..worksharing import claim, mark_done, wait_done
+from ..worksharing import claim, claim_end, mark_done, wait_done
 from . import prefill_tiles
 from .kernels import rope_inplace, store_half
 from .rowops import gelu_lookup, rms_norm_into
@@ -82,6 +83,7 @@ SOLO_ROWS = 1  # up to this many rows, each thread rounds every row's input itse
 ADD, STORE = np.bool_(True), np.bool_(False)
 SLOT0, SLOT1 = np.int64(0), np.int64(1)
 COLUMN0 = np.int64(0)  # dot_run's out_at: written from the first column
+UPWARD, DOWNWARD = np.bool_(False), np.bool_(True)  # dot_run's backward
 
 StepWeights = namedtuple("StepWeights", ["q", "scales", "mins", "bias", "floats", "gelu"])
 StepModel = namedtuple(
@@ -96,20 +98,25 @@ Rounded = namedtuple("Rounded", ["values", "ints", "int_scales", "sums"])
 
 
 @numba.njit(cache=True)
-def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_block, out_at):
+def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_block, out_at, backward):
     """One activation row: weight rows two at a time (two independent sums in flight); row r's
-    product goes to out[0, out_at + r - r0]."""
+    product goes to out[0, out_at + r - r0]. ``backward``: the same pairs, last pair first
+    (the thread that takes a stage's items from the back streams downward)."""
     q, scales, mins = weights.q, weights.scales, weights.mins
     cols, shift = lin[COLS], lin[SHIFT]
     groups = cols >> shift
     codes, code_scales, group_sums = rounded.ints[k, 0], rounded.int_scales[k, 0], rounded.sums[k, 0]
-    nib, quint = lin[NIB], lin[QUINT] >= 0
-    row_bytes = quint_row_bytes(cols) if quint else cols if nib < 0 else cols >> 1
+    nib, quint, has_mins = lin[NIB], lin[QUINT] >= 0, lin[M_OFF] >= 0
+    # The file's blocks (quint: Q5_0, or Q4_1 when the matrix has mins) or the arena's codes.
+    own_bytes = cols if nib < 0 else cols >> 1
+    row_bytes = (q41_row_bytes(cols) if has_mins else quint_row_bytes(cols)) if quint else own_bytes
     q_first = lin[QUINT] if quint else lin[Q_OFF]
     ahead = max(1, (QUINT_PREFETCH_BYTES if quint else PREFETCH_BYTES) // row_bytes) * row_bytes
     end = q_first + lin[ROWS] * row_bytes
-    has_mins, has_bias, b_first = lin[M_OFF] >= 0, lin[B_OFF] >= 0, lin[B_OFF]
-    for r in range(r0, r1, 2):
+    has_bias, b_first = lin[B_OFF] >= 0, lin[B_OFF]
+    n_pairs = (r1 - r0 + 1) // 2
+    for p in range(n_pairs):
+        r = r0 + 2 * (n_pairs - 1 - p if backward else p)
         pair = r + 1 < r1
         row_start, s_start, m_start = (
             q_first + r * row_bytes,
@@ -118,9 +125,17 @@ def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, 
         )
         # Prefetch ~3 KB ahead: the hardware prefetcher alone left single-thread reads of short
         # rows at ~12 GB/s, against ~15 with this (measured on 576-4864 column rows).
-        for i in range(row_start + ahead, min(row_start + ahead + 2 * row_bytes, end), 64):
+        # Downward: the rows ``ahead`` below (a matrix's stream in either direction).
+        base = row_start - ahead if backward else row_start + ahead
+        for i in range(max(base, q_first), min(base + 2 * row_bytes, end), 64):
             prefetch(q, i)
-        if pair and has_mins:  # the min terms folded into the dot product's loop: same bits
+        own_start = lin[Q_OFF] + r * own_bytes  # the row in the arena's codes
+        if pair and has_mins and quint:  # Q4_1 blocks: scales and mins in the one stream
+            dot_pair_q41(
+                q, row_start, row_start + row_bytes, codes, scales, code_scales, mins, group_sums, groups,
+                block,
+            )  # fmt: skip
+        elif pair and has_mins:  # the min terms folded into the dot product's loop: same bits
             dot_pair_min(
                 q, row_start, row_start + row_bytes, codes, scales, s_start, s_start + groups, code_scales,
                 mins, m_start, m_start + groups, group_sums, groups, shift, nib, block,
@@ -140,12 +155,12 @@ def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, 
                 q, row_start, row_start + cols, codes, scales, s_start, s_start + groups, code_scales,
                 groups, shift, block,
             )  # fmt: skip
-        elif quint:
+        elif quint and not has_mins:
             block[0] = dot_row_quint(q, row_start, codes, scales, s_start, code_scales, groups)
-        elif nib >= 0:
-            block[0] = dot_row_nib(q, row_start, codes, scales, s_start, code_scales, groups, nib)
+        elif nib >= 0:  # (a lone Q4_1 row reads the nibbles: the blocks have no one-row kernel)
+            block[0] = dot_row_nib(q, own_start, codes, scales, s_start, code_scales, groups, nib)
         else:
-            block[0] = dot_row_int(q, row_start, codes, scales, s_start, code_scales, groups, shift)
+            block[0] = dot_row_int(q, own_start, codes, scales, s_start, code_scales, groups, shift)
         if has_mins and not pair:
             min_block[0] = min_sum(mins, m_start, group_sums, groups)
         for i in range(2 if pair else 1):
@@ -189,18 +204,23 @@ def dot_tile(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch)
         for n in range(n_rows):
             _dot_rows_float(weights, lin, rounded.values[k, n], r0, r1, out[n], accumulate)
     elif n_rows == 1:
-        _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, scratch[0], scratch[1], COLUMN0)
+        _dot_tile_one_row(
+            weights, lin, rounded, k, r0, r1, out, accumulate, scratch[0], scratch[1], COLUMN0, UPWARD
+        )
     else:
         prefill_tiles.dot_tile_many(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch)
 
 
 @numba.njit(cache=True)
-def dot_run(weights, lin, rounded, k, n_rows, r0, r1, out, out_at, accumulate, scratch):
+def dot_run(weights, lin, rounded, k, n_rows, r0, r1, out, out_at, accumulate, scratch, backward):
     """dot_tile into out[:, out_at : out_at + r1 - r0] of a whole C-contiguous ``out``: a
     decode step's products skip the strided view dot_tile writes through (its slicing and
-    strided stores cost ~20% of a 32-row item's time, measured on Qwen2.5's head)."""
+    strided stores cost ~20% of a 32-row item's time, measured on Qwen2.5's head). One row's
+    products walk the weight rows downward with ``backward`` (same products, same bits)."""
     if n_rows == 1 and lin[SHIFT] != FLOAT_SHIFT:
-        _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, scratch[0], scratch[1], out_at)
+        _dot_tile_one_row(
+            weights, lin, rounded, k, r0, r1, out, accumulate, scratch[0], scratch[1], out_at, backward
+        )
     else:
         view = out[:, out_at : out_at + r1 - r0]
         dot_tile(weights, lin, rounded, k, n_rows, r0, r1, view, accumulate, scratch)
@@ -262,30 +282,34 @@ def item_rows(total, n_rows):
 
 
 @numba.njit(cache=True)
-def rows_stage(weights, linears, rounded, n_rows, out, accumulate, counters, stage):
+def rows_stage(weights, linears, rounded, n_rows, out, accumulate, counters, stage, tid):
     """Claim tiles of the rows of ``linears`` (stacked one after another in ``out`` (rows,
-    total)) and take each tile's products with every one of ``n_rows`` rounded rows."""
+    total)) and take each tile's products with every one of ``n_rows`` rounded rows. With one
+    row the odd threads claim from the back and walk downward (``claim_end``)."""
     claimed, done = counters
-    total = 0
-    for k in range(linears.shape[0]):
+    total, n_lin = 0, linears.shape[0]
+    for k in range(n_lin):
         total += linears[k, ROWS]
     per_item = item_rows(total, n_rows)
     n_items = (total + per_item - 1) // per_item
+    back = n_rows == 1 and tid % 2 == 1
     scratch = np.empty((1 + TILE_ROWS, ROW_BLOCK), np.float32)  # (dots | min terms per row, ROW_BLOCK)
-    item = claim(claimed, stage)
+    item = claim_end(claimed, stage, n_items, back)
     while item < n_items:
         a, b = item * per_item, min(total, (item + 1) * per_item)
-        offset = 0
-        for k in range(linears.shape[0]):
+        for j in range(n_lin):
+            k = n_lin - 1 - j if back else j
+            offset = 0
+            for i in range(k):
+                offset += linears[i, ROWS]
             lo, hi = max(a, offset), min(b, offset + linears[k, ROWS])
             if lo < hi:
-                r0, r1 = lo - offset, hi - offset
                 kernel_call(DOT_RUN_AT, (
-                    weights, linears[k], rounded, k, n_rows, r0, r1, out, lo, accumulate, scratch,
+                    weights, linears[k], rounded, k, n_rows, lo - offset, hi - offset, out, lo, accumulate,
+                    scratch, back,
                 ))  # fmt: skip
-            offset += linears[k, ROWS]
         mark_done(done, stage)
-        item = claim(claimed, stage)
+        item = claim_end(claimed, stage, n_items, back)
     wait_done(done, stage, n_items)
 
 
@@ -323,32 +347,30 @@ def kv_stage(qkv, qk_norm, eps, rows, rope, dims, layer, n_layers, counters, sta
 
 
 @numba.njit(cache=True)
-def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage):
+def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage, tid):
     """Tiles of gate and up rows (slot 0 of ``linears`` is gate, or gate|up stacked when slot 1
-    is empty) for every row; writes act = SiLU(gate) * up or GELU(gate) * up."""
+    is empty) for every row; writes act = SiLU(gate) * up or GELU(gate) * up. With one row the
+    odd threads claim from the back and walk downward (``claim_end``)."""
     claimed, done = counters
     n_rows = act.shape[0]
     per_item = item_rows(2 * n_ff, n_rows) // 2  # gate and up rows: half an item each
     per_item = max(TILE_ROWS, per_item // TILE_ROWS * TILE_ROWS)
     n_items = (n_ff + per_item - 1) // per_item
-    stacked = linears[1, ROWS] == 0
+    stacked, back = linears[1, ROWS] == 0, n_rows == 1 and tid % 2 == 1
     scratch = np.empty((1 + TILE_ROWS, ROW_BLOCK), np.float32)  # (dots | min terms per row, ROW_BLOCK)
     tile = np.empty((2, n_rows, per_item), np.float32)  # (gate|up, N, item)
-    item = claim(claimed, stage)
+    item = claim_end(claimed, stage, n_items, back)
     while item < n_items:
         a, b = item * per_item, min(n_ff, (item + 1) * per_item)
         gate, up = tile[0], tile[1]  # (N, item) each, the first b - a columns used
         kernel_call(DOT_RUN_AT, (
-            weights, linears[0], rounded, SLOT0, n_rows, a, b, gate, COLUMN0, STORE, scratch,
+            weights, linears[0], rounded, SLOT0, n_rows, a, b, gate, COLUMN0, STORE, scratch, back,
         ))  # fmt: skip
-        if stacked:
-            kernel_call(DOT_RUN_AT, (
-                weights, linears[0], rounded, SLOT0, n_rows, n_ff + a, n_ff + b, up, COLUMN0, STORE, scratch,
-            ))  # fmt: skip
-        else:
-            kernel_call(DOT_RUN_AT, (
-                weights, linears[1], rounded, SLOT1, n_rows, a, b, up, COLUMN0, STORE, scratch,
-            ))  # fmt: skip
+        up_lin, up_slot, up_at = (linears[0], SLOT0, n_ff) if stacked else (linears[1], SLOT1, 0)
+        kernel_call(DOT_RUN_AT, (
+            weights, up_lin, rounded, up_slot, n_rows, up_at + a, up_at + b, up, COLUMN0, STORE, scratch,
+            back,
+        ))  # fmt: skip
         for n in range(n_rows):
             if gelu:
                 gate_bits, table = gate[n].view(np.uint32), weights.gelu
@@ -358,7 +380,7 @@ def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage):
                 for i in range(b - a):
                     act[n, a + i] = silu_one(gate[n, i], a + i < n_ff - n_ff % 8) * up[n, i]
         mark_done(done, stage)
-        item = claim(claimed, stage)
+        item = claim_end(claimed, stage, n_items, back)
     wait_done(done, stage, n_items)
 
 

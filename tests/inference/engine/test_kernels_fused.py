@@ -138,7 +138,7 @@ def test_rows_stage_equals_matrix_matvec(qtype, n_rows):
         sk.round_inputs(linears, x[n], rounded, n)
     out = np.full((n_rows, 115), np.nan, np.float32)
     counters = (np.zeros(1, np.int64), np.zeros(1, np.int64))
-    args = (weights, linears, rounded, n_rows, out, False, counters, 0)
+    args = (weights, linears, rounded, n_rows, out, False, counters, 0, 0)
     stage_calls.prepare(sk.rows_stage, args)  # its products are pointer calls of dot_run
     sk.rows_stage(*args)
     expected = np.stack([np.concatenate([first.matvec(row), second.matvec(row, bias)]) for row in x])
