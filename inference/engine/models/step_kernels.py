@@ -44,6 +44,7 @@ from ..worksharing import claim, claim_end, mark_done, wait_done
 from . import prefill_tiles
 from .kernels import rope_inplace, store_half
 from .rowops import gelu_lookup, rms_norm_into
+from .step_items import SOLO_ITEM_ROWS, TILE_ROWS, item_bounds
 
 # Columns of the linear table: offsets into the arenas (-1: none), shape, format. A float
 # matrix (F32/F16/BF16) has SHIFT 0 and Q_OFF into the float arena. NIB: -1 for int8 codes,
@@ -69,13 +70,9 @@ PREFETCH_BYTES = 3072
 # Q5_0 blocks take more instructions a byte: two threads streaming 151936x896 of them ran at
 # 34-39 Gweights/s prefetching 6-12 KB ahead against 22-23 at 3 KB (bench/q5_stream.py).
 QUINT_PREFETCH_BYTES = 12288
-TILE_ROWS = 32  # weight rows per work item: ~18-150 KB, reused from cache by every token row
-# One token row (a decode step) reuses nothing, and a work item of 32 rows cost ~25% of its
-# streaming time in per-item overhead (the head of Qwen2.5 in items of 32 rows: 15.6 Gw/s of
-# CPU time against 24 as one run). Its items are 1/ITEMS_PER_MATRIX of the matrix instead,
-# between TILE_ROWS and SOLO_ITEM_ROWS rows (whole pairs, so the same kernels run on every row).
-ITEMS_PER_MATRIX = 16
-SOLO_ITEM_ROWS = 1024
+# A decode step's items: large at the ends of a matrix, halving toward the middle (step_items.py:
+# a work item of 32 rows cost ~25% of its streaming time in per-item overhead, the head of
+# Qwen2.5 in items of 32 rows: 15.6 Gw/s of CPU time against 24 as one run).
 SOLO_ROWS = 1  # up to this many rows, each thread rounds every row's input itself
 # numba compiles a kernel once per literal constant a call passes it (dot_tile(..., 0, ...,
 # False) and dot_tile(..., 1, ..., True) were four variants of it and of the kernels inside):
@@ -274,14 +271,6 @@ def prepare_stage(src, src_rows, norm, eps, linears, rounded, normed, solo, coun
 
 
 @numba.njit(cache=True)
-def item_rows(total, n_rows):
-    """Weight rows per work item of a stage over ``total`` rows with ``n_rows`` token rows."""
-    if n_rows > 1:
-        return TILE_ROWS
-    return max(TILE_ROWS, min(SOLO_ITEM_ROWS, total // ITEMS_PER_MATRIX // TILE_ROWS * TILE_ROWS))
-
-
-@numba.njit(cache=True)
 def rows_stage(weights, linears, rounded, n_rows, out, accumulate, counters, stage, tid):
     """Claim tiles of the rows of ``linears`` (stacked one after another in ``out`` (rows,
     total)) and take each tile's products with every one of ``n_rows`` rounded rows. With one
@@ -290,13 +279,13 @@ def rows_stage(weights, linears, rounded, n_rows, out, accumulate, counters, sta
     total, n_lin = 0, linears.shape[0]
     for k in range(n_lin):
         total += linears[k, ROWS]
-    per_item = item_rows(total, n_rows)
-    n_items = (total + per_item - 1) // per_item
+    bounds = item_bounds(total, n_rows, SOLO_ITEM_ROWS)
+    n_items = bounds.shape[0] - 1
     back = n_rows == 1 and tid % 2 == 1
     scratch = np.empty((1 + TILE_ROWS, ROW_BLOCK), np.float32)  # (dots | min terms per row, ROW_BLOCK)
     item = claim_end(claimed, stage, n_items, back)
     while item < n_items:
-        a, b = item * per_item, min(total, (item + 1) * per_item)
+        a, b = bounds[item], bounds[item + 1]
         for j in range(n_lin):
             k = n_lin - 1 - j if back else j
             offset = 0
@@ -353,15 +342,14 @@ def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage, tid):
     odd threads claim from the back and walk downward (``claim_end``)."""
     claimed, done = counters
     n_rows = act.shape[0]
-    per_item = item_rows(2 * n_ff, n_rows) // 2  # gate and up rows: half an item each
-    per_item = max(TILE_ROWS, per_item // TILE_ROWS * TILE_ROWS)
-    n_items = (n_ff + per_item - 1) // per_item
+    bounds = item_bounds(n_ff, n_rows, SOLO_ITEM_ROWS // 2)  # gate and up rows: half an item each
+    n_items, per_item = bounds.shape[0] - 1, TILE_ROWS if n_rows > 1 else SOLO_ITEM_ROWS // 2
     stacked, back = linears[1, ROWS] == 0, n_rows == 1 and tid % 2 == 1
     scratch = np.empty((1 + TILE_ROWS, ROW_BLOCK), np.float32)  # (dots | min terms per row, ROW_BLOCK)
     tile = np.empty((2, n_rows, per_item), np.float32)  # (gate|up, N, item)
     item = claim_end(claimed, stage, n_items, back)
     while item < n_items:
-        a, b = item * per_item, min(n_ff, (item + 1) * per_item)
+        a, b = bounds[item], bounds[item + 1]
         gate, up = tile[0], tile[1]  # (N, item) each, the first b - a columns used
         kernel_call(DOT_RUN_AT, (
             weights, linears[0], rounded, SLOT0, n_rows, a, b, gate, COLUMN0, STORE, scratch, back,
