@@ -33,12 +33,21 @@ import numpy as np
 
 from ..intrinsics import prefetch, uint16_pointer
 from ..layers import silu_one
+from ..quants.blocks import (
+    BLOCK_Q4_1,
+    BLOCK_Q5_0,
+    BLOCK_Q8_0,
+    block_kind,
+    block_offset,
+    block_row_bytes,
+    dot_pair_q80,
+)
 from ..quants.intdot import ROW_BLOCK, dot_pair_int, dot_row_int, min_sum
 from ..quants.nibbles import dot_pair_nib, dot_row_nib
 from ..quants.pair_mins import dot_pair_min
-from ..quants.q41 import dot_pair_q41, q41_row_bytes
+from ..quants.q41 import dot_pair_q41
 from ..quants.quantize import round_row, round_row_int
-from ..quants.quint import dot_pair_quint, dot_row_quint, quint_row_bytes
+from ..quants.quint import dot_pair_quint, dot_row_quint
 from ..stage_calls import Sites
 from ..worksharing import claim, claim_end, mark_done, wait_done
 from . import prefill_tiles
@@ -49,8 +58,8 @@ from .step_items import SOLO_ITEM_ROWS, TILE_ROWS, item_bounds
 # Columns of the linear table: offsets into the arenas (-1: none), shape, format. A float
 # matrix (F32/F16/BF16) has SHIFT 0 and Q_OFF into the float arena. NIB: -1 for int8 codes,
 # else the weights are packed nibbles (quants/nibbles.py) stored plus this offset. QUINT: -1,
-# or where in the q arena a one-row product reads the matrix as Q5_0 blocks (quants/quint.py;
-# a second copy: the several-row tiles read the int8 codes at Q_OFF).
+# or where in the q arena a one-row product reads the matrix as the file's blocks, and which
+# (quants/blocks.py encode: Q5_0, Q4_1 or Q8_0; a second copy: the tiles read Q_OFF's codes).
 Q_OFF, ROWS, COLS, S_OFF, M_OFF, SHIFT, KIND, B_OFF, NIB, QUINT = range(10)
 FLOAT_SHIFT = 0
 LINEAR_FIELDS = 10
@@ -104,10 +113,11 @@ def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, 
     groups = cols >> shift
     codes, code_scales, group_sums = rounded.ints[k, 0], rounded.int_scales[k, 0], rounded.sums[k, 0]
     nib, quint, has_mins = lin[NIB], lin[QUINT] >= 0, lin[M_OFF] >= 0
-    # The file's blocks (quint: Q5_0, or Q4_1 when the matrix has mins) or the arena's codes.
+    # The file's blocks (quants/blocks.py: Q5_0, Q4_1 or Q8_0) or the arena's codes.
+    kind = block_kind(lin[QUINT]) if quint else -1
     own_bytes = cols if nib < 0 else cols >> 1
-    row_bytes = (q41_row_bytes(cols) if has_mins else quint_row_bytes(cols)) if quint else own_bytes
-    q_first = lin[QUINT] if quint else lin[Q_OFF]
+    row_bytes = block_row_bytes(kind, cols) if quint else own_bytes
+    q_first = block_offset(lin[QUINT]) if quint else lin[Q_OFF]
     ahead = max(1, (QUINT_PREFETCH_BYTES if quint else PREFETCH_BYTES) // row_bytes) * row_bytes
     end = q_first + lin[ROWS] * row_bytes
     has_bias, b_first = lin[B_OFF] >= 0, lin[B_OFF]
@@ -127,7 +137,9 @@ def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, 
         for i in range(max(base, q_first), min(base + 2 * row_bytes, end), 64):
             prefetch(q, i)
         own_start = lin[Q_OFF] + r * own_bytes  # the row in the arena's codes
-        if pair and has_mins and quint:  # Q4_1 blocks: scales and mins in the one stream
+        if pair and kind == BLOCK_Q8_0:
+            dot_pair_q80(q, row_start, row_start + row_bytes, codes, scales, code_scales, groups, block)
+        elif pair and kind == BLOCK_Q4_1:  # scales and mins in the one stream
             dot_pair_q41(
                 q, row_start, row_start + row_bytes, codes, scales, code_scales, mins, group_sums, groups,
                 block,
@@ -137,7 +149,7 @@ def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, 
                 q, row_start, row_start + row_bytes, codes, scales, s_start, s_start + groups, code_scales,
                 mins, m_start, m_start + groups, group_sums, groups, shift, nib, block,
             )  # fmt: skip
-        elif pair and quint:  # Q5_0 as the file packs it: the fewest bytes a token streams
+        elif pair and kind == BLOCK_Q5_0:  # Q5_0 as the file packs it: the fewest bytes
             next_row = row_start + row_bytes
             dot_pair_quint(
                 q, row_start, next_row, codes, scales, s_start, s_start, code_scales, groups, block
@@ -152,9 +164,9 @@ def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, 
                 q, row_start, row_start + cols, codes, scales, s_start, s_start + groups, code_scales,
                 groups, shift, block,
             )  # fmt: skip
-        elif quint and not has_mins:
+        elif kind == BLOCK_Q5_0:
             block[0] = dot_row_quint(q, row_start, codes, scales, s_start, code_scales, groups)
-        elif nib >= 0:  # (a lone Q4_1 row reads the nibbles: the blocks have no one-row kernel)
+        elif nib >= 0:  # (a lone Q4_1 or Q8_0 row reads the arena: no one-row block kernel)
             block[0] = dot_row_nib(q, own_start, codes, scales, s_start, code_scales, groups, nib)
         else:
             block[0] = dot_row_int(q, own_start, codes, scales, s_start, code_scales, groups, shift)

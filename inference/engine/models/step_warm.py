@@ -16,12 +16,10 @@ from __future__ import annotations
 import numba
 
 from ..intrinsics import prefetch_l2
-from ..quants.q41 import q41_row_bytes
-from ..quants.quint import quint_row_bytes
+from ..quants.blocks import block_kind, block_offset, block_row_bytes
 from .step_kernels import (
     COLS,
     FLOAT_SHIFT,
-    M_OFF,
     NIB,
     PREFETCH_BYTES,
     Q_OFF,
@@ -40,10 +38,10 @@ def _warm_rows(q, lin, r, backward):
     takes over: ``ahead`` bytes from row r on (downward, ending with row r, if ``backward``)."""
     if lin[ROWS] == 0 or lin[SHIFT] == FLOAT_SHIFT:
         return
-    cols, quint, has_mins = lin[COLS], lin[QUINT] >= 0, lin[M_OFF] >= 0
+    cols, quint = lin[COLS], lin[QUINT] >= 0
     own_bytes = cols if lin[NIB] < 0 else cols >> 1
-    row_bytes = (q41_row_bytes(cols) if has_mins else quint_row_bytes(cols)) if quint else own_bytes
-    first = lin[QUINT] if quint else lin[Q_OFF]
+    row_bytes = block_row_bytes(block_kind(lin[QUINT]), cols) if quint else own_bytes
+    first = block_offset(lin[QUINT]) if quint else lin[Q_OFF]
     ahead = max(1, (QUINT_PREFETCH_BYTES if quint else PREFETCH_BYTES) // row_bytes) * row_bytes
     if backward:
         hi = first + (r + 1) * row_bytes

@@ -35,6 +35,10 @@ QUINT_BLOCK, QUINT_QH, QUINT_QS = 22, 2, 6  # block bytes, byte offsets of qh an
 # (q41.py): f16 scale d, f16 min m, 16 bytes of nibbles (codes 0..15, stored as they are).
 Q41_OFFSET = 41
 Q41_BLOCK, Q41_QS = 20, 4  # block bytes, byte offset of qs
+# nibble_offset Q80_OFFSET (a marker): a Q8_0 block as the file stores it (blocks.py): f16
+# scale d, 32 int8 codes.
+Q80_OFFSET = 80
+Q80_BLOCK, Q80_QS = 34, 2  # block bytes, byte offset of qs
 # Float operations carry this flag, which changes no result: numba's fastmath pass adds its
 # reassociating flags only to instructions that have none, and this code can end up inside a
 # fastmath kernel, where the one-row and the multi-row sums would then be reordered differently.
@@ -103,6 +107,8 @@ def prepare_weights(builder, simd: str, group: int, q_ptr, nibble_offset: int | 
     vnni = simd == "vnni" and group == 32
     if nibble_offset == Q41_OFFSET:  # the block's nibbles: Q4_1's codes 0..15, no offset
         q_ptr, nibble_offset = builder.gep(q_ptr, [ir.Constant(ir.IntType(64), Q41_QS)]), 0
+    if nibble_offset == Q80_OFFSET:  # the block's int8 codes, as the int8 copy's
+        q_ptr, nibble_offset = builder.gep(q_ptr, [ir.Constant(ir.IntType(64), Q80_QS)]), None
     if nibble_offset is None:
         w = _load_codes(builder, q_ptr, group)
     elif nibble_offset == QUINT_OFFSET:
@@ -214,6 +220,8 @@ def row_dots(
         weight_bytes = QUINT_BLOCK
     if nibble_offset == Q41_OFFSET:  # whole Q4_1 blocks, scale and min inside (s, m unused)
         weight_bytes = Q41_BLOCK
+    if nibble_offset == Q80_OFFSET:  # whole Q8_0 blocks, the scale inside (s unused)
+        weight_bytes = Q80_BLOCK
     floats = ir.VectorType(ir.FloatType(), LANES)
     accs = [
         [cgutils.alloca_once_value(builder, ir.Constant(floats, None)) for _ in act_rows] for _ in weight_rows
@@ -237,6 +245,8 @@ def row_dots(
             elif nibble_offset == Q41_OFFSET:
                 scale, low = _q41_halves(builder, block)
                 block_mins.append(low)
+            elif nibble_offset == Q80_OFFSET:  # d and the first two codes loaded, d kept
+                scale = _q41_halves(builder, block)[0]
             else:
                 scale = builder.load(builder.gep(s0, [g]))
             for acc, (a0, d0) in zip(row_accs, act_rows, strict=True):

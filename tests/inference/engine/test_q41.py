@@ -103,3 +103,39 @@ def test_a_q4_1_step_reads_the_blocks_and_decodes_as_prefill_does(synthetic_dir)
     decoded = engine.new_cache(32)
     for i, token in enumerate(tokens):
         np.testing.assert_array_equal(engine.decode_one(decoded, token), expected[i])  # the blocks
+
+
+def test_q8_0_blocks_are_the_files_bytes_and_every_selection_gives_the_int8_copys_bits():
+    from inference.engine.quants import blocks, intdot
+    from inference.engine.quants.formats import Q8_0
+
+    rng = np.random.default_rng(7)
+    rows, cols, g = 6, COLS, COLS // 32
+    q = rng.integers(-128, 128, (rows, cols)).astype(np.int8)  # (rows, cols)
+    q[0, :32], q[1, :32] = -128, 127
+    scales = rng.standard_normal((rows, g)).astype(np.float16).astype(np.float32)  # (rows, groups)
+    ints = rng.integers(-127, 128, cols).astype(np.int8)  # (cols,)
+    int_scales = rng.random(g).astype(np.float32)  # (groups,)
+    packed = blocks.pack_q80(q, scales)
+    rb = blocks.block_row_bytes(blocks.BLOCK_Q8_0, cols)
+    assert packed.shape == (rows, rb) and blocks.q80_packable(q, scales, 32)
+    codes, d = blocks.unpack_q80(packed)
+    np.testing.assert_array_equal(codes, q)
+    np.testing.assert_array_equal(d, scales)
+    unpacked = Q8_0.unpack(packed.reshape(-1, rb // g))  # the loader's own reading of the bytes
+    np.testing.assert_array_equal(unpacked.q.reshape(q.shape), q)
+    fine = scales.copy()
+    fine[0, 0] = np.float32(1.0) + np.float32(2.0**-20)  # not an f16
+    assert not blocks.q80_packable(q, fine, 32)
+    flat = packed.ravel().view(np.int8)
+    for simd in SELECTIONS:
+        if missing_features(simd, target_features()):
+            continue
+        for r in range(0, rows, 2):
+            expected, out = np.zeros(2, np.float32), np.full(2, np.nan, np.float32)
+            intdot.SELECTED["generic"][2](
+                q.ravel(), r * cols, (r + 1) * cols, ints, scales.ravel(), r * g, (r + 1) * g, int_scales,
+                g, 5, expected,
+            )  # fmt: skip
+            blocks.SELECTED[simd](flat, r * rb, (r + 1) * rb, ints, scales.ravel(), int_scales, g, out)
+            np.testing.assert_array_equal(out, expected)
