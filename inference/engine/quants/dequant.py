@@ -13,17 +13,20 @@ import numpy as np
 
 from .layout import GroupLayout
 
-
 # Fewer rows than this are gathered by one thread: a decode step's one embedding row through
 # the parallel kernel woke the whole OpenMP team for it (~80 us of SmolLM2's ~5 ms step, idle
 # threads sleeping under OMP_WAIT_POLICY=PASSIVE), for microseconds of work.
 PARALLEL_ROWS = 8
 
 
-@functools.cache
 def gather_kernel(group_shift: int, has_mins: bool, parallel: bool = True):
     """The row-gather kernel for groups of ``1 << group_shift`` weights (numba caches each
     variant); ``parallel``: rows shared out over the threads, else all on the caller's."""
+    return _gather_kernel(group_shift, has_mins, parallel)
+
+
+@functools.cache  # one dispatcher per variant however the arguments are spelled
+def _gather_kernel(group_shift: int, has_mins: bool, parallel: bool):
 
     def gather(q, scales, mins, row_ids, out):
         cols = q.shape[1]
