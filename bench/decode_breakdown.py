@@ -65,7 +65,6 @@ from inference.engine.models.step_kernels import (  # noqa: E402
     prepare_stage,
     rows_stage,
 )  # fmt: skip
-from inference.engine.models.step_warm import warm_stage  # noqa: E402
 
 START_LAG = 2e-4  # s: steps whose threads started farther apart are left out of the stages
 
@@ -99,7 +98,6 @@ def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo, stamps)
         lin[SLOT_GATE:SLOT_DOWN],
         lin[SLOT_DOWN:],
     )
-    warm_stage(w.q, qkv_lin, tid, n_rows, False)
     prepare_stage(
         x,
         scratch.all_rows,
@@ -114,7 +112,6 @@ def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo, stamps)
     )
     stamps[tid, stage + PREP_QKV] = cycles()
     rows_stage(w, qkv_lin, rounded, n_rows, scratch.qkv, False, counters, stage + QKV, tid)
-    warm_stage(w.q, out_lin, tid, n_rows, False)
     stamps[tid, stage + QKV] = cycles()
     kv_stage(
         scratch.qkv, model.qk_norms[layer, 1], eps, rows, rope, dims, layer, n_layers, counters, stage + KV
@@ -140,12 +137,10 @@ def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo, stamps)
     stamps[tid, stage + PREP_OUT] = cycles()
     if post:
         rows_stage(w, out_lin, rounded, n_rows, scratch.proj, False, counters, stage + OUT, tid)
-        warm_stage(w.q, ffn_lin, tid, n_rows, True)
         stamps[tid, stage + OUT] = cycles()
         add_normed_stage(x, scratch.proj, model.norms[layer, 1], eps, counters, stage + OUT_POST)
     else:
         rows_stage(w, out_lin, rounded, n_rows, x, True, counters, stage + OUT, tid)
-        warm_stage(w.q, ffn_lin, tid, n_rows, True)
         stamps[tid, stage + OUT] = cycles()
     stamps[tid, stage + OUT_POST] = cycles()
     prepare_stage(
@@ -162,7 +157,6 @@ def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo, stamps)
     )
     stamps[tid, stage + PREP_FFN] = cycles()
     ffn_stage(w, ffn_lin, rounded, dims[N_FF], dims[FLAGS] & GELU, scratch.act, counters, stage + FFN, tid)
-    warm_stage(w.q, down_lin, tid, n_rows, False)
     stamps[tid, stage + FFN] = cycles()
     prepare_stage(
         scratch.act,
@@ -197,7 +191,6 @@ def _run(tid, x, model, rows, scratch, logits, counters, solo, stamps):
         _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo, stamps)
     stage = n_layers * STAGES_PER_LAYER
     head_rows = rows.head_rows
-    warm_stage(model.weights.q, model.head, tid, head_rows.shape[0], False)
     prepare_stage(
         x,
         head_rows,

@@ -73,39 +73,25 @@ def yield_cpu(typingctx):
     return sig, codegen
 
 
-def _prefetch_intrinsic(locality: int, doc: str):
-    @intrinsic
-    def prefetch_hint(typingctx, array, index):
-        if not isinstance(array, types.Array):
-            return None
-        sig = types.void(array, index)
+@intrinsic
+def prefetch(typingctx, array, index):
+    """Hint the CPU to load the cache line holding array[index] (read, keep in all levels)."""
+    if not isinstance(array, types.Array):
+        return None
+    sig = types.void(array, index)
 
-        def codegen(context, builder, signature, args):
-            pointer = builder.bitcast(
-                element_pointer(context, builder, signature.args[0], args[0], args[1]),
-                ir.IntType(8).as_pointer(),
-            )
-            i32 = ir.IntType(32)
-            fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32])
-            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-            builder.call(fn, [pointer, ir.Constant(i32, 0), ir.Constant(i32, locality), ir.Constant(i32, 1)])
-            return context.get_dummy_value()
+    def codegen(context, builder, signature, args):
+        pointer = builder.bitcast(
+            element_pointer(context, builder, signature.args[0], args[0], args[1]),
+            ir.IntType(8).as_pointer(),
+        )
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [pointer, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
 
-        return sig, codegen
-
-    prefetch_hint.__doc__ = doc
-    return prefetch_hint
-
-
-# LLVM's locality 3 is x86's prefetcht0 (every level), 2 prefetcht1 (L2 and out).
-prefetch = _prefetch_intrinsic(
-    3, "Hint the CPU to load the cache line holding array[index] (read, keep in all levels)."
-)
-prefetch_l2 = _prefetch_intrinsic(
-    2,
-    "Hint the CPU to load the cache line holding array[index] into L2 (prefetcht1): more lines"
-    " in flight than L1 takes.",
-)
+    return sig, codegen
 
 
 def _integer_arg(context, builder, value, from_type, to_type):

@@ -20,7 +20,6 @@ from ..stage_calls import Sites, compile_elsewhere
 from .attention_tile import attend_scratch_size, attend_tile
 from .kernels import attend_head
 from .step_attention import ATTEND_SITES, attend_stage
-from .step_warm import warm_stage
 from .step_kernels import (
     ADD, ATTEND, DOWN, FFN, FFN_POST, FLAGS, GELU, HEAD_DIM, KV, N_FF, N_HEADS, N_KV, OUT, OUT_POST, COLS,
     POST_NORMS, PREP_DOWN, PREP_FFN, PREP_OUT, PREP_QKV, QKV, SLOT_DOWN, SLOT_GATE, SLOT_OUT, SLOT_Q,
@@ -74,13 +73,10 @@ def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo):
     qkv_lin, out_lin = lin[SLOT_Q:SLOT_OUT], lin[SLOT_OUT:SLOT_GATE]
     ffn_lin, down_lin = lin[SLOT_GATE:SLOT_DOWN], lin[SLOT_DOWN:]
     all_rows, norms, qk_norms = scratch.all_rows, model.norms[layer], model.qk_norms[layer]
-    # Each product's first bytes are fetched while the stages before it run (step_warm.py).
-    warm_stage(w.q, qkv_lin, tid, n_rows, False)
     stage(PREP_QKV_AT, (
         x, all_rows, norms[0], eps, qkv_lin, rounded, normed, solo, counters, at + PREP_QKV,
     ))  # fmt: skip
     stage(QKV_AT, (w, qkv_lin, rounded, n_rows, scratch.qkv, STORE, counters, at + QKV, tid))
-    warm_stage(w.q, out_lin, tid, n_rows, False)
     stage(KV_AT, (
         scratch.qkv, qk_norms[1], eps, rows, rope, dims, layer, n_layers, counters, at + KV,
     ))  # fmt: skip
@@ -93,18 +89,15 @@ def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo):
     ))  # fmt: skip
     if post:
         stage(OUT_STORE_AT, (w, out_lin, rounded, n_rows, scratch.proj, STORE, counters, at + OUT, tid))
-        warm_stage(w.q, ffn_lin, tid, n_rows, True)
         stage(OUT_POST_AT, (x, scratch.proj, norms[1], eps, counters, at + OUT_POST))
     else:
         stage(OUT_ADD_AT, (w, out_lin, rounded, n_rows, x, ADD, counters, at + OUT, tid))
-        warm_stage(w.q, ffn_lin, tid, n_rows, True)
     stage(PREP_FFN_AT, (
         x, all_rows, norms[2], eps, ffn_lin, rounded, normed, solo, counters, at + PREP_FFN,
     ))  # fmt: skip
     stage(FFN_AT, (
         w, ffn_lin, rounded, dims[N_FF], dims[FLAGS] & GELU, scratch.act, counters, at + FFN, tid,
     ))  # fmt: skip
-    warm_stage(w.q, down_lin, tid, n_rows, False)
     stage(PREP_DOWN_AT, (
         scratch.act, all_rows, no_norm, eps, down_lin, rounded, normed, solo, counters, at + PREP_DOWN,
     ))  # fmt: skip
@@ -127,7 +120,6 @@ def run_stages(tid, x, model, rows, scratch, logits, counters, solo):
     if head_rows.shape[0] > 0:
         at = n_layers * STAGES_PER_LAYER
         normed, n_head = scratch.normed[tid], head_rows.shape[0]
-        warm_stage(model.weights.q, model.head, tid, n_head, False)
         stage(
             PREP_HEAD_AT,
             (x, head_rows, model.output_norm, model.eps, model.head, rounded, normed, solo, counters, at),
