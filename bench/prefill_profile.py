@@ -65,10 +65,10 @@ def _stage_seconds(model, name: str, n: int, reps: int) -> float:
         if name == "ffn":
             act = np.empty((n, int(model.dims[sk.N_FF])), np.float32)  # (n, n_ff)
             args = (model.weights, linears, rounded, model.dims[sk.N_FF], model.dims[sk.FLAGS] & sk.GELU)
-            stage, args = sk.ffn_stage, (*args, act, counters, 0)
+            stage, args = sk.ffn_stage, (*args, act, counters, 0, 0)
         else:
             out = np.empty((n, int(linears[:, sk.ROWS].sum())), np.float32)  # (n, rows)
-            stage, args = sk.rows_stage, (model.weights, linears, rounded, n, out, False, counters, 0)
+            stage, args = sk.rows_stage, (model.weights, linears, rounded, n, out, False, counters, 0, 0)
         stage_calls.prepare(stage, args)  # the stage calls dot_run through a pointer
         stage(*args)
         best = min(best, time.process_time() - t0)

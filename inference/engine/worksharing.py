@@ -32,6 +32,27 @@ def claim(claimed, stage):
     return atomic_add(claimed, stage, 1)
 
 
+# A two-ended claim packs its two counts in one counter: items taken from the front in the low
+# half, from the back in the high half, so one fetch-add both takes an item and sees whether
+# the two ends have met.
+BACK_ONE = 1 << 32
+FRONT_MASK = BACK_ONE - 1
+
+
+@numba.njit(cache=True)
+def claim_end(claimed, stage, n_items, back):
+    """The next unclaimed item of ``stage``'s ``n_items``, from the front (0, 1, ...) or, with
+    ``back``, from the back (n_items - 1, ...); ``n_items`` once the two ends have met. Two
+    threads taking opposite ends each read one contiguous stretch of a matrix (whatever the
+    hardware prefetcher learned stays useful), and still share it out at the item's grain.
+    Never mixed with ``claim`` on the same stage."""
+    old = atomic_add(claimed, stage, BACK_ONE if back else 1)
+    front_taken, back_taken = old & FRONT_MASK, old >> 32
+    if front_taken + back_taken >= n_items:
+        return n_items
+    return n_items - 1 - back_taken if back else front_taken
+
+
 @numba.njit(cache=True)
 def mark_done(done, stage):
     atomic_add(done, stage, 1)

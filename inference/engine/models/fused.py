@@ -18,10 +18,20 @@ import numpy as np
 
 from .. import stage_calls
 from ..kv_cache import KVCache
+from ..quants.blocks import (
+    BLOCK_Q4_1,
+    BLOCK_Q5_0,
+    BLOCK_Q8_0,
+    block_row_bytes,
+    encode,
+    pack_q80,
+    q80_packable,
+)
 from ..quants.layout import GroupLayout
 from ..quants.matrix import FloatMatrix, GroupedMatrix, QuantMatrix
 from ..quants.nibbles import pack_nibbles, packable_offset
-from ..quants.quint import DECODE_BLOCKS, pack_quint, quint_packable, quint_row_bytes
+from ..quants.q41 import pack_q41, q41_packable
+from ..quants.quint import DECODE_BLOCKS, pack_quint, quint_packable
 from . import step_kernels as sk
 from . import step_region
 from .rowops import gelu_table
@@ -48,7 +58,9 @@ class _Arena:
     so the weights are held once. 4-bit codes go in as packed nibbles (quants/nibbles.py):
     those matrices keep their int8 copy for their own products (the numpy path, tests).
     Five-bit codes (Q5_0) go in twice where DECODE_BLOCKS: int8 codes for the tiles of several
-    rows, and the file's blocks after all codes for one row's products (quants/quint.py)."""
+    rows, and the file's blocks after all codes for one row's products (quants/quint.py); so
+    do Q4_1's nibbles with their scales and mins (quants/q41.py) and Q8_0's int8 codes with
+    f16-exact scales (quants/blocks.py)."""
 
     def __init__(self, matrices: list[QuantMatrix]):
         unique = list({id(m): m for m in matrices}.values())
@@ -56,9 +68,11 @@ class _Arena:
         floating = [m for m in unique if isinstance(m, FloatMatrix)]
         self.nibble_offsets = {id(m): packable_offset(m.layout.q, m.layout.group_size) for m in grouped}
         q_bytes = sum(m.layout.q.size // (1 if self.nibble_offsets[id(m)] is None else 2) for m in grouped)
-        self.quint = [m for m in grouped if self._takes_blocks(m)]
+        kinds = {id(m): self._block_kind(m) for m in grouped}
+        self.block_kinds = {key: kind for key, kind in kinds.items() if kind is not None}
+        self.quint = [m for m in grouped if id(m) in self.block_kinds]  # (matrices with blocks)
         self.quint_at = q_bytes
-        q_bytes += sum(m.rows * quint_row_bytes(m.cols) for m in self.quint)
+        q_bytes += sum(m.rows * block_row_bytes(self.block_kinds[id(m)], m.cols) for m in self.quint)
         self.q = np.empty(q_bytes, np.int8)  # (int8 codes and packed nibbles of every matrix,)
         self.scales = np.empty(sum(m.layout.scales.size for m in grouped), np.float32)  # (groups,)
         n_mins = sum(m.layout.mins.size for m in grouped if m.layout.mins is not None)
@@ -102,26 +116,38 @@ class _Arena:
             ]  # fmt: skip
             q_at, s_at = q_at + lay.q.size // (1 if nib is None else 2), s_at + lay.scales.size
 
-    def _takes_blocks(self, m: GroupedMatrix) -> bool:
-        lay = m.layout
-        return (
-            DECODE_BLOCKS
-            and self.nibble_offsets[id(m)] is None
-            and lay.mins is None
-            and quint_packable(lay.q, lay.scales, lay.group_size)
-        )
+    def _block_kind(self, m: GroupedMatrix) -> int | None:
+        """The blocks one-row products read the matrix as (the fewest bytes), or None."""
+        lay, nib = m.layout, self.nibble_offsets[id(m)]
+        if not DECODE_BLOCKS:
+            return None
+        if lay.mins is not None:
+            ok = nib == 0 and q41_packable(lay.q, lay.scales, lay.mins, lay.group_size)
+            return BLOCK_Q4_1 if ok else None
+        if nib is not None:
+            return None
+        if quint_packable(lay.q, lay.scales, lay.group_size):
+            return BLOCK_Q5_0
+        return BLOCK_Q8_0 if q80_packable(lay.q, lay.scales, lay.group_size) else None
 
     def _place_blocks(self) -> None:
         at = self.quint_at
         for m in self.quint:
-            self.rows[id(m)][sk.QUINT] = at
-            lay, row_bytes = m.layout, quint_row_bytes(m.cols)
+            kind, first = self.block_kinds[id(m)], at
+            self.rows[id(m)][sk.QUINT] = encode(at, kind)
+            lay = m.layout
             slab = max(1, (1 << 20) // m.cols)  # rows packed at a time: ~1M weights
             for r in range(0, m.rows, slab):
-                blocks = pack_quint(lay.q[r : r + slab], lay.scales[r : r + slab])  # (slab, row_bytes) uint8
+                part = slice(r, r + slab)
+                if kind == BLOCK_Q4_1:  # (slab, row bytes) uint8 each
+                    blocks = pack_q41(lay.q[part], lay.scales[part], lay.mins[part])
+                elif kind == BLOCK_Q5_0:
+                    blocks = pack_quint(lay.q[part], lay.scales[part])
+                else:
+                    blocks = pack_q80(lay.q[part], lay.scales[part])
                 self.q[at : at + blocks.size] = blocks.view(np.int8).ravel()
                 at += blocks.size
-            assert at == self.rows[id(m)][sk.QUINT] + m.rows * row_bytes
+            assert at == first + m.rows * block_row_bytes(kind, m.cols)
 
     def row(self, matrix: GroupedMatrix | None, bias: np.ndarray | None) -> list[int]:
         """The table row of a matrix (zero rows for an empty slot), with its bias appended."""
@@ -143,6 +169,13 @@ def fusable(matrix: QuantMatrix | None) -> bool:
     if isinstance(matrix, GroupedMatrix):
         return matrix.layout.group_size in SUPPORTED_GROUP_SIZES
     return matrix is None or isinstance(matrix, FloatMatrix)
+
+
+def _arena_bytes(m: GroupedMatrix, arena: _Arena) -> int:
+    """Bytes of a matrix's codes, scales and mins in the arena (nibbles: half the codes)."""
+    lay = m.layout
+    codes = lay.q.nbytes // (1 if arena.nibble_offsets[id(m)] is None else 2)
+    return codes + lay.scales.nbytes + (0 if lay.mins is None else lay.mins.nbytes)
 
 
 class FusedForward:
@@ -171,7 +204,7 @@ class FusedForward:
         weights = sk.StepWeights(arena.q, arena.scales, arena.mins, arena.bias_array(), arena.floats, gelu)
         # What one decode step reads: every weight of every layer and the head, once (the
         # matrices it reads as Q5_0 blocks not as their int8 codes and scales).
-        unread = sum(m.layout.q.nbytes + m.layout.scales.nbytes for m in arena.quint)
+        unread = sum(_arena_bytes(m, arena) for m in arena.quint)
         self.weight_bytes = sum(a.nbytes for a in weights[:5]) - unread
         self.vocab = int(head_row[0, sk.ROWS])
         self._prepared = False  # the stages' addresses ready for this model's argument types

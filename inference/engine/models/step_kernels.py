@@ -32,23 +32,34 @@ import numba
 import numpy as np
 
 from ..intrinsics import prefetch, uint16_pointer
+from ..quants.blocks import (
+    BLOCK_Q4_1,
+    BLOCK_Q5_0,
+    BLOCK_Q8_0,
+    block_kind,
+    block_offset,
+    block_row_bytes,
+    dot_pair_q80,
+)
 from ..quants.intdot import ROW_BLOCK, dot_pair_int, dot_row_int, min_sum
 from ..quants.nibbles import dot_pair_nib, dot_row_nib
 from ..quants.pair_mins import dot_pair_min
+from ..quants.q41 import dot_pair_q41
 from ..quants.quantize import round_row, round_row_int
-from ..quants.quint import dot_pair_quint, dot_row_quint, quint_row_bytes
+from ..quants.quint import dot_pair_quint, dot_row_quint
 from ..stage_calls import Sites
-from ..worksharing import claim, mark_done, wait_done
+from ..worksharing import claim, claim_end, mark_done, wait_done
 from . import prefill_tiles
 from .ffn_act import gelu_mul, silu_mul
 from .kernels import rope_inplace, store_half
 from .rowops import rms_norm_into
+from .step_items import TILE_ROWS, item_bounds
 
 # Columns of the linear table: offsets into the arenas (-1: none), shape, format. A float
 # matrix (F32/F16/BF16) has SHIFT 0 and Q_OFF into the float arena. NIB: -1 for int8 codes,
 # else the weights are packed nibbles (quants/nibbles.py) stored plus this offset. QUINT: -1,
-# or where in the q arena a one-row product reads the matrix as Q5_0 blocks (quants/quint.py;
-# a second copy: the several-row tiles read the int8 codes at Q_OFF).
+# or where in the q arena a one-row product reads the matrix as the file's blocks, and which
+# (quants/blocks.py encode: Q5_0, Q4_1 or Q8_0; a second copy: the tiles read Q_OFF's codes).
 Q_OFF, ROWS, COLS, S_OFF, M_OFF, SHIFT, KIND, B_OFF, NIB, QUINT = range(10)
 FLOAT_SHIFT = 0
 LINEAR_FIELDS = 10
@@ -68,14 +79,8 @@ PREFETCH_BYTES = 3072
 # Q5_0 blocks take more instructions a byte: two threads streaming 151936x896 of them ran at
 # 34-39 Gweights/s prefetching 6-12 KB ahead against 22-23 at 3 KB (bench/q5_stream.py).
 QUINT_PREFETCH_BYTES = 12288
-TILE_ROWS = 32  # weight rows per work item: ~18-150 KB, reused from cache by every token row
-# One token row (a decode step) reuses nothing, and a work item of 32 rows cost ~25% of its
-# streaming time in per-item overhead (the head of Qwen2.5 in items of 32 rows: 15.6 Gw/s of
-# CPU time against 24 as one run). Its items are 1/ITEMS_PER_MATRIX of the matrix instead,
-# between TILE_ROWS and SOLO_ITEM_ROWS rows (whole pairs, so the same kernels run on every row).
-ITEMS_PER_MATRIX = 16
-SOLO_ITEM_ROWS = 1024
-FEW_ROWS_WORK = 64  # prefill items of TILE_ROWS * max(1, this // token rows) weight rows
+# A stage's work items: step_items.py (one token row: large at the ends of a matrix, halving
+# toward the middle; several: whole tiles, several tiles an item when the rows are few).
 SOLO_ROWS = 1  # up to this many rows, each thread rounds every row's input itself
 # numba compiles a kernel once per literal constant a call passes it (dot_tile(..., 0, ...,
 # False) and dot_tile(..., 1, ..., True) were four variants of it and of the kernels inside):
@@ -83,6 +88,7 @@ SOLO_ROWS = 1  # up to this many rows, each thread rounds every row's input itse
 ADD, STORE = np.bool_(True), np.bool_(False)
 SLOT0, SLOT1 = np.int64(0), np.int64(1)
 COLUMN0 = np.int64(0)  # dot_run's out_at: written from the first column
+UPWARD, DOWNWARD = np.bool_(False), np.bool_(True)  # dot_run's backward
 
 StepWeights = namedtuple("StepWeights", ["q", "scales", "mins", "bias", "floats", "gelu"])
 StepModel = namedtuple(
@@ -97,40 +103,51 @@ Rounded = namedtuple("Rounded", ["values", "ints", "int_scales", "sums"])
 
 
 @numba.njit(cache=True)
-def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_block, out_at):
+def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_block, out_at, backward):
     """One activation row: weight rows two at a time (two independent sums in flight); row r's
-    product goes to out[0, out_at + r - r0]."""
+    product goes to out[0, out_at + r - r0]. ``backward``: the same pairs, last pair first
+    (the thread that takes a stage's items from the back streams downward)."""
     q, scales, mins = weights.q, weights.scales, weights.mins
     cols, shift = lin[COLS], lin[SHIFT]
     groups = cols >> shift
     codes, code_scales, group_sums = rounded.ints[k, 0], rounded.int_scales[k, 0], rounded.sums[k, 0]
-    nib, quint = lin[NIB], lin[QUINT] >= 0
-    row_bytes = quint_row_bytes(cols) if quint else cols if nib < 0 else cols >> 1
-    q_first = lin[QUINT] if quint else lin[Q_OFF]
+    nib, quint, has_mins = lin[NIB], lin[QUINT] >= 0, lin[M_OFF] >= 0
+    # The file's blocks (quants/blocks.py: Q5_0, Q4_1 or Q8_0) or the arena's codes.
+    kind = block_kind(lin[QUINT]) if quint else -1
+    own_bytes = cols if nib < 0 else cols >> 1
+    row_bytes = block_row_bytes(kind, cols) if quint else own_bytes
+    q_first = block_offset(lin[QUINT]) if quint else lin[Q_OFF]
     ahead = max(1, (QUINT_PREFETCH_BYTES if quint else PREFETCH_BYTES) // row_bytes) * row_bytes
     end = q_first + lin[ROWS] * row_bytes
-    has_mins, has_bias, b_first = lin[M_OFF] >= 0, lin[B_OFF] >= 0, lin[B_OFF]
-    for r in range(r0, r1, 2):
+    has_bias, b_first = lin[B_OFF] >= 0, lin[B_OFF]
+    n_pairs = (r1 - r0 + 1) // 2
+    for p in range(n_pairs):
+        r = r0 + 2 * (n_pairs - 1 - p if backward else p)
         pair = r + 1 < r1
-        row_start, s_start, m_start = (
-            q_first + r * row_bytes,
-            lin[S_OFF] + r * groups,
-            lin[M_OFF] + r * groups,
-        )
+        row_start, s_start = q_first + r * row_bytes, lin[S_OFF] + r * groups
+        m_start = lin[M_OFF] + r * groups
         # Prefetch ~3 KB ahead: the hardware prefetcher alone left single-thread reads of short
         # rows at ~12 GB/s, against ~15 with this (measured on 576-4864 column rows).
-        for i in range(row_start + ahead, min(row_start + ahead + 2 * row_bytes, end), 64):
+        # Downward: the rows ``ahead`` below (a matrix's stream in either direction).
+        base = row_start - ahead if backward else row_start + ahead
+        for i in range(max(base, q_first), min(base + 2 * row_bytes, end), 64):
             prefetch(q, i)
-        if pair and has_mins:  # the min terms folded into the dot product's loop: same bits
+        own_start = lin[Q_OFF] + r * own_bytes  # the row in the arena's codes
+        if pair and kind == BLOCK_Q8_0:
+            dot_pair_q80(q, row_start, row_start + row_bytes, codes, scales, code_scales, groups, block)
+        elif pair and kind == BLOCK_Q4_1:  # scales and mins in the one stream
+            dot_pair_q41(
+                q, row_start, row_start + row_bytes, codes, scales, code_scales, mins, group_sums, groups,
+                block,
+            )  # fmt: skip
+        elif pair and has_mins:  # the min terms folded into the dot product's loop: same bits
             dot_pair_min(
                 q, row_start, row_start + row_bytes, codes, scales, s_start, s_start + groups, code_scales,
                 mins, m_start, m_start + groups, group_sums, groups, shift, nib, block,
             )  # fmt: skip
-        elif pair and quint:  # Q5_0 as the file packs it: the fewest bytes a token streams
-            next_row = row_start + row_bytes
-            dot_pair_quint(
-                q, row_start, next_row, codes, scales, s_start, s_start, code_scales, groups, block
-            )
+        elif pair and kind == BLOCK_Q5_0:  # Q5_0 as the file packs it: the fewest bytes
+            after = row_start + row_bytes
+            dot_pair_quint(q, row_start, after, codes, scales, s_start, s_start, code_scales, groups, block)
         elif pair and nib >= 0:
             dot_pair_nib(
                 q, row_start, row_start + row_bytes, codes, scales, s_start, s_start + groups, code_scales,
@@ -141,12 +158,12 @@ def _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, 
                 q, row_start, row_start + cols, codes, scales, s_start, s_start + groups, code_scales,
                 groups, shift, block,
             )  # fmt: skip
-        elif quint:
+        elif kind == BLOCK_Q5_0:
             block[0] = dot_row_quint(q, row_start, codes, scales, s_start, code_scales, groups)
-        elif nib >= 0:
-            block[0] = dot_row_nib(q, row_start, codes, scales, s_start, code_scales, groups, nib)
+        elif nib >= 0:  # (a lone Q4_1 or Q8_0 row reads the arena: no one-row block kernel)
+            block[0] = dot_row_nib(q, own_start, codes, scales, s_start, code_scales, groups, nib)
         else:
-            block[0] = dot_row_int(q, row_start, codes, scales, s_start, code_scales, groups, shift)
+            block[0] = dot_row_int(q, own_start, codes, scales, s_start, code_scales, groups, shift)
         if has_mins and not pair:
             min_block[0] = min_sum(mins, m_start, group_sums, groups)
         for i in range(2 if pair else 1):
@@ -190,18 +207,23 @@ def dot_tile(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch)
         for n in range(n_rows):
             _dot_rows_float(weights, lin, rounded.values[k, n], r0, r1, out[n], accumulate)
     elif n_rows == 1:
-        _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, scratch[0], scratch[1], COLUMN0)
+        _dot_tile_one_row(
+            weights, lin, rounded, k, r0, r1, out, accumulate, scratch[0], scratch[1], COLUMN0, UPWARD
+        )
     else:
         prefill_tiles.dot_tile_many(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch)
 
 
 @numba.njit(cache=True)
-def dot_run(weights, lin, rounded, k, n_rows, r0, r1, out, out_at, accumulate, scratch):
+def dot_run(weights, lin, rounded, k, n_rows, r0, r1, out, out_at, accumulate, scratch, backward):
     """dot_tile into out[:, out_at : out_at + r1 - r0] of a whole C-contiguous ``out``: a
     decode step's products skip the strided view dot_tile writes through (its slicing and
-    strided stores cost ~20% of a 32-row item's time, measured on Qwen2.5's head)."""
+    strided stores cost ~20% of a 32-row item's time, measured on Qwen2.5's head). One row's
+    products walk the weight rows downward with ``backward`` (same products, same bits)."""
     if n_rows == 1 and lin[SHIFT] != FLOAT_SHIFT:
-        _dot_tile_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, scratch[0], scratch[1], out_at)
+        _dot_tile_one_row(
+            weights, lin, rounded, k, r0, r1, out, accumulate, scratch[0], scratch[1], out_at, backward
+        )
     else:
         view = out[:, out_at : out_at + r1 - r0]
         dot_tile(weights, lin, rounded, k, n_rows, r0, r1, view, accumulate, scratch)
@@ -255,39 +277,34 @@ def prepare_stage(src, src_rows, norm, eps, linears, rounded, normed, solo, coun
 
 
 @numba.njit(cache=True)
-def item_rows(total, n_rows):
-    """Weight rows per work item of a stage over ``total`` rows with ``n_rows`` token rows."""
-    if n_rows > 1:  # a few token rows: more weight rows an item (each call costs ~30 atomic refcounts)
-        few = TILE_ROWS * max(1, FEW_ROWS_WORK // n_rows)
-        return max(TILE_ROWS, min(few, total // ITEMS_PER_MATRIX // TILE_ROWS * TILE_ROWS))
-    return max(TILE_ROWS, min(SOLO_ITEM_ROWS, total // ITEMS_PER_MATRIX // TILE_ROWS * TILE_ROWS))
-
-
-@numba.njit(cache=True)
-def rows_stage(weights, linears, rounded, n_rows, out, accumulate, counters, stage):
+def rows_stage(weights, linears, rounded, n_rows, out, accumulate, counters, stage, tid):
     """Claim tiles of the rows of ``linears`` (stacked one after another in ``out`` (rows,
-    total)) and take each tile's products with every one of ``n_rows`` rounded rows."""
+    total)) and take each tile's products with every one of ``n_rows`` rounded rows. With one
+    row the odd threads claim from the back and walk downward (``claim_end``)."""
     claimed, done = counters
-    total = 0
-    for k in range(linears.shape[0]):
+    total, n_lin = 0, linears.shape[0]
+    for k in range(n_lin):
         total += linears[k, ROWS]
-    per_item = item_rows(total, n_rows)
-    n_items = (total + per_item - 1) // per_item
+    bounds = item_bounds(total, n_rows, 1)
+    n_items = bounds.shape[0] - 1
+    back = n_rows == 1 and tid % 2 == 1
     scratch = np.empty((1 + TILE_ROWS, ROW_BLOCK), np.float32)  # (dots | min terms per row, ROW_BLOCK)
-    item = claim(claimed, stage)
+    item = claim_end(claimed, stage, n_items, back)
     while item < n_items:
-        a, b = item * per_item, min(total, (item + 1) * per_item)
-        offset = 0
-        for k in range(linears.shape[0]):
+        a, b = bounds[item], bounds[item + 1]
+        for j in range(n_lin):
+            k = n_lin - 1 - j if back else j
+            offset = 0
+            for i in range(k):
+                offset += linears[i, ROWS]
             lo, hi = max(a, offset), min(b, offset + linears[k, ROWS])
             if lo < hi:
-                r0, r1 = lo - offset, hi - offset
                 kernel_call(DOT_RUN_AT, (
-                    weights, linears[k], rounded, k, n_rows, r0, r1, out, lo, accumulate, scratch,
+                    weights, linears[k], rounded, k, n_rows, lo - offset, hi - offset, out, lo, accumulate,
+                    scratch, back,
                 ))  # fmt: skip
-            offset += linears[k, ROWS]
         mark_done(done, stage)
-        item = claim(claimed, stage)
+        item = claim_end(claimed, stage, n_items, back)
     wait_done(done, stage, n_items)
 
 
@@ -325,39 +342,36 @@ def kv_stage(qkv, qk_norm, eps, rows, rope, dims, layer, n_layers, counters, sta
 
 
 @numba.njit(cache=True)
-def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage):
+def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage, tid):
     """Tiles of gate and up rows (slot 0 of ``linears`` is gate, or gate|up stacked when slot 1
-    is empty) for every row; writes act = SiLU(gate) * up or GELU(gate) * up."""
+    is empty) for every row; writes act = SiLU(gate) * up or GELU(gate) * up. With one row the
+    odd threads claim from the back and walk downward (``claim_end``)."""
     claimed, done = counters
     n_rows = act.shape[0]
-    per_item = item_rows(2 * n_ff, n_rows) // 2  # gate and up rows: half an item each
-    per_item = max(TILE_ROWS, per_item // TILE_ROWS * TILE_ROWS)
-    n_items = (n_ff + per_item - 1) // per_item
-    stacked = linears[1, ROWS] == 0
+    bounds = item_bounds(n_ff, n_rows, 2)  # gate and up rows: half an item each
+    n_items, per_item = bounds.shape[0] - 1, np.max(bounds[1:] - bounds[:-1])
+    stacked, back = linears[1, ROWS] == 0, n_rows == 1 and tid % 2 == 1
     scratch = np.empty((1 + TILE_ROWS, ROW_BLOCK), np.float32)  # (dots | min terms per row, ROW_BLOCK)
     tile = np.empty((2, n_rows, per_item), np.float32)  # (gate|up, N, item)
-    item = claim(claimed, stage)
+    item = claim_end(claimed, stage, n_items, back)
     while item < n_items:
-        a, b = item * per_item, min(n_ff, (item + 1) * per_item)
+        a, b = bounds[item], bounds[item + 1]
         gate, up = tile[0], tile[1]  # (N, item) each, the first b - a columns used
         kernel_call(DOT_RUN_AT, (
-            weights, linears[0], rounded, SLOT0, n_rows, a, b, gate, COLUMN0, STORE, scratch,
+            weights, linears[0], rounded, SLOT0, n_rows, a, b, gate, COLUMN0, STORE, scratch, back,
         ))  # fmt: skip
-        if stacked:
-            kernel_call(DOT_RUN_AT, (
-                weights, linears[0], rounded, SLOT0, n_rows, n_ff + a, n_ff + b, up, COLUMN0, STORE, scratch,
-            ))  # fmt: skip
-        else:
-            kernel_call(DOT_RUN_AT, (
-                weights, linears[1], rounded, SLOT1, n_rows, a, b, up, COLUMN0, STORE, scratch,
-            ))  # fmt: skip
+        up_lin, up_slot, up_at = (linears[0], SLOT0, n_ff) if stacked else (linears[1], SLOT1, 0)
+        kernel_call(DOT_RUN_AT, (
+            weights, up_lin, rounded, up_slot, n_rows, up_at + a, up_at + b, up, COLUMN0, STORE, scratch,
+            back,
+        ))  # fmt: skip
         for n in range(n_rows):
             if gelu:
                 gelu_mul(gate[n], up[n], act[n, a:b], weights.gelu)
             else:
                 silu_mul(gate[n], up[n], act[n, a:b], max(0, min(b, n_ff - n_ff % 8) - a))
         mark_done(done, stage)
-        item = claim(claimed, stage)
+        item = claim_end(claimed, stage, n_items, back)
     wait_done(done, stage, n_items)
 
 

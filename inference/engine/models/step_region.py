@@ -77,7 +77,7 @@ def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo):
     stage(PREP_QKV_AT, (
         x, all_rows, norms[0], eps, qkv_lin, rounded, normed, solo, counters, at + PREP_QKV,
     ))  # fmt: skip
-    stage(QKV_AT, (w, qkv_lin, rounded, n_rows, scratch.qkv, STORE, counters, at + QKV))
+    stage(QKV_AT, (w, qkv_lin, rounded, n_rows, scratch.qkv, STORE, counters, at + QKV, tid))
     stage(KV_AT, (
         scratch.qkv, qk_norms[1], eps, rows, rope, dims, layer, n_layers, counters, at + KV,
     ))  # fmt: skip
@@ -89,24 +89,24 @@ def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo):
         scratch.attn, all_rows, no_norm, eps, out_lin, rounded, normed, solo, counters, at + PREP_OUT,
     ))  # fmt: skip
     if post:
-        stage(OUT_STORE_AT, (w, out_lin, rounded, n_rows, scratch.proj, STORE, counters, at + OUT))
+        stage(OUT_STORE_AT, (w, out_lin, rounded, n_rows, scratch.proj, STORE, counters, at + OUT, tid))
         stage(OUT_POST_AT, (x, scratch.proj, norms[1], eps, counters, at + OUT_POST))
     else:
-        stage(OUT_ADD_AT, (w, out_lin, rounded, n_rows, x, ADD, counters, at + OUT))
+        stage(OUT_ADD_AT, (w, out_lin, rounded, n_rows, x, ADD, counters, at + OUT, tid))
     stage(PREP_FFN_AT, (
         x, all_rows, norms[2], eps, ffn_lin, rounded, normed, solo, counters, at + PREP_FFN,
     ))  # fmt: skip
     stage(FFN_AT, (
-        w, ffn_lin, rounded, dims[N_FF], dims[FLAGS] & GELU, scratch.act, counters, at + FFN,
+        w, ffn_lin, rounded, dims[N_FF], dims[FLAGS] & GELU, scratch.act, counters, at + FFN, tid,
     ))  # fmt: skip
     stage(PREP_DOWN_AT, (
         scratch.act, all_rows, no_norm, eps, down_lin, rounded, normed, solo, counters, at + PREP_DOWN,
     ))  # fmt: skip
     if post:
-        stage(DOWN_STORE_AT, (w, down_lin, rounded, n_rows, scratch.proj, STORE, counters, at + DOWN))
+        stage(DOWN_STORE_AT, (w, down_lin, rounded, n_rows, scratch.proj, STORE, counters, at + DOWN, tid))
         stage(FFN_POST_AT, (x, scratch.proj, norms[3], eps, counters, at + FFN_POST))
     else:
-        stage(DOWN_ADD_AT, (w, down_lin, rounded, n_rows, x, ADD, counters, at + DOWN))
+        stage(DOWN_ADD_AT, (w, down_lin, rounded, n_rows, x, ADD, counters, at + DOWN, tid))
 
 
 @numba.njit(cache=True)
@@ -125,7 +125,7 @@ def run_stages(tid, x, model, rows, scratch, logits, counters, solo):
             PREP_HEAD_AT,
             (x, head_rows, model.output_norm, model.eps, model.head, rounded, normed, solo, counters, at),
         )
-        stage(HEAD_AT, (model.weights, model.head, rounded, n_head, logits, STORE, counters, at + 1))
+        stage(HEAD_AT, (model.weights, model.head, rounded, n_head, logits, STORE, counters, at + 1, tid))
 
 
 # The region's body is one pointer call of run_stages: the parallel loop's lowering (numba

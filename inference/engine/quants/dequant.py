@@ -13,12 +13,21 @@ import numpy as np
 
 from .layout import GroupLayout
 
+# Fewer rows than this are gathered by one thread: a decode step's one embedding row through
+# the parallel kernel woke the whole OpenMP team for it (~80 us of SmolLM2's ~5 ms step, idle
+# threads sleeping under OMP_WAIT_POLICY=PASSIVE), for microseconds of work.
+PARALLEL_ROWS = 8
 
-@functools.cache
-def gather_kernel(group_shift: int, has_mins: bool):
-    """The row-gather kernel for groups of ``1 << group_shift`` weights (numba caches each variant)."""
 
-    @numba.njit(parallel=True, cache=True)
+def gather_kernel(group_shift: int, has_mins: bool, parallel: bool = True):
+    """The row-gather kernel for groups of ``1 << group_shift`` weights (numba caches each
+    variant); ``parallel``: rows shared out over the threads, else all on the caller's."""
+    return _gather_kernel(group_shift, has_mins, parallel)
+
+
+@functools.cache  # one dispatcher per variant however the arguments are spelled
+def _gather_kernel(group_shift: int, has_mins: bool, parallel: bool):
+
     def gather(q, scales, mins, row_ids, out):
         cols = q.shape[1]
         for i in numba.prange(row_ids.shape[0]):
@@ -29,7 +38,10 @@ def gather_kernel(group_shift: int, has_mins: bool):
                     value += mins[r, j >> group_shift]
                 out[i, j] = value
 
-    return gather
+    # numba's cache keys a closure by its name, code and captured values, not by its compile
+    # options: a name of its own keeps the serial and the parallel build apart on disk.
+    gather.__qualname__ += "_parallel" if parallel else "_serial"
+    return numba.njit(parallel=parallel, cache=True)(gather)
 
 
 def dequantize_rows(layout: GroupLayout, row_ids: np.ndarray) -> np.ndarray:
@@ -40,5 +52,6 @@ def dequantize_rows(layout: GroupLayout, row_ids: np.ndarray) -> np.ndarray:
         raise IndexError(f"row id out of range for a matrix of {rows} rows")
     ids = np.where(ids < 0, ids + rows, ids)
     out = np.empty((ids.size, cols), np.float32)  # (k, cols)
-    gather_kernel(layout.group_shift, layout.has_mins)(*layout.kernel_arrays, ids, out)
+    kernel = gather_kernel(layout.group_shift, layout.has_mins, ids.size >= PARALLEL_ROWS)
+    kernel(*layout.kernel_arrays, ids, out)
     return out

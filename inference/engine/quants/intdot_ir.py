@@ -31,6 +31,14 @@ LANES = 8
 # the 32 fifth bits as a uint32 qh, 16 bytes of nibbles qs; codes stored plus 16.
 QUINT_OFFSET = 16
 QUINT_BLOCK, QUINT_QH, QUINT_QS = 22, 2, 6  # block bytes, byte offsets of qh and qs
+# nibble_offset Q41_OFFSET (a marker, not an offset): a Q4_1 block as the file stores it
+# (q41.py): f16 scale d, f16 min m, 16 bytes of nibbles (codes 0..15, stored as they are).
+Q41_OFFSET = 41
+Q41_BLOCK, Q41_QS = 20, 4  # block bytes, byte offset of qs
+# nibble_offset Q80_OFFSET (a marker): a Q8_0 block as the file stores it (blocks.py): f16
+# scale d, 32 int8 codes.
+Q80_OFFSET = 80
+Q80_BLOCK, Q80_QS = 34, 2  # block bytes, byte offset of qs
 # Float operations carry this flag, which changes no result: numba's fastmath pass adds its
 # reassociating flags only to instructions that have none, and this code can end up inside a
 # fastmath kernel, where the one-row and the multi-row sums would then be reordered differently.
@@ -83,11 +91,24 @@ def _quint_scale(builder, block):
     return builder.fpext(half, ir.FloatType())
 
 
+def _q41_halves(builder, block):
+    """A Q4_1 block's scale and min widened to float32 (exact), from one 4-byte vector load
+    (no move through a general register)."""
+    halves = ir.VectorType(ir.HalfType(), 2)
+    pair = builder.load(builder.bitcast(block, halves.as_pointer()), align=1)
+    wide = builder.fpext(pair, ir.VectorType(ir.FloatType(), 2))
+    return [builder.extract_element(wide, ir.Constant(I32, i)) for i in range(2)]
+
+
 def prepare_weights(builder, simd: str, group: int, q_ptr, nibble_offset: int | None = None):
     """What every row's product with this weight group reuses: (codes, magnitudes or None,
     offset still in the codes). ``nibble_offset`` None: int8 codes; else 4-bit codes packed
     two a byte (groups of 32), stored plus this offset."""
     vnni = simd == "vnni" and group == 32
+    if nibble_offset == Q41_OFFSET:  # the block's nibbles: Q4_1's codes 0..15, no offset
+        q_ptr, nibble_offset = builder.gep(q_ptr, [ir.Constant(ir.IntType(64), Q41_QS)]), 0
+    if nibble_offset == Q80_OFFSET:  # the block's int8 codes, as the int8 copy's
+        q_ptr, nibble_offset = builder.gep(q_ptr, [ir.Constant(ir.IntType(64), Q80_QS)]), None
     if nibble_offset is None:
         w = _load_codes(builder, q_ptr, group)
     elif nibble_offset == QUINT_OFFSET:
@@ -167,11 +188,11 @@ def lane_sum(builder, total):
     )
 
 
-def _min_chains(builder, weight_mins, act_sums, g, chains) -> None:
+def _min_chains(builder, mins, act_sums, g, chains) -> None:
     """One step of every (weight row, activation row) min-term chain: chain = fma(mins[g],
-    group_sums[g], chain), the in-order chain intdot.min_sum computes."""
-    for m0, row_chains in zip(weight_mins, chains, strict=True):
-        m = builder.load(builder.gep(m0, [g]))
+    group_sums[g], chain), the in-order chain intdot.min_sum computes (``mins``: each weight
+    row's mins[g])."""
+    for m, row_chains in zip(mins, chains, strict=True):
         for chain, s0 in zip(row_chains, act_sums, strict=True):
             step = _call(
                 builder, "llvm.fma.f32", m.type, [m, builder.load(builder.gep(s0, [g])), builder.load(chain)]
@@ -197,6 +218,10 @@ def row_dots(
     weight_bytes = group if nibble_offset is None else group // 2
     if nibble_offset == QUINT_OFFSET:  # whole Q5_0 blocks, the scale inside (s pointers unused)
         weight_bytes = QUINT_BLOCK
+    if nibble_offset == Q41_OFFSET:  # whole Q4_1 blocks, scale and min inside (s, m unused)
+        weight_bytes = Q41_BLOCK
+    if nibble_offset == Q80_OFFSET:  # whole Q8_0 blocks, the scale inside (s unused)
+        weight_bytes = Q80_BLOCK
     floats = ir.VectorType(ir.FloatType(), LANES)
     accs = [
         [cgutils.alloca_once_value(builder, ir.Constant(floats, None)) for _ in act_rows] for _ in weight_rows
@@ -211,11 +236,17 @@ def row_dots(
         g = loop.index
         offset = builder.mul(g, ir.Constant(g.type, group))
         w_offset = builder.mul(g, ir.Constant(g.type, weight_bytes))
+        block_mins = []
         for (q0, s0), row_accs in zip(weight_rows, accs, strict=True):
             block = builder.gep(q0, [w_offset])
             weights = prepare_weights(builder, simd, group, block, nibble_offset)
             if nibble_offset == QUINT_OFFSET:
                 scale = _quint_scale(builder, block)
+            elif nibble_offset == Q41_OFFSET:
+                scale, low = _q41_halves(builder, block)
+                block_mins.append(low)
+            elif nibble_offset == Q80_OFFSET:  # d and the first two codes loaded, d kept
+                scale = _q41_halves(builder, block)[0]
             else:
                 scale = builder.load(builder.gep(s0, [g]))
             for acc, (a0, d0) in zip(row_accs, act_rows, strict=True):
@@ -225,7 +256,10 @@ def row_dots(
                 lanes = group_lanes(builder, simd, group, weights, builder.gep(a0, [offset]))
                 builder.store(_fma(builder, builder.sitofp(lanes, floats), splat, builder.load(acc)), acc)
         if min_terms:
-            _min_chains(builder, *min_terms, g, chains)
+            weight_mins, act_sums = min_terms
+            if nibble_offset != Q41_OFFSET:
+                block_mins = [builder.load(builder.gep(m0, [g])) for m0 in weight_mins]
+            _min_chains(builder, block_mins, act_sums, g, chains)
     sums = [[lane_sum(builder, builder.load(acc)) for acc in row_accs] for row_accs in accs]
     if not min_terms:
         return sums

@@ -113,9 +113,10 @@ def _matrix(qtype, rows: int, cols: int, seed: int):
     return load_matrix(qtype, random_quant_bytes(qtype, rows, cols, seed), (rows, cols))
 
 
+@pytest.mark.parametrize("tid", [0, 1])  # one row: thread 1 claims from the back, walks downward
 @pytest.mark.parametrize("n_rows", [1, 5])
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda q: q.name)
-def test_rows_stage_equals_matrix_matvec(qtype, n_rows):
+def test_rows_stage_equals_matrix_matvec(qtype, n_rows, tid):
     # Two stacked linears of one format (70 + 45 rows: tiles straddle them) with a bias on the
     # second, for one row and for five (a block of four plus one), against each matrix's own
     # matvec of each row: bitwise for block formats, whose products are exact sums.
@@ -138,7 +139,7 @@ def test_rows_stage_equals_matrix_matvec(qtype, n_rows):
         sk.round_inputs(linears, x[n], rounded, n)
     out = np.full((n_rows, 115), np.nan, np.float32)
     counters = (np.zeros(1, np.int64), np.zeros(1, np.int64))
-    args = (weights, linears, rounded, n_rows, out, False, counters, 0)
+    args = (weights, linears, rounded, n_rows, out, False, counters, 0, tid)
     stage_calls.prepare(sk.rows_stage, args)  # its products are pointer calls of dot_run
     sk.rows_stage(*args)
     expected = np.stack([np.concatenate([first.matvec(row), second.matvec(row, bias)]) for row in x])

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from inference.engine.models import step_kernels as sk
+from inference.engine.quants.blocks import BLOCK_Q5_0, encode
 from inference.engine.quants.intdot import ROW_BLOCK
 from inference.engine.quants.nibbles import NIBBLE_OFFSET, pack_nibbles
 from inference.engine.quants.quint import pack_quint
@@ -32,7 +33,7 @@ def _linear(rng, group_shift, nib, low, high, with_mins, rows=29, cols=256):
     quint_at = -1
     if nib == QUINT:  # the one-row path reads the blocks, the tiles the int8 codes
         blocks = pack_quint(q8, scales.reshape(rows, groups)).view(np.int8).ravel()
-        q, quint_at, nib = np.concatenate([q, blocks]), q.size, -1
+        q, quint_at, nib = np.concatenate([q, blocks]), encode(q.size, BLOCK_Q5_0), -1
     mins = rng.standard_normal(rows * groups).astype(np.float32)  # (rows * groups,)
     bias = rng.standard_normal(rows).astype(np.float32)  # (rows,)
     none = np.zeros(1, np.float32)

@@ -53,8 +53,8 @@ def _assert_within_sum_bound(got: np.ndarray, reference: np.ndarray, bound_terms
 @pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
 def test_gather_kernel_equals_numpy_reference_bitwise(qtype):
     layout = _layout(qtype, 7, 512, seed=11)
-    ids = np.array([6, 0, 2, 2])
-    assert_bitwise_equal(dequantize_rows(layout, ids), dequantize_reference(layout, ids))
+    for ids in (np.array([6, 0, 2, 2]), np.array([6, 0, 2, 2, 5, 1, 3, 4, 0, 6])):  # serial, parallel
+        assert_bitwise_equal(dequantize_rows(layout, ids), dequantize_reference(layout, ids))
 
 
 @pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)

@@ -1,0 +1,105 @@
+"""Which file blocks a one-row product reads a matrix as (the linear table's QUINT field), and
+Q8_0's own blocks.
+
+A decode step streams every weight once, so it reads a matrix in the fewest bytes an exact
+kernel takes: Q5_0 as 22-byte blocks (quint.py), Q4_1 as 20-byte blocks (q41.py), Q8_0 as the
+file's 34-byte blocks (an f16 scale d and 32 int8 codes) where the int8 copy spends 36 (the
+codes and a float32 scale), the output heads of all three models of the benchmarks. The
+several-row tiles keep reading the arena's codes: the blocks are a second copy. The table
+field holds the blocks' byte offset and their kind in one int64 (``encode``), -1 for none.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .intdot import HOST_SIMD, _group_dot_pair_intrinsic
+from .intdot_ir import Q41_BLOCK, Q80_BLOCK, Q80_OFFSET, Q80_QS, QUINT_BLOCK
+
+GROUP = 32
+BLOCK_Q5_0, BLOCK_Q4_1, BLOCK_Q8_0 = 0, 1, 2
+KINDS = 4  # encode's multiplier
+
+
+def encode(offset: int, kind: int) -> int:
+    """The table field of blocks of ``kind`` at byte ``offset`` of the q arena."""
+    return offset * KINDS + kind
+
+
+@numba.njit(cache=True)
+def block_kind(field):
+    """The kind of the blocks a table field >= 0 names."""
+    return field % KINDS
+
+
+@numba.njit(cache=True)
+def block_offset(field):
+    """The byte offset of the blocks a table field >= 0 names."""
+    return field // KINDS
+
+
+@numba.njit(cache=True)
+def block_row_bytes(kind, cols):
+    """Bytes of a row of ``cols`` weights in blocks of ``kind``."""
+    per_block = QUINT_BLOCK if kind == BLOCK_Q5_0 else Q41_BLOCK if kind == BLOCK_Q4_1 else Q80_BLOCK
+    return cols // GROUP * per_block
+
+
+def q80_packable(q: np.ndarray, scales: np.ndarray, group_size: int) -> bool:
+    """Whether int8 codes with float32 scales (rows, cols // 32) fit Q8_0 blocks exactly: groups
+    of 32, scales an f16 holds bit for bit (any int8 code fits)."""
+    if group_size != GROUP or q.size == 0:
+        return False
+    with np.errstate(over="ignore"):
+        return bool(np.array_equal(scales.astype(np.float16).astype(np.float32), scales, equal_nan=True))
+
+
+def pack_q80(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """int8 codes (rows, cols) and scales (rows, cols // 32) -> Q8_0 blocks (rows,
+    block_row_bytes(BLOCK_Q8_0, cols)) uint8: per group d (f16), then the 32 codes."""
+    rows, cols = q.shape
+    n = cols // GROUP
+    blocks = np.empty((rows, n, Q80_BLOCK), np.uint8)  # (rows, n, 34)
+    blocks[:, :, 0:Q80_QS] = scales.astype("<f2").reshape(rows, n).view(np.uint8).reshape(rows, n, 2)
+    blocks[:, :, Q80_QS:] = q.view(np.uint8).reshape(rows, n, GROUP)
+    return blocks.reshape(rows, n * Q80_BLOCK)
+
+
+def unpack_q80(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """pack_q80 undone: (rows, bytes) uint8 -> (int8 codes (rows, cols), float32 scales)."""
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, Q80_BLOCK)  # (rows, n, 34)
+    d = np.ascontiguousarray(b[:, :, 0:Q80_QS]).view("<f2")[:, :, 0].astype(np.float32)  # (rows, n)
+    return np.ascontiguousarray(b[:, :, Q80_QS:]).view(np.int8).reshape(rows, -1), d
+
+
+_pair = {s: _group_dot_pair_intrinsic(GROUP, s, Q80_OFFSET) for s in ("generic", "avx2", "vnni")}
+_generic_pair, _avx2_pair, _vnni_pair = _pair["generic"], _pair["avx2"], _pair["vnni"]
+
+
+# q holds the blocks (as int8), q0/q1 byte offsets of the two rows; the scales array is taken
+# and unused (each block carries its scale): dot_pair_int's signature otherwise.
+@numba.njit(cache=True)
+def generic_dot_pair_q80(q, q0, q1, ints, scales, int_scales, n_groups, out):
+    """dot_pair_q80 through the generic instruction selection (CPUs with F16C)."""
+    _generic_pair(q, q0, q1, ints, scales, 0, 0, int_scales, n_groups, out)
+
+
+@numba.njit(cache=True)
+def avx2_dot_pair_q80(q, q0, q1, ints, scales, int_scales, n_groups, out):
+    """dot_pair_q80 through AVX2 (only where the CPU has it)."""
+    _avx2_pair(q, q0, q1, ints, scales, 0, 0, int_scales, n_groups, out)
+
+
+@numba.njit(cache=True)
+def vnni_dot_pair_q80(q, q0, q1, ints, scales, int_scales, n_groups, out):
+    """dot_pair_q80 through VNNI (only where the CPU has it)."""
+    _vnni_pair(q, q0, q1, ints, scales, 0, 0, int_scales, n_groups, out)
+
+
+SELECTED = {"vnni": vnni_dot_pair_q80, "avx2": avx2_dot_pair_q80, "generic": generic_dot_pair_q80}
+# dot_pair_q80(q, q0, q1, ints, scales, int_scales, n_groups, out): the Q8_0 blocks of two
+# weight rows at byte offsets q0 and q1 with one activation row -> out[0], out[1]: the int8
+# copy's bits (dot_pair_int).
+dot_pair_q80 = SELECTED[HOST_SIMD]

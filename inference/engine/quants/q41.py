@@ -1,0 +1,101 @@
+"""Integer group dot products over Q4_1 weights read as the file packs them (20-byte blocks).
+
+A decode step reads every weight once per token and is bound by memory bandwidth. The nibble
+layout (nibbles.py) keeps a Q4_1 matrix as three streams: 16 bytes of packed codes, a float32
+scale and a float32 min per 32 weights (24 bytes). The file spends 20: an f16 scale ``d``, an
+f16 min ``m`` and the same 16 bytes of nibbles (byte j: code j low, code j + 16 high). A
+decode step keeps those blocks (fused.py, a second copy beside the nibbles the tiles of
+several rows read) and the vector kernel (intdot_ir.py ``Q41_OFFSET``) widens d and m from
+one 4-byte load: the same integer lanes, the same float32 scale and min (an f16 widens
+exactly), the same min-term chain (pair_mins.py), so every product has the nibbles' bits, from
+one stream of 0.625 bytes a weight instead of three of 0.75. SmolLM2-135M keeps 210 of its
+211 matrices in Q4_1.
+
+The blocks are rebuilt from the int8 codes, scales and mins (``pack_q41``): a Q4_1 file's own
+bytes, and any matrix whose codes are 0..15 in groups of 32 with f16-exact scales and mins.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .intdot import HOST_SIMD
+from .intdot_ir import Q41_BLOCK, Q41_OFFSET, Q41_QS
+from .pair_mins import _pair_min_intrinsic
+
+GROUP = 32
+
+
+def _f16_exact(values: np.ndarray) -> bool:
+    with np.errstate(over="ignore"):
+        return bool(np.array_equal(values.astype(np.float16).astype(np.float32), values, equal_nan=True))
+
+
+def q41_packable(q: np.ndarray, scales: np.ndarray, mins: np.ndarray | None, group_size: int) -> bool:
+    """Whether int8 codes ``q`` (rows, cols) with float32 ``scales`` and ``mins`` (rows, cols //
+    32) fit Q4_1 blocks exactly: groups of 32, codes 0..15, scales and mins an f16 holds."""
+    if mins is None or group_size != GROUP or q.size == 0 or int(q.min()) < 0 or int(q.max()) > 15:
+        return False
+    return _f16_exact(scales) and _f16_exact(mins)
+
+
+@numba.njit(cache=True)
+def q41_row_bytes(cols):
+    """Bytes of a row of ``cols`` weights in Q4_1 blocks."""
+    return cols // GROUP * Q41_BLOCK
+
+
+def pack_q41(q: np.ndarray, scales: np.ndarray, mins: np.ndarray) -> np.ndarray:
+    """int8 codes 0..15 (rows, cols), scales and mins (rows, cols // 32) -> Q4_1 blocks (rows,
+    q41_row_bytes(cols)) uint8: per group d (f16), m (f16), qs (byte j = code j | code j + 16 << 4)."""
+    rows, cols = q.shape
+    n = cols // GROUP
+    u = q.astype(np.uint8).reshape(rows, n, GROUP)  # (rows, n, 32)
+    blocks = np.empty((rows, n, Q41_BLOCK), np.uint8)  # (rows, n, 20)
+    blocks[:, :, 0:2] = scales.astype("<f2").reshape(rows, n).view(np.uint8).reshape(rows, n, 2)
+    blocks[:, :, 2:4] = mins.astype("<f2").reshape(rows, n).view(np.uint8).reshape(rows, n, 2)
+    blocks[:, :, Q41_QS:] = u[:, :, :16] | (u[:, :, 16:] << 4)
+    return blocks.reshape(rows, n * Q41_BLOCK)
+
+
+def unpack_q41(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """pack_q41 undone: (rows, bytes) uint8 -> (int8 codes (rows, cols), float32 scales, mins)."""
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, Q41_BLOCK)  # (rows, n, 20)
+    d = np.ascontiguousarray(b[:, :, 0:2]).view("<f2")[:, :, 0].astype(np.float32)  # (rows, n)
+    m = np.ascontiguousarray(b[:, :, 2:4]).view("<f2")[:, :, 0].astype(np.float32)  # (rows, n)
+    qs = b[:, :, Q41_QS:]  # (rows, n, 16)
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=2).astype(np.int8)  # (rows, n, 32)
+    return codes.reshape(rows, -1), d, m
+
+
+_pair = {s: _pair_min_intrinsic(GROUP, s, Q41_OFFSET) for s in ("generic", "avx2", "vnni")}
+_generic_pair, _avx2_pair, _vnni_pair = _pair["generic"], _pair["avx2"], _pair["vnni"]
+
+
+# q holds the blocks (as int8), q0/q1 byte offsets of the two rows; scales and mins are taken
+# and unused (each block carries its own): the intrinsic keeps pair_mins' signature.
+@numba.njit(cache=True)
+def generic_dot_pair_q41(q, q0, q1, ints, scales, int_scales, mins, sums, n_groups, out):
+    """dot_pair_q41 through the generic instruction selection (CPUs with F16C)."""
+    _generic_pair(q, q0, q1, ints, scales, 0, 0, int_scales, mins, 0, 0, sums, n_groups, out)
+
+
+@numba.njit(cache=True)
+def avx2_dot_pair_q41(q, q0, q1, ints, scales, int_scales, mins, sums, n_groups, out):
+    """dot_pair_q41 through AVX2 (only where the CPU has it)."""
+    _avx2_pair(q, q0, q1, ints, scales, 0, 0, int_scales, mins, 0, 0, sums, n_groups, out)
+
+
+@numba.njit(cache=True)
+def vnni_dot_pair_q41(q, q0, q1, ints, scales, int_scales, mins, sums, n_groups, out):
+    """dot_pair_q41 through VNNI (only where the CPU has it)."""
+    _vnni_pair(q, q0, q1, ints, scales, 0, 0, int_scales, mins, 0, 0, sums, n_groups, out)
+
+
+SELECTED = {"vnni": vnni_dot_pair_q41, "avx2": avx2_dot_pair_q41, "generic": generic_dot_pair_q41}
+# dot_pair_q41(q, q0, q1, ints, scales, int_scales, mins, sums, n_groups, out): the Q4_1 blocks
+# of two weight rows at byte offsets q0 and q1, one activation row's codes, code scales and
+# group sums -> out[0], out[1], each with its min term: dot_pair_min's bits.
+dot_pair_q41 = SELECTED[HOST_SIMD]
