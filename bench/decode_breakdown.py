@@ -60,11 +60,10 @@ from inference.engine.models.step_kernels import (  # noqa: E402
     StepRows,
     StepWeights,
     add_normed_stage,
-    ffn_stage,
     kv_stage,
     prepare_stage,
-    rows_stage,
 )  # fmt: skip
+from inference.engine.models.step_products import ffn_stage, rows_stage  # noqa: E402
 
 START_LAG = 2e-4  # s: steps whose threads started farther apart are left out of the stages
 

@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 from inference.engine import stage_calls  # noqa: E402
 from inference.engine.engine import Engine  # noqa: E402
 from inference.engine.models import step_kernels as sk  # noqa: E402
+from inference.engine.models import step_products as sp  # noqa: E402
 from inference.engine.quants.intdot import HOST_SIMD, ROW_BLOCK  # noqa: E402
 
 DEFAULT_MODELS = [ROOT / "models/qwen2.5-coder-0.5b-instruct.gguf", ROOT / "models/gemma-3-270m-q4_k_m.gguf"]
@@ -65,10 +66,10 @@ def _stage_seconds(model, name: str, n: int, reps: int) -> float:
         if name == "ffn":
             act = np.empty((n, int(model.dims[sk.N_FF])), np.float32)  # (n, n_ff)
             args = (model.weights, linears, rounded, model.dims[sk.N_FF], model.dims[sk.FLAGS] & sk.GELU)
-            stage, args = sk.ffn_stage, (*args, act, counters, 0, 0)
+            stage, args = sp.ffn_stage, (*args, act, counters, 0, 0)
         else:
             out = np.empty((n, int(linears[:, sk.ROWS].sum())), np.float32)  # (n, rows)
-            stage, args = sk.rows_stage, (model.weights, linears, rounded, n, out, False, counters, 0, 0)
+            stage, args = sp.rows_stage, (model.weights, linears, rounded, n, out, False, counters, 0, 0)
         stage_calls.prepare(stage, args)  # the stage calls dot_run through a pointer
         stage(*args)
         best = min(best, time.process_time() - t0)

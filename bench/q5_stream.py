@@ -3,7 +3,7 @@
     .venv/bin/python bench/q5_stream.py [--rows 151936] [--cols 896] [--reps 7] [--threads 2]
 
 A decode step is bound by memory bandwidth only when both cores read: one thread is bound by
-its instructions. So this times the decode pair kernels (step_kernels._dot_tile_one_row's
+its instructions. So this times the decode pair kernels (step_products.dot_one_row's
 loop: two weight rows a call, prefetch ~3 KB ahead) over a matrix far larger than the caches,
 each thread taking half the rows, and prints wall Gweights/s and GB/s of each layout,
 interleaved A/B/A/B so both see the same load. Synthetic codes -16..15 and f16 scales.

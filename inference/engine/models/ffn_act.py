@@ -1,4 +1,4 @@
-"""The FFN's activation of a tile of gate and up values (step_kernels.ffn_stage), in loops LLVM
+"""The FFN's activation of a tile of gate and up values (step_products.ffn_stage), in loops LLVM
 vectorizes: out = SiLU(gate) * up or GELU(gate) * up, each value bit for bit the scalar
 form's (layers.silu_one, rowops.gelu_lookup).
 

@@ -36,6 +36,10 @@ from . import step_kernels as sk
 from . import step_region
 from .rowops import gelu_table
 
+# At load, in Python: calling the kernel would compile it (into the cache) before the warm-up
+# notice, which then reads the cache as filled.
+row_bytes = block_row_bytes.py_func
+
 SUPPORTED_GROUP_SIZES = (16, 32)  # every block format's
 
 
@@ -72,7 +76,7 @@ class _Arena:
         self.block_kinds = {key: kind for key, kind in kinds.items() if kind is not None}
         self.quint = [m for m in grouped if id(m) in self.block_kinds]  # (matrices with blocks)
         self.quint_at = q_bytes
-        q_bytes += sum(m.rows * block_row_bytes(self.block_kinds[id(m)], m.cols) for m in self.quint)
+        q_bytes += sum(m.rows * row_bytes(self.block_kinds[id(m)], m.cols) for m in self.quint)
         self.q = np.empty(q_bytes, np.int8)  # (int8 codes and packed nibbles of every matrix,)
         self.scales = np.empty(sum(m.layout.scales.size for m in grouped), np.float32)  # (groups,)
         n_mins = sum(m.layout.mins.size for m in grouped if m.layout.mins is not None)
@@ -147,7 +151,7 @@ class _Arena:
                     blocks = pack_q80(lay.q[part], lay.scales[part])
                 self.q[at : at + blocks.size] = blocks.view(np.int8).ravel()
                 at += blocks.size
-            assert at == first + m.rows * block_row_bytes(kind, m.cols)
+            assert at == first + m.rows * row_bytes(kind, m.cols)
 
     def row(self, matrix: GroupedMatrix | None, bias: np.ndarray | None) -> list[int]:
         """The table row of a matrix (zero rows for an empty slot), with its bias appended."""

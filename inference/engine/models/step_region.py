@@ -24,9 +24,10 @@ from .step_attention import ATTEND_SITES, attend_stage
 from .step_kernels import (
     ADD, ATTEND, DOWN, FFN, FFN_POST, FLAGS, GELU, HEAD_DIM, KV, N_FF, N_HEADS, N_KV, OUT, OUT_POST, COLS,
     POST_NORMS, PREP_DOWN, PREP_FFN, PREP_OUT, PREP_QKV, QKV, SLOT_DOWN, SLOT_GATE, SLOT_OUT, SLOT_Q,
-    SOLO_ROWS, STAGES_PER_LAYER, STORE, KERNEL_SITES, Rounded, StepModel, StepRows, StepWeights,
-    add_normed_stage, ffn_stage, kv_stage, prepare_stage, rows_stage,
+    SOLO_ROWS, STAGES_PER_LAYER, STORE, Rounded, StepModel, StepRows, StepWeights, add_normed_stage,
+    kv_stage, prepare_stage,
 )  # fmt: skip
+from .step_products import KERNEL_SITES, ffn_stage, rows_stage
 
 Scratch = namedtuple(
     "Scratch",
@@ -207,20 +208,11 @@ def forward_rows(n_threads, x, model, rows, logits, scratch, counters):
         ))  # fmt: skip
 
 
-# What a cold start compiles in a second process while this one compiles the rest, dot_run and
-# prepare_stage (compile_split.py). CPU seconds of each on an empty cache, SmolLM2 on the
-# AVX-512 VNNI machine (2026-12-01): here dot_run 6.6, prepare_stage 3.0; there attend_tile
-# 2.7, forward_rows 1.6, run_stages 1.2, attend_head 1.2, attend_stage 0.8, kv_stage 0.6,
-# rows_stage 0.5, ffn_stage 0.4, add_normed_stage 0.3. Both first type the forward
-# (stage_calls.discover), ~2-3 s.
-compile_elsewhere(
-    forward_rows,
-    run_stages,
-    attend_stage,
-    attend_tile,
-    attend_head,
-    kv_stage,
-    add_normed_stage,
-    rows_stage,
-    ffn_stage,
-)
+# What a cold start compiles in a second process while this one compiles the rest: dot_tile,
+# dot_one_row, dot_run (step_products.py), prepare_stage, ffn_stage and add_normed_stage
+# (compile_split.py). CPU seconds of each on an empty cache, SmolLM2 on the AVX-512 VNNI machine
+# (2026-12-02): here dot_tile 4.6, prepare_stage 2.7, dot_one_row 1.9, ffn_stage with its
+# activations ~1.3, dot_run 0.4, add_normed_stage 0.3; there attend_tile 2.7, forward_rows 1.6,
+# run_stages 1.2, attend_head 1.2, attend_stage 0.8, kv_stage 0.6, rows_stage 0.5. Both first type
+# the forward (stage_calls.discover), ~2-3 s.
+compile_elsewhere(forward_rows, run_stages, attend_stage, attend_tile, attend_head, kv_stage, rows_stage)

@@ -21,6 +21,7 @@ from inference.engine.engine import Engine
 from inference.engine.kv_cache import KVCache
 from inference.engine.layers import gelu_tanh, rms_norm
 from inference.engine.models import step_kernels as sk
+from inference.engine.models import step_products as sp
 from inference.engine.models.fused import FusedForward, LayerWeights
 from inference.engine.models.rowops import f16_bits, gelu_f16, gelu_tanh_f16, rms_norm_row
 from inference.engine.quants import load_matrix
@@ -140,8 +141,8 @@ def test_rows_stage_equals_matrix_matvec(qtype, n_rows, tid):
     out = np.full((n_rows, 115), np.nan, np.float32)
     counters = (np.zeros(1, np.int64), np.zeros(1, np.int64))
     args = (weights, linears, rounded, n_rows, out, False, counters, 0, tid)
-    stage_calls.prepare(sk.rows_stage, args)  # its products are pointer calls of dot_run
-    sk.rows_stage(*args)
+    stage_calls.prepare(sp.rows_stage, args)  # its products are pointer calls of dot_run
+    sp.rows_stage(*args)
     expected = np.stack([np.concatenate([first.matvec(row), second.matvec(row, bias)]) for row in x])
     if qtype in (Q.F32, Q.F16, Q.BF16):
         np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)

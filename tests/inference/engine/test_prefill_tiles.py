@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from inference.engine.models import step_kernels as sk
+from inference.engine.models import step_products as sp
+from inference.engine.models.step_items import TILE_ROWS
 from inference.engine.quants.blocks import BLOCK_Q5_0, encode
 from inference.engine.quants.intdot import ROW_BLOCK
 from inference.engine.quants.nibbles import NIBBLE_OFFSET, pack_nibbles
@@ -69,14 +71,16 @@ def test_several_rows_equal_each_row_alone(group_shift, nib, low, high, with_min
     weights, lin = _linear(rng, group_shift, nib, low, high, with_mins)
     cols = int(lin[sk.COLS])
     rounded = _rounded(rng, n, cols, group_shift)
-    scratch = np.empty((1 + sk.TILE_ROWS, ROW_BLOCK), np.float32)
+    scratch = np.empty((1 + TILE_ROWS, ROW_BLOCK), np.float32)
     for r0, r1 in [(0, 29), (3, 20)]:  # 3 whole tiles and 5 rows; a tile starting off 0 and 1 row
         start = rng.standard_normal((n, r1 - r0)).astype(np.float32)  # (n, r1 - r0)
         many = start.copy()
-        sk.dot_tile(weights, lin, rounded, 0, n, r0, r1, many, accumulate, scratch)
+        sp.dot_tile(weights, lin, rounded, 0, n, r0, r1, many, accumulate, scratch)
         for t in range(n):
             alone = start[t : t + 1].copy()  # (1, r1 - r0)
-            sk.dot_tile(weights, lin, _one_row(rounded, t), 0, 1, r0, r1, alone, accumulate, scratch)
+            one = _one_row(rounded, t)  # as a decode step takes it
+            block, mins, at = scratch[0], scratch[1], sk.COLUMN0
+            sp.dot_one_row(weights, lin, one, 0, r0, r1, alone, accumulate, block, mins, at, sk.UPWARD)
             np.testing.assert_array_equal(many[t], alone[0])
         if not accumulate:
             assert not np.array_equal(many, start)
