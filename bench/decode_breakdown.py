@@ -290,12 +290,7 @@ def breakdown(path: Path, n_threads: int, steps: int, context: int) -> None:
     together = np.array(lag) < START_LAG
     if together.sum() >= steps // 4:
         per_stage = per_stage[together]
-    med = np.median(per_stage, axis=0) * 1e3  # (stages,) ms
-    kinds = {
-        name: med[i : n_layers * STAGES_PER_LAYER : STAGES_PER_LAYER].sum() for i, name in enumerate(NAMES)
-    }
-    kinds["head_prep"], kinds["head"] = med[-2], med[-1]
-    total = med.sum()
+    kinds, total = op_times(per_stage, n_layers)
     print(f"### {path.name}: {n_threads} threads, context {context}, median of {steps} steps")
     print(
         f"decode_one {statistics.median(whole) * 1e3:.2f} ms, instrumented region "
@@ -303,7 +298,23 @@ def breakdown(path: Path, n_threads: int, steps: int, context: int) -> None:
         f"{statistics.median(lag) * 1e3:.3f} ms after the first; stages of the {together.sum()} of "
         f"{steps} steps that started within {START_LAG * 1e3:.1f} ms"
     )
-    print("| op | ms/token | share |")
+    print_op_table(kinds, total, "ms/token")
+
+
+def op_times(per_stage: np.ndarray, n_layers: int) -> tuple[dict[str, float], float]:
+    """Median ms of each op kind summed over the layers, from per-run stage times
+    (runs, stages) in seconds; and their total."""
+    med = np.median(per_stage, axis=0) * 1e3  # (stages,) ms
+    kinds = {
+        name: med[i : n_layers * STAGES_PER_LAYER : STAGES_PER_LAYER].sum() for i, name in enumerate(NAMES)
+    }
+    kinds["head_prep"], kinds["head"] = med[-2], med[-1]
+    return kinds, float(med.sum())
+
+
+def print_op_table(kinds: dict[str, float], total: float, unit: str) -> None:
+    """A markdown table of the op kinds, the costliest first."""
+    print(f"| op | {unit} | share |")
     print("|---|---|---|")
     for name, ms in sorted(kinds.items(), key=lambda kv: -kv[1]):
         print(f"| {name} | {ms:.3f} | {100 * ms / total:.1f}% |")

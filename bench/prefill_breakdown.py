@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from decode_breakdown import NAMES, _all_threads, _now  # noqa: E402
+from decode_breakdown import _all_threads, _now, op_times, print_op_table  # noqa: E402
 
 from inference.engine import stage_calls  # noqa: E402
 from inference.engine.engine import Engine  # noqa: E402
@@ -71,21 +71,13 @@ def breakdown(path: Path, n_rows: int, n_threads: int, reps: int) -> None:
         if rep >= 3:
             region.append(seconds)
             per_stage[rep - 3] = np.diff(np.concatenate([stamps[0, -1:], stamps[0, :n_used]])) / rate
-    med = np.median(per_stage, axis=0) * 1e3  # (stages,) ms
-    kinds = {
-        name: med[i : n_layers * STAGES_PER_LAYER : STAGES_PER_LAYER].sum() for i, name in enumerate(NAMES)
-    }
-    kinds["head_prep"], kinds["head"] = med[-2], med[-1]
-    total = med.sum()
+    kinds, total = op_times(per_stage, n_layers)
     print(f"### {path.name}: {n_rows} rows, {n_threads} threads, median of {reps}")
     print(
         f"Engine.prefill {statistics.median(whole[3:]) * 1e3:.2f} ms, instrumented region "
         f"{statistics.median(region) * 1e3:.2f} ms, sum of stages {total:.2f} ms"
     )
-    print("| op | ms | share |")
-    print("|---|---|---|")
-    for name, ms in sorted(kinds.items(), key=lambda kv: -kv[1]):
-        print(f"| {name} | {ms:.3f} | {100 * ms / total:.1f}% |")
+    print_op_table(kinds, total, "ms")
 
 
 def main() -> None:
