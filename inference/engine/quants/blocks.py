@@ -16,6 +16,7 @@ import numpy as np
 
 from .intdot import HOST_SIMD, _group_dot_pair_intrinsic
 from .intdot_ir import Q41_BLOCK, Q80_BLOCK, Q80_OFFSET, Q80_QS, QUINT_BLOCK
+from .quint import f16_exact
 
 GROUP = 32
 BLOCK_Q5_0, BLOCK_Q4_1, BLOCK_Q8_0 = 0, 1, 2
@@ -49,10 +50,7 @@ def block_row_bytes(kind, cols):
 def q80_packable(q: np.ndarray, scales: np.ndarray, group_size: int) -> bool:
     """Whether int8 codes with float32 scales (rows, cols // 32) fit Q8_0 blocks exactly: groups
     of 32, scales an f16 holds bit for bit (any int8 code fits)."""
-    if group_size != GROUP or q.size == 0:
-        return False
-    with np.errstate(over="ignore"):
-        return bool(np.array_equal(scales.astype(np.float16).astype(np.float32), scales, equal_nan=True))
+    return group_size == GROUP and q.size > 0 and f16_exact(scales)
 
 
 def pack_q80(q: np.ndarray, scales: np.ndarray) -> np.ndarray:

@@ -23,13 +23,9 @@ import numpy as np
 from .intdot import HOST_SIMD
 from .intdot_ir import Q41_BLOCK, Q41_OFFSET, Q41_QS
 from .pair_mins import _pair_min_intrinsic
+from .quint import f16_exact
 
 GROUP = 32
-
-
-def _f16_exact(values: np.ndarray) -> bool:
-    with np.errstate(over="ignore"):
-        return bool(np.array_equal(values.astype(np.float16).astype(np.float32), values, equal_nan=True))
 
 
 def q41_packable(q: np.ndarray, scales: np.ndarray, mins: np.ndarray | None, group_size: int) -> bool:
@@ -37,7 +33,7 @@ def q41_packable(q: np.ndarray, scales: np.ndarray, mins: np.ndarray | None, gro
     32) fit Q4_1 blocks exactly: groups of 32, codes 0..15, scales and mins an f16 holds."""
     if mins is None or group_size != GROUP or q.size == 0 or int(q.min()) < 0 or int(q.max()) > 15:
         return False
-    return _f16_exact(scales) and _f16_exact(mins)
+    return f16_exact(scales) and f16_exact(mins)
 
 
 @numba.njit(cache=True)

@@ -37,13 +37,19 @@ GROUP = 32
 DECODE_BLOCKS = HOST_SIMD == "vnni" and quint_ir.fits(target_features())
 
 
+def f16_exact(values: np.ndarray) -> bool:
+    """Whether an f16 holds every one of ``values`` (float32) bit for bit: a file block's
+    scale (and min) can then stand for them."""
+    with np.errstate(over="ignore"):
+        return bool(np.array_equal(values.astype(np.float16).astype(np.float32), values, equal_nan=True))
+
+
 def quint_packable(q: np.ndarray, scales: np.ndarray, group_size: int) -> bool:
     """Whether int8 codes ``q`` (rows, cols) with float32 ``scales`` (rows, cols // 32) fit Q5_0
     blocks exactly: groups of 32, codes -16..15, scales an f16 holds bit for bit."""
     if group_size != GROUP or q.size == 0 or int(q.min()) < -QUINT_OFFSET or int(q.max()) >= QUINT_OFFSET:
         return False
-    with np.errstate(over="ignore"):
-        return bool(np.array_equal(scales.astype(np.float16).astype(np.float32), scales, equal_nan=True))
+    return f16_exact(scales)
 
 
 @numba.njit(cache=True)
