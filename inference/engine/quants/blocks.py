@@ -16,7 +16,8 @@ import numpy as np
 
 from .intdot import HOST_SIMD, _group_dot_pair_intrinsic
 from .intdot_ir import Q41_BLOCK, Q80_BLOCK, Q80_OFFSET, Q80_QS, QUINT_BLOCK
-from .quint import f16_exact
+from .quint import WIDE, f16_exact
+from .wide import PAIR, Q8_0
 
 GROUP = 32
 BLOCK_Q5_0, BLOCK_Q4_1, BLOCK_Q8_0 = 0, 1, 2
@@ -96,7 +97,21 @@ def vnni_dot_pair_q80(q, q0, q1, ints, scales, int_scales, n_groups, out):
     _vnni_pair(q, q0, q1, ints, scales, 0, 0, int_scales, n_groups, out)
 
 
-SELECTED = {"vnni": vnni_dot_pair_q80, "avx2": avx2_dot_pair_q80, "generic": generic_dot_pair_q80}
+_wide_pair = PAIR[Q8_0]
+
+
+@numba.njit(cache=True)
+def wide_dot_pair_q80(q, q0, q1, ints, scales, int_scales, n_groups, out):
+    """dot_pair_q80 with both rows in one 512-bit register (only where wide_ir.fits)."""
+    _wide_pair(q, q0, q1, ints, int_scales, int_scales, n_groups, out)
+
+
+# The vnni selection runs the 512-bit pair where the CPU has AVX-512 (AVX-VNNI alone: 256-bit).
+SELECTED = {
+    "vnni": wide_dot_pair_q80 if WIDE else vnni_dot_pair_q80,
+    "avx2": avx2_dot_pair_q80,
+    "generic": generic_dot_pair_q80,
+}
 # dot_pair_q80(q, q0, q1, ints, scales, int_scales, n_groups, out): the Q8_0 blocks of two
 # weight rows at byte offsets q0 and q1 with one activation row -> out[0], out[1]: the int8
 # copy's bits (dot_pair_int).

@@ -23,7 +23,8 @@ import numpy as np
 from .intdot import HOST_SIMD
 from .intdot_ir import Q41_BLOCK, Q41_OFFSET, Q41_QS
 from .pair_mins import _pair_min_intrinsic
-from .quint import f16_exact
+from .quint import WIDE, f16_exact
+from .wide import PAIR, Q4_1
 
 GROUP = 32
 
@@ -90,7 +91,21 @@ def vnni_dot_pair_q41(q, q0, q1, ints, scales, int_scales, mins, sums, n_groups,
     _vnni_pair(q, q0, q1, ints, scales, 0, 0, int_scales, mins, 0, 0, sums, n_groups, out)
 
 
-SELECTED = {"vnni": vnni_dot_pair_q41, "avx2": avx2_dot_pair_q41, "generic": generic_dot_pair_q41}
+_wide_pair = PAIR[Q4_1]
+
+
+@numba.njit(cache=True)
+def wide_dot_pair_q41(q, q0, q1, ints, scales, int_scales, mins, sums, n_groups, out):
+    """dot_pair_q41 with both rows in one 512-bit register (only where wide_ir.fits)."""
+    _wide_pair(q, q0, q1, ints, int_scales, sums, n_groups, out)
+
+
+# The vnni selection runs the 512-bit pair where the CPU has AVX-512 (AVX-VNNI alone: 256-bit).
+SELECTED = {
+    "vnni": wide_dot_pair_q41 if WIDE else vnni_dot_pair_q41,
+    "avx2": avx2_dot_pair_q41,
+    "generic": generic_dot_pair_q41,
+}
 # dot_pair_q41(q, q0, q1, ints, scales, int_scales, mins, sums, n_groups, out): the Q4_1 blocks
 # of two weight rows at byte offsets q0 and q1, one activation row's codes, code scales and
 # group sums -> out[0], out[1], each with its min term: dot_pair_min's bits.

@@ -6,7 +6,7 @@ the file spends 22: an f16 scale ``d``, the fifth bits of the 32 codes as a litt
 uint32 ``qh`` (bit j: code j) and 16 bytes ``qs`` of nibbles (byte j: code j low, code j + 16
 high). Qwen2.5-Coder-0.5B keeps 133 of its 170 matrices in Q5_0: ~250M weights per token.
 A decode step keeps those blocks byte for byte (fused.py) and the vector kernel
-(intdot_ir.py ``QUINT_OFFSET``, quint_ir.py) unpacks them in registers: the same integer
+(intdot_ir.py ``QUINT_OFFSET``, wide_ir.py) unpacks them in registers: the same integer
 lanes and the same float32 scale (an f16 widens exactly), so every product has the bits of
 the int8 copy's, from 0.69 bytes a weight instead of 1.125.
 
@@ -18,13 +18,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic
 
-from ..intrinsics import element_pointer
 from ..simd import target_features
-from . import quint_ir
+from . import wide, wide_ir
 from .intdot import HOST_SIMD, _group_dot_intrinsic, _group_dot_pair_intrinsic
 from .intdot_ir import QUINT_BLOCK, QUINT_OFFSET
 
@@ -34,7 +30,7 @@ GROUP = 32
 # pair reads the blocks 1.0-1.56x as fast as the int8 copy (the more the memory bus is shared,
 # the more); the avx2 selection's 256-bit unpack is instruction-bound below the int8 copy
 # (21-22 against 26 Gweights/s), so the other selections keep that.
-DECODE_BLOCKS = HOST_SIMD == "vnni" and quint_ir.fits(target_features())
+DECODE_BLOCKS = HOST_SIMD == "vnni" and wide_ir.fits(target_features())
 
 
 def f16_exact(values: np.ndarray) -> bool:
@@ -96,42 +92,7 @@ def dot_row_quint_reference(blocks: np.ndarray, ints: np.ndarray, int_scales: np
     return float((d[0].astype(np.float64) * int_scales.astype(np.float64) * sums).sum())
 
 
-def _wide_intrinsic(n_pairs: int):
-    """``f(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)``:
-    out[i] = the product of the weight row at q_start + i * (q_next - q_start), i < 2 *
-    n_pairs, pairs of rows in 512-bit registers (quint_ir.py); dot_pair_int's signature."""
-
-    @intrinsic
-    def wide(typingctx, q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out):
-        sig = types.void(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
-
-        def codegen(context, builder, signature, args):
-            t, i64 = signature.args, ir.IntType(64)
-            stride = builder.sub(args[2], args[1])
-            rows = [
-                element_pointer(
-                    context,
-                    builder,
-                    t[0],
-                    args[0],
-                    builder.add(args[1], builder.mul(stride, ir.Constant(i64, i))),
-                )
-                for i in range(2 * n_pairs)
-            ]
-            a0 = element_pointer(context, builder, t[3], args[3], ir.Constant(i64, 0))
-            d0 = element_pointer(context, builder, t[7], args[7], ir.Constant(i64, 0))
-            pairs = [(rows[2 * p], rows[2 * p + 1]) for p in range(n_pairs)]
-            sums = quint_ir.quint_pair_dots(builder, pairs, a0, d0, args[8])
-            for i, value in enumerate(v for pair in sums for v in pair):
-                builder.store(value, element_pointer(context, builder, t[9], args[9], ir.Constant(i64, i)))
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return wide
-
-
-_wide_pair, _wide_quad = _wide_intrinsic(1), _wide_intrinsic(2)
+_wide_pair, _wide_quad = wide.PAIR[wide.Q5_0], wide.QUAD[wide.Q5_0]
 
 
 _row = {s: _group_dot_intrinsic(GROUP, s, QUINT_OFFSET) for s in ("generic", "avx2", "vnni")}
@@ -169,15 +130,15 @@ def generic_dot_pair_quint(q, q_start, q_next, ints, scales, s_start, s_next, in
 
 @numba.njit(cache=True)
 def wide_dot_pair_quint(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out):
-    """dot_pair_quint with both rows in one 512-bit register (only where quint_ir.fits)."""
-    _wide_pair(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+    """dot_pair_quint with both rows in one 512-bit register (only where wide_ir.fits)."""
+    _wide_pair(q, q_start, q_next, ints, int_scales, int_scales, n_groups, out)
 
 
 @numba.njit(cache=True)
 def wide_dot_quad_quint(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out):
     """out[0:4] = the products of four rows q_next - q_start bytes apart, two 512-bit pairs
-    sharing the activation's work (only where quint_ir.fits)."""
-    _wide_quad(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+    sharing the activation's work (only where wide_ir.fits)."""
+    _wide_quad(q, q_start, q_next, ints, int_scales, int_scales, n_groups, out)
 
 
 @numba.njit(cache=True)
@@ -194,7 +155,7 @@ def vnni_dot_pair_quint(q, q_start, q_next, ints, scales, s_start, s_next, int_s
 
 # Each selection's (dot_row_quint, dot_pair_quint); all give the int8 copy's bits. The vnni
 # selection runs the 512-bit pair where the CPU has AVX-512 (AVX-VNNI alone: 256-bit).
-WIDE = quint_ir.fits(target_features())
+WIDE = wide_ir.fits(target_features())
 SELECTED = {
     "vnni": (vnni_dot_row_quint, wide_dot_pair_quint if WIDE else vnni_dot_pair_quint),
     "avx2": (avx2_dot_row_quint, avx2_dot_pair_quint),

@@ -7,13 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference.engine.quants import pair_mins, q41
+from inference.engine.quants import blocks, intdot, pair_mins, q41
 from inference.engine.quants.formats import Q4_1
 from inference.engine.quants.intdot_ir import Q41_BLOCK
 from inference.engine.quants.nibbles import pack_nibbles
 from inference.engine.quants.q41 import pack_q41, q41_packable, q41_row_bytes, unpack_q41
 from inference.engine.quants.quint import DECODE_BLOCKS
-from inference.engine.simd import SELECTIONS, missing_features, target_features
+from inference.engine.quants.wide_ir import fits
+from inference.engine.simd import missing_features, target_features
 
 COLS = 576
 
@@ -61,14 +62,28 @@ def test_only_four_bit_codes_with_f16_scales_and_mins_in_groups_of_32_are_packab
         assert not q41_packable(q, fine[0], fine[1], 32)
 
 
-@pytest.mark.parametrize("simd", SELECTIONS)
-def test_every_selection_gives_the_nibble_kernels_bits(simd):
-    missing = missing_features(simd, target_features())
+def _runnable(simd: str) -> None:
+    """Skip unless the CPU runs ``simd``: a selection, or "wide" (512-bit pairs, wide_ir.fits)."""
+    if simd == "wide":
+        if not fits(target_features()):
+            pytest.skip("the CPU lacks AVX-512 BW, VNNI or GFNI for the 512-bit pair")
+        return
+    missing = missing_features(simd.removesuffix("_256"), target_features())
     if missing:
         pytest.skip(f"the CPU lacks {', '.join(missing)} for the {simd} selection")
+
+
+# Each selection's kernel, and both of the vnni selection's: 256-bit (AVX-VNNI) and 512-bit.
+Q41_KERNELS = {**q41.SELECTED, "vnni_256": q41.vnni_dot_pair_q41, "wide": q41.wide_dot_pair_q41}
+Q80_KERNELS = {**blocks.SELECTED, "vnni_256": blocks.vnni_dot_pair_q80, "wide": blocks.wide_dot_pair_q80}
+
+
+@pytest.mark.parametrize("simd", list(Q41_KERNELS))
+def test_every_selection_gives_the_nibble_kernels_bits(simd):
+    _runnable(simd)
     q, scales, mins, ints, int_scales, sums = _matrix(2)
     g, rb, nb = COLS // 32, q41_row_bytes(COLS), COLS // 2
-    blocks = pack_q41(q, scales, mins).ravel().view(np.int8)
+    packed = pack_q41(q, scales, mins).ravel().view(np.int8)
     nibbles = pack_nibbles(q, 0).ravel().view(np.int8)
     for r in range(0, q.shape[0], 2):
         expected, out = np.zeros(2, np.float32), np.full(2, np.nan, np.float32)
@@ -76,8 +91,8 @@ def test_every_selection_gives_the_nibble_kernels_bits(simd):
             nibbles, r * nb, (r + 1) * nb, ints, scales.ravel(), r * g, (r + 1) * g, int_scales,
             mins.ravel(), r * g, (r + 1) * g, sums, g, 5, 0, expected,
         )  # fmt: skip
-        q41.SELECTED[simd](
-            blocks, r * rb, (r + 1) * rb, ints, scales.ravel(), int_scales, mins.ravel(), sums, g, out
+        Q41_KERNELS[simd](
+            packed, r * rb, (r + 1) * rb, ints, scales.ravel(), int_scales, mins.ravel(), sums, g, out
         )
         np.testing.assert_array_equal(out, expected)
         # Against float64 numpy: each row's sum of d * code * a + m * group sum.
@@ -105,17 +120,23 @@ def test_a_q4_1_step_reads_the_blocks_and_decodes_as_prefill_does(synthetic_dir)
         np.testing.assert_array_equal(engine.decode_one(decoded, token), expected[i])  # the blocks
 
 
-def test_q8_0_blocks_are_the_files_bytes_and_every_selection_gives_the_int8_copys_bits():
-    from inference.engine.quants import blocks, intdot
-    from inference.engine.quants.formats import Q8_0
-
+def _q80_matrix(rows: int = 6, cols: int = COLS):
+    """Q8_0 codes with the extremes in the first groups, f16 scales, an activation row."""
     rng = np.random.default_rng(7)
-    rows, cols, g = 6, COLS, COLS // 32
     q = rng.integers(-128, 128, (rows, cols)).astype(np.int8)  # (rows, cols)
     q[0, :32], q[1, :32] = -128, 127
-    scales = rng.standard_normal((rows, g)).astype(np.float16).astype(np.float32)  # (rows, groups)
+    scales = rng.standard_normal((rows, cols // 32)).astype(np.float16).astype(np.float32)  # (rows, groups)
     ints = rng.integers(-127, 128, cols).astype(np.int8)  # (cols,)
-    int_scales = rng.random(g).astype(np.float32)  # (groups,)
+    ints[:32] = -127
+    int_scales = rng.random(cols // 32).astype(np.float32)  # (groups,)
+    return q, scales, ints, int_scales
+
+
+def test_q8_0_blocks_are_the_files_bytes_and_round_trip():
+    from inference.engine.quants.formats import Q8_0
+
+    q, scales, _, _ = _q80_matrix()
+    rows, cols, g = *q.shape, q.shape[1] // 32
     packed = blocks.pack_q80(q, scales)
     rb = blocks.block_row_bytes(blocks.BLOCK_Q8_0, cols)
     assert packed.shape == (rows, rb) and blocks.q80_packable(q, scales, 32)
@@ -127,15 +148,20 @@ def test_q8_0_blocks_are_the_files_bytes_and_every_selection_gives_the_int8_copy
     fine = scales.copy()
     fine[0, 0] = np.float32(1.0) + np.float32(2.0**-20)  # not an f16
     assert not blocks.q80_packable(q, fine, 32)
-    flat = packed.ravel().view(np.int8)
-    for simd in SELECTIONS:
-        if missing_features(simd, target_features()):
-            continue
-        for r in range(0, rows, 2):
-            expected, out = np.zeros(2, np.float32), np.full(2, np.nan, np.float32)
-            intdot.SELECTED["generic"][2](
-                q.ravel(), r * cols, (r + 1) * cols, ints, scales.ravel(), r * g, (r + 1) * g, int_scales,
-                g, 5, expected,
-            )  # fmt: skip
-            blocks.SELECTED[simd](flat, r * rb, (r + 1) * rb, ints, scales.ravel(), int_scales, g, out)
-            np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("simd", list(Q80_KERNELS))
+def test_every_q8_0_block_kernel_gives_the_int8_copys_bits(simd):
+    _runnable(simd)
+    q, scales, ints, int_scales = _q80_matrix()
+    rows, cols, g = *q.shape, q.shape[1] // 32
+    rb = blocks.block_row_bytes(blocks.BLOCK_Q8_0, cols)
+    flat = blocks.pack_q80(q, scales).ravel().view(np.int8)
+    for r in range(0, rows, 2):
+        expected, out = np.zeros(2, np.float32), np.full(2, np.nan, np.float32)
+        intdot.SELECTED["generic"][2](
+            q.ravel(), r * cols, (r + 1) * cols, ints, scales.ravel(), r * g, (r + 1) * g, int_scales,
+            g, 5, expected,
+        )  # fmt: skip
+        Q80_KERNELS[simd](flat, r * rb, (r + 1) * rb, ints, scales.ravel(), int_scales, g, out)
+        np.testing.assert_array_equal(out, expected)

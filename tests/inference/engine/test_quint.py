@@ -19,7 +19,7 @@ from inference.engine.quants.quint import (
     wide_dot_pair_quint,
     wide_dot_quad_quint,
 )
-from inference.engine.quants.quint_ir import fits
+from inference.engine.quants.wide_ir import fits
 from inference.engine.simd import SELECTIONS, missing_features, target_features
 
 COLS = 896
