@@ -1,0 +1,105 @@
+"""Q4_K and Q6_K read as the file packs them (quants/kblocks.py): every selection's pair kernel
+over the file's super-blocks gives the bits of the nibble / int8 kernels the loader's layout
+feeds (min terms included), agrees with the numpy reference, and a fused step of a model
+with K-quant matrices reads the blocks where DECODE_BLOCKS, with decode's bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from inference.engine.quants import intdot, kblocks, pair_mins
+from inference.engine.quants.formats import GGMLType
+from inference.engine.quants.kquants import Q4_K, Q6_K
+from inference.engine.quants.nibbles import pack_nibbles, packable_offset
+from inference.engine.simd import SELECTIONS, missing_features, target_features
+
+COLS = 768  # three super-blocks
+
+
+def _file_rows(fmt, rows: int, seed: int) -> np.ndarray:
+    """Random super-blocks (rows, row bytes) uint8 with finite f16 super-scales: any bytes are
+    a valid block once its f16 fields are numbers. Row 0 takes the extremes: f16's largest
+    d with the largest sub-scales (Q4_K: 63, codes 15; Q6_K: -128, codes 31)."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (rows * COLS // 256, fmt.type_size()), dtype=np.uint8)  # (blocks, size)
+    d_at, f16_fields, scales_at = (0, (0, 2), 4) if fmt is Q4_K else (208, (208,), 192)
+    for at in f16_fields:
+        values = (rng.standard_normal(len(blocks)) * 0.01).astype("<f2")  # (blocks,)
+        blocks[:, at : at + 2] = values.view(np.uint8).reshape(-1, 2)
+    first = COLS // 256  # row 0's blocks
+    blocks[:first, d_at : d_at + 2] = np.array([65504.0], "<f2").view(np.uint8)
+    if fmt is Q4_K:
+        blocks[:first, scales_at:] = 0xFF  # 6-bit scales and mins 63, codes 15
+    else:
+        blocks[:first, :scales_at] = 0xFF  # codes 31
+        blocks[:first, scales_at : scales_at + 16] = 0x80  # scales -128
+    return blocks.reshape(rows, -1)
+
+
+def _activation(group: int, seed: int):
+    rng = np.random.default_rng(seed)
+    ints = rng.integers(-127, 128, COLS).astype(np.int8)  # (cols,)
+    ints[:64] = -127
+    int_scales = rng.random(COLS // group).astype(np.float32)  # (groups,)
+    sums = rng.standard_normal(COLS // group).astype(np.float32) * 40  # (groups,)
+    return ints, int_scales, sums
+
+
+def _selections():
+    for simd in SELECTIONS:
+        missing = missing_features(simd, target_features())
+        yield pytest.param(simd, marks=pytest.mark.skipif(bool(missing), reason=f"the CPU lacks {missing}"))
+
+
+@pytest.mark.parametrize("simd", list(_selections()))
+def test_q4_k_blocks_give_the_nibble_kernels_bits(simd):
+    rows = 6
+    data = _file_rows(Q4_K, rows, 1)
+    lay = Q4_K.unpack(data.reshape(-1, Q4_K.type_size()))
+    q = lay.q.reshape(rows, COLS)
+    scales, mins = lay.scales.reshape(rows, -1), lay.mins.reshape(rows, -1)  # (rows, groups)
+    assert packable_offset(q, 32) == 0 and q.max() == 15
+    nibbles = pack_nibbles(q, 0).ravel().view(np.int8)
+    flat = data.ravel().view(np.int8)
+    ints, int_scales, sums = _activation(32, 2)
+    g, rb, nb = COLS // 32, kblocks.super_row_bytes(GGMLType.Q4_K, COLS), COLS // 2
+    for r in range(0, rows, 2):
+        expected, out = np.zeros(2, np.float32), np.full(2, np.nan, np.float32)
+        pair_mins.SELECTED["generic"](
+            nibbles, r * nb, (r + 1) * nb, ints, scales.ravel(), r * g, (r + 1) * g, int_scales,
+            mins.ravel(), r * g, (r + 1) * g, sums, g, 5, 0, expected,
+        )  # fmt: skip
+        kblocks.SELECTED[simd][0](flat, r * rb, (r + 1) * rb, ints, int_scales, sums, COLS // 256, out)
+        np.testing.assert_array_equal(out, expected)
+        for i in range(2):
+            exact = kblocks.dot_row_reference(GGMLType.Q4_K, data[r + i], ints, int_scales, sums)
+            bound = (
+                np.abs(scales[r + i] * int_scales).sum() * 32 * 15 * 127 + np.abs(mins[r + i] * sums).sum()
+            )
+            assert abs(out[i] - exact) <= 1e-5 * bound
+
+
+@pytest.mark.parametrize("simd", list(_selections()))
+def test_q6_k_blocks_give_the_int8_kernels_bits(simd):
+    rows = 6
+    data = _file_rows(Q6_K, rows, 3)
+    lay = Q6_K.unpack(data.reshape(-1, Q6_K.type_size()))
+    q = lay.q.reshape(rows, COLS)
+    scales = lay.scales.reshape(rows, -1)  # (rows, groups of 16)
+    assert q.min() >= -32 and q.max() == 31 and q[0, 0] == 31
+    ints, int_scales, sums = _activation(16, 4)
+    g, rb = COLS // 16, kblocks.super_row_bytes(GGMLType.Q6_K, COLS)
+    flat = data.ravel().view(np.int8)
+    for r in range(0, rows, 2):
+        expected, out = np.zeros(2, np.float32), np.full(2, np.nan, np.float32)
+        intdot.SELECTED["generic"][2](
+            q.ravel(), r * COLS, (r + 1) * COLS, ints, scales.ravel(), r * g, (r + 1) * g, int_scales, g, 4,
+            expected,
+        )  # fmt: skip
+        kblocks.SELECTED[simd][1](flat, r * rb, (r + 1) * rb, ints, int_scales, sums, COLS // 256, out)
+        np.testing.assert_array_equal(out, expected)
+        for i in range(2):
+            exact = kblocks.dot_row_reference(GGMLType.Q6_K, data[r + i], ints, int_scales, sums)
+            bound = np.abs(scales[r + i] * int_scales).sum() * 16 * 32 * 127
+            assert abs(out[i] - exact) <= 1e-5 * bound
