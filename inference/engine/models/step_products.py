@@ -19,7 +19,9 @@ import numpy as np
 from ..intrinsics import prefetch
 from ..quants.blocks import (
     BLOCK_Q4_1,
+    BLOCK_Q4_K,
     BLOCK_Q5_0,
+    BLOCK_Q6_K,
     BLOCK_Q8_0,
     block_kind,
     block_offset,
@@ -27,6 +29,7 @@ from ..quants.blocks import (
     dot_pair_q80,
 )
 from ..quants.intdot import ROW_BLOCK, dot_pair_int, dot_row_int, min_sum
+from ..quants.kblocks import dot_pair_q4k, dot_pair_q6k
 from ..quants.nibbles import dot_pair_nib, dot_row_nib
 from ..quants.pair_mins import dot_pair_min
 from ..quants.q41 import dot_pair_q41
@@ -69,7 +72,7 @@ def dot_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_bl
     groups = cols >> shift
     codes, code_scales, group_sums = rounded.ints[k, 0], rounded.int_scales[k, 0], rounded.sums[k, 0]
     nib, quint, has_mins = lin[NIB], lin[QUINT] >= 0, lin[M_OFF] >= 0
-    # The file's blocks (quants/blocks.py: Q5_0, Q4_1 or Q8_0) or the arena's codes.
+    # The file's blocks (quants/blocks.py: Q5_0, Q4_1, Q8_0, Q4_K or Q6_K) or the arena's codes.
     kind = block_kind(lin[QUINT]) if quint else -1
     own_bytes = cols if nib < 0 else cols >> 1
     row_bytes = block_row_bytes(kind, cols) if quint else own_bytes
@@ -97,6 +100,12 @@ def dot_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_bl
                 q, row_start, row_start + row_bytes, codes, scales, code_scales, mins, group_sums, groups,
                 block,
             )  # fmt: skip
+        elif pair and (kind == BLOCK_Q4_K or kind == BLOCK_Q6_K):  # super-blocks of 256, mins inside
+            after, n_super = row_start + row_bytes, cols >> 8
+            if kind == BLOCK_Q4_K:
+                dot_pair_q4k(q, row_start, after, codes, code_scales, group_sums, n_super, block)
+            else:
+                dot_pair_q6k(q, row_start, after, codes, code_scales, group_sums, n_super, block)
         elif pair and has_mins:  # the min terms folded into the dot product's loop: same bits
             dot_pair_min(
                 q, row_start, row_start + row_bytes, codes, scales, s_start, s_start + groups, code_scales,
@@ -117,7 +126,7 @@ def dot_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_bl
             )  # fmt: skip
         elif kind == BLOCK_Q5_0:
             block[0] = dot_row_quint(q, row_start, codes, scales, s_start, code_scales, groups)
-        elif nib >= 0:  # (a lone Q4_1 or Q8_0 row reads the arena: no one-row block kernel)
+        elif nib >= 0:  # (a lone Q4_1, Q8_0, Q4_K or Q6_K row reads the arena: no one-row block kernel)
             block[0] = dot_row_nib(q, own_start, codes, scales, s_start, code_scales, groups, nib)
         else:
             block[0] = dot_row_int(q, own_start, codes, scales, s_start, code_scales, groups, shift)

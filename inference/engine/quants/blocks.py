@@ -2,7 +2,8 @@
 Q8_0's own blocks.
 
 A decode step streams every weight once, so it reads a matrix in the fewest bytes an exact
-kernel takes: Q5_0 as 22-byte blocks (quint.py), Q4_1 as 20-byte blocks (q41.py), Q8_0 as the
+kernel takes: Q5_0 as 22-byte blocks (quint.py), Q4_1 as 20-byte blocks (q41.py), Q4_K and
+Q6_K as the file's 144- and 210-byte super-blocks (kblocks.py), Q8_0 as the
 file's 34-byte blocks (an f16 scale d and 32 int8 codes) where the int8 copy spends 36 (the
 codes and a float32 scale), the output heads of all three models of the benchmarks. The
 several-row tiles keep reading the arena's codes: the blocks are a second copy. The table
@@ -16,11 +17,13 @@ import numpy as np
 
 from .intdot import HOST_SIMD, _group_dot_pair_intrinsic
 from .intdot_ir import Q41_BLOCK, Q80_BLOCK, Q80_OFFSET, Q80_QS, QUINT_BLOCK
+from .kblocks_ir import Q4K_BLOCK, Q6K_BLOCK, SUPER
 from .quint import f16_exact
 
 GROUP = 32
 BLOCK_Q5_0, BLOCK_Q4_1, BLOCK_Q8_0 = 0, 1, 2
-KINDS = 4  # encode's multiplier
+BLOCK_Q4_K, BLOCK_Q6_K = 3, 4  # the file's super-blocks of 256 (kblocks.py)
+KINDS = 8  # encode's multiplier
 
 
 def encode(offset: int, kind: int) -> int:
@@ -43,6 +46,8 @@ def block_offset(field):
 @numba.njit(cache=True)
 def block_row_bytes(kind, cols):
     """Bytes of a row of ``cols`` weights in blocks of ``kind``."""
+    if kind == BLOCK_Q4_K or kind == BLOCK_Q6_K:
+        return cols // SUPER * (Q4K_BLOCK if kind == BLOCK_Q4_K else Q6K_BLOCK)
     per_block = QUINT_BLOCK if kind == BLOCK_Q5_0 else Q41_BLOCK if kind == BLOCK_Q4_1 else Q80_BLOCK
     return cols // GROUP * per_block
 

@@ -103,3 +103,34 @@ def test_q6_k_blocks_give_the_int8_kernels_bits(simd):
             exact = kblocks.dot_row_reference(GGMLType.Q6_K, data[r + i], ints, int_scales, sums)
             bound = np.abs(scales[r + i] * int_scales).sum() * 16 * 32 * 127
             assert abs(out[i] - exact) <= 1e-5 * bound
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_k_quant_step_reads_the_files_blocks_and_decodes_as_prefill_does(family, synthetic_dir):
+    """llama: Q6_K down, Q4_K gate|up stacked (two file parts); qwen2: Q6_K and Q4_K down,
+    a Q4_K head. Decode (one row: the blocks) gives prefill's (the tiles: codes) logits."""
+    from inference.engine.engine import Engine
+    from inference.engine.models import step_kernels as sk
+    from inference.engine.quants import blocks
+    from inference.engine.quants.quint import DECODE_BLOCKS
+    from tests.fixtures.synthetic_gguf import synthetic_path
+
+    engine = Engine.load(synthetic_path(family, synthetic_dir))
+    model = engine.model.fused.model
+    tables = np.concatenate([model.linears.reshape(-1, sk.LINEAR_FIELDS), model.head])  # (slots, fields)
+    used = tables[tables[:, sk.ROWS] > 0]
+    fields = used[used[:, sk.QUINT] >= 0, sk.QUINT]
+    kinds = set(int(f) % blocks.KINDS for f in fields)
+    assert ({blocks.BLOCK_Q4_K, blocks.BLOCK_Q6_K} <= kinds) == DECODE_BLOCKS
+    if DECODE_BLOCKS:  # layer 0's Q6_K down as the blocks: the file's bytes
+        field = int(model.linears[0, 6, sk.QUINT])  # slots q, k, v, out, gate, up, down
+        data = np.asarray(engine.model.file.tensor("blk.0.ffn_down.weight").data)  # (rows, row bytes)
+        at = blocks.block_offset.py_func(field)
+        assert blocks.block_kind.py_func(field) == blocks.BLOCK_Q6_K
+        np.testing.assert_array_equal(model.weights.q[at : at + data.size].view(np.uint8), data.ravel())
+    tokens = [3, 9, 4, 1, 7, 2]
+    prefilled = engine.new_cache(32)
+    expected = engine.model.forward(tokens, prefilled, all_logits=True)
+    decoded = engine.new_cache(32)
+    for i, token in enumerate(tokens):
+        np.testing.assert_array_equal(engine.decode_one(decoded, token), expected[i])
