@@ -24,9 +24,12 @@ from numba import types
 from numba.extending import intrinsic
 
 from ..intrinsics import element_pointer
+from ..simd import target_features
+from . import quint_ir
 from .formats import GGMLType
 from .intdot import HOST_SIMD
 from .kblocks_ir import KIND_Q4_K, KIND_Q6_K, Q4K_BLOCK, Q6K_BLOCK, SUPER, kblock_pair_dots
+from .kblocks_wide_ir import wide_pair_dots
 from .kquants import Q4_K, Q6_K
 
 BLOCK_BYTES = {GGMLType.Q4_K: Q4K_BLOCK, GGMLType.Q6_K: Q6K_BLOCK}
@@ -36,7 +39,8 @@ FORMATS = {GGMLType.Q4_K: Q4_K, GGMLType.Q6_K: Q6_K}
 def _pair_intrinsic(kind: str, simd: str):
     """``f(q, q0, q1, ints, int_scales, sums, n_super, out)``: out[0], out[1] = the products of
     the rows of ``kind`` super-blocks at byte offsets q0 and q1 of ``q`` with one activation
-    row (codes ``ints``, code scales and group sums per group)."""
+    row (codes ``ints``, code scales and group sums per group). ``simd`` "wide": both rows in
+    512-bit registers (kblocks_wide_ir.py)."""
 
     @intrinsic
     def pair(typingctx, q, q0, q1, ints, int_scales, sums, n_super, out):
@@ -49,9 +53,11 @@ def _pair_intrinsic(kind: str, simd: str):
                 return element_pointer(context, builder, t[i], args[i], index)
 
             rows = [pointer(0, args[1]), pointer(0, args[2])]
-            totals = kblock_pair_dots(
-                builder, simd, kind, rows, pointer(3, zero), pointer(4, zero), pointer(5, zero), args[6]
-            )
+            activation = (pointer(3, zero), pointer(4, zero), pointer(5, zero), args[6])
+            if simd == "wide":
+                totals = wide_pair_dots(builder, kind, *rows, *activation)
+            else:
+                totals = kblock_pair_dots(builder, simd, kind, rows, *activation)
             for i, value in enumerate(totals):
                 builder.store(value, pointer(7, ir.Constant(ir.IntType(64), i)))
             return context.get_dummy_value()
@@ -61,10 +67,10 @@ def _pair_intrinsic(kind: str, simd: str):
     return pair
 
 
-_q4k = {s: _pair_intrinsic(KIND_Q4_K, s) for s in ("generic", "avx2", "vnni")}
-_q6k = {s: _pair_intrinsic(KIND_Q6_K, s) for s in ("generic", "avx2", "vnni")}
-_generic_q4k, _avx2_q4k, _vnni_q4k = _q4k["generic"], _q4k["avx2"], _q4k["vnni"]
-_generic_q6k, _avx2_q6k, _vnni_q6k = _q6k["generic"], _q6k["avx2"], _q6k["vnni"]
+_q4k = {s: _pair_intrinsic(KIND_Q4_K, s) for s in ("generic", "avx2", "vnni", "wide")}
+_q6k = {s: _pair_intrinsic(KIND_Q6_K, s) for s in ("generic", "avx2", "vnni", "wide")}
+_generic_q4k, _avx2_q4k, _vnni_q4k, _wide_q4k = (_q4k[s] for s in ("generic", "avx2", "vnni", "wide"))
+_generic_q6k, _avx2_q6k, _vnni_q6k, _wide_q6k = (_q6k[s] for s in ("generic", "avx2", "vnni", "wide"))
 
 
 @numba.njit(cache=True)
@@ -103,12 +109,26 @@ def vnni_dot_pair_q6k(q, q0, q1, ints, int_scales, sums, n_super, out):
     _vnni_q6k(q, q0, q1, ints, int_scales, sums, n_super, out)
 
 
+@numba.njit(cache=True)
+def wide_dot_pair_q4k(q, q0, q1, ints, int_scales, sums, n_super, out):
+    """dot_pair_q4k with both rows in 512-bit registers (only where quint_ir.fits)."""
+    _wide_q4k(q, q0, q1, ints, int_scales, sums, n_super, out)
+
+
+@numba.njit(cache=True)
+def wide_dot_pair_q6k(q, q0, q1, ints, int_scales, sums, n_super, out):
+    """dot_pair_q6k with both rows in 512-bit registers (only where quint_ir.fits)."""
+    _wide_q6k(q, q0, q1, ints, int_scales, sums, n_super, out)
+
+
 # Each selection's (dot_pair_q4k, dot_pair_q6k)(q, q0, q1, ints, int_scales, sums, n_super,
 # out): the super-blocks of two weight rows at byte offsets q0 and q1 of ``q`` (int8), one
 # activation row's codes, code scales and group sums (per 32 for Q4_K, per 16 for Q6_K) ->
 # out[0], out[1]: the bits of dot_pair_min (Q4_K's nibbles, offset 0) / dot_pair_int (Q6_K).
+# The vnni selection runs the 512-bit pairs where the CPU has AVX-512 BW (AVX-VNNI alone: 256).
+WIDE = quint_ir.fits(target_features())
 SELECTED = {
-    "vnni": (vnni_dot_pair_q4k, vnni_dot_pair_q6k),
+    "vnni": (wide_dot_pair_q4k, wide_dot_pair_q6k) if WIDE else (vnni_dot_pair_q4k, vnni_dot_pair_q6k),
     "avx2": (avx2_dot_pair_q4k, avx2_dot_pair_q6k),
     "generic": (generic_dot_pair_q4k, generic_dot_pair_q6k),
 }

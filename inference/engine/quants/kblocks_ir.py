@@ -62,8 +62,9 @@ def _times(builder, super_scale, small, signed: bool):
     return [builder.extract_element(product, ir.Constant(I32, i)) for i in range(small.type.count)]
 
 
-def _q4k_scales_mins(builder, block):
-    """A Q4_K block's 8 float32 scales fl(d * sc) and 8 mins -fl(dmin * m) (kquants.py)."""
+def _q4k_small(builder, block):
+    """A Q4_K block's 8 six-bit scales and 8 six-bit mins (kquants._six_bit_scales_mins) ->
+    two <8 x i8>."""
     first, second, third = (_load_bytes(builder, block, Q4K_SCALES + 4 * i, 4) for i in range(3))
     six, low4, top2 = _splat_bytes(63, 4), _splat_bytes(15, 4), _splat_bytes(6, 4)
     four = _splat_bytes(4, 4)
@@ -72,6 +73,12 @@ def _q4k_scales_mins(builder, block):
     order = _constant_vector(list(range(8)))
     scales = builder.shuffle_vector(builder.and_(first, six), high_scales, order)  # (8,) i8
     mins = builder.shuffle_vector(builder.and_(second, six), high_mins, order)  # (8,) i8
+    return scales, mins
+
+
+def _q4k_scales_mins(builder, block):
+    """A Q4_K block's 8 float32 scales fl(d * sc) and 8 mins -fl(dmin * m) (kquants.py)."""
+    scales, mins = _q4k_small(builder, block)
     d, dmin = _half(builder, block, 0), _half(builder, block, 2)
     negated = [builder.fneg(m) for m in _times(builder, dmin, mins, signed=False)]
     return _times(builder, d, scales, signed=False), negated

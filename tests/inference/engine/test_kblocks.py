@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference.engine.quants import intdot, kblocks, pair_mins
+from inference.engine.quants import intdot, kblocks, pair_mins, quint_ir
 from inference.engine.quants.formats import GGMLType
 from inference.engine.quants.kquants import Q4_K, Q6_K
 from inference.engine.quants.nibbles import pack_nibbles, packable_offset
@@ -47,9 +47,21 @@ def _activation(group: int, seed: int):
 
 
 def _selections():
+    """Every selection's 256-bit kernels, and the 512-bit pair ("wide")."""
     for simd in SELECTIONS:
         missing = missing_features(simd, target_features())
         yield pytest.param(simd, marks=pytest.mark.skipif(bool(missing), reason=f"the CPU lacks {missing}"))
+    fits = quint_ir.fits(target_features())
+    yield pytest.param("wide", marks=pytest.mark.skipif(not fits, reason="the CPU lacks AVX-512 BW/VNNI"))
+
+
+def _kernels(simd: str):
+    """(dot_pair_q4k, dot_pair_q6k) of a selection, or the 512-bit pair."""
+    if simd == "wide":
+        return kblocks.wide_dot_pair_q4k, kblocks.wide_dot_pair_q6k
+    return kblocks.vnni_dot_pair_q4k if simd == "vnni" else kblocks.SELECTED[simd][0], (
+        kblocks.vnni_dot_pair_q6k if simd == "vnni" else kblocks.SELECTED[simd][1]
+    )
 
 
 @pytest.mark.parametrize("simd", list(_selections()))
@@ -70,7 +82,7 @@ def test_q4_k_blocks_give_the_nibble_kernels_bits(simd):
             nibbles, r * nb, (r + 1) * nb, ints, scales.ravel(), r * g, (r + 1) * g, int_scales,
             mins.ravel(), r * g, (r + 1) * g, sums, g, 5, 0, expected,
         )  # fmt: skip
-        kblocks.SELECTED[simd][0](flat, r * rb, (r + 1) * rb, ints, int_scales, sums, COLS // 256, out)
+        _kernels(simd)[0](flat, r * rb, (r + 1) * rb, ints, int_scales, sums, COLS // 256, out)
         np.testing.assert_array_equal(out, expected)
         for i in range(2):
             exact = kblocks.dot_row_reference(GGMLType.Q4_K, data[r + i], ints, int_scales, sums)
@@ -97,7 +109,7 @@ def test_q6_k_blocks_give_the_int8_kernels_bits(simd):
             q.ravel(), r * COLS, (r + 1) * COLS, ints, scales.ravel(), r * g, (r + 1) * g, int_scales, g, 4,
             expected,
         )  # fmt: skip
-        kblocks.SELECTED[simd][1](flat, r * rb, (r + 1) * rb, ints, int_scales, sums, COLS // 256, out)
+        _kernels(simd)[1](flat, r * rb, (r + 1) * rb, ints, int_scales, sums, COLS // 256, out)
         np.testing.assert_array_equal(out, expected)
         for i in range(2):
             exact = kblocks.dot_row_reference(GGMLType.Q6_K, data[r + i], ints, int_scales, sums)
