@@ -28,11 +28,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from inference.engine.intrinsics import prefetch  # noqa: E402
 from inference.engine.quants.formats import GGMLType  # noqa: E402
 from inference.engine.quants.intdot import HOST_SIMD, dot_pair_int  # noqa: E402
-from inference.engine.quants.kblocks import FORMATS, dot_pair_q4k, dot_pair_q6k, super_row_bytes  # noqa: E402
+from inference.engine.quants.kblocks import (  # noqa: E402
+    FORMATS,
+    WIDE,
+    dot_pair_q4k,
+    dot_pair_q6k,
+    super_row_bytes,
+    wide_dot_quad_q4k,
+    wide_dot_quad_q6k,
+)
 from inference.engine.quants.nibbles import pack_nibbles  # noqa: E402
 from inference.engine.quants.pair_mins import dot_pair_min  # noqa: E402
 
-PREFETCH_BYTES = 3072
+PREFETCH_BYTES = 3072  # step_kernels.PREFETCH_BYTES: the layout's rows
+BLOCKS_PREFETCH_BYTES = 12288  # step_kernels.QUINT_PREFETCH_BYTES: the file blocks' rows
 
 
 @numba.njit(parallel=True, cache=True)
@@ -57,7 +66,9 @@ def stream_layout(q, scales, mins, ints, int_scales, sums, rows, cols, shift, ni
                     shift, nib, block,
                 )  # fmt: skip
             else:
-                dot_pair_int(q, start, start + row_bytes, ints, scales, s0, s1, int_scales, groups, shift, block)
+                dot_pair_int(
+                    q, start, start + row_bytes, ints, scales, s0, s1, int_scales, groups, shift, block
+                )
             out[r], out[r + 1] = block[0], block[1]
 
 
@@ -68,7 +79,7 @@ def stream_blocks(q, ints, int_scales, sums, rows, cols, row_bytes, q4k, out, pa
     for t in numba.prange(n_threads):
         r0, r1 = rows * t // n_threads // 2 * 2, rows * (t + 1) // n_threads // 2 * 2
         block = np.empty(2, np.float32)
-        ahead = max(1, PREFETCH_BYTES // row_bytes) * row_bytes
+        ahead = max(1, BLOCKS_PREFETCH_BYTES // row_bytes) * row_bytes
         for i in range(0, (r1 - r0) * passes, 2):
             r = r0 + i % (r1 - r0)
             start = r * row_bytes
@@ -79,6 +90,26 @@ def stream_blocks(q, ints, int_scales, sums, rows, cols, row_bytes, q4k, out, pa
             else:
                 dot_pair_q6k(q, start, start + row_bytes, ints, int_scales, sums, cols >> 8, block)
             out[r], out[r + 1] = block[0], block[1]
+
+
+@numba.njit(parallel=True, cache=True)
+def stream_quads(q, ints, int_scales, sums, rows, cols, row_bytes, q4k, out, passes):
+    """stream_blocks four rows a call (two 512-bit pairs sharing the activation's work)."""
+    n_threads = numba.get_num_threads()
+    for t in numba.prange(n_threads):
+        r0, r1 = rows * t // n_threads // 4 * 4, rows * (t + 1) // n_threads // 4 * 4
+        block = np.empty(4, np.float32)
+        ahead = max(1, BLOCKS_PREFETCH_BYTES // row_bytes) * row_bytes
+        for i in range(0, (r1 - r0) * passes, 4):
+            r = r0 + i % (r1 - r0)
+            start = r * row_bytes
+            for j in range(start + ahead, min(start + ahead + 4 * row_bytes, rows * row_bytes), 64):
+                prefetch(q, j)
+            if q4k:
+                wide_dot_quad_q4k(q, start, start + row_bytes, ints, int_scales, sums, cols >> 8, block)
+            else:
+                wide_dot_quad_q6k(q, start, start + row_bytes, ints, int_scales, sums, cols >> 8, block)
+            out[r : r + 4] = block
 
 
 def _file_bytes(qtype: GGMLType, rows: int, cols: int, rng) -> np.ndarray:
@@ -107,8 +138,17 @@ def _runs(qtype: GGMLType, args, rng) -> dict:
     sums = rng.standard_normal(cols // group).astype(np.float32)  # (groups,)
     flat_codes, flat_blocks = codes.ravel(), data.ravel().view(np.int8)
     shift, nib, rb = (5, 0, super_row_bytes(qtype, cols)) if q4k else (4, -1, super_row_bytes(qtype, cols))
-    out_a, out_b = np.empty(rows, np.float32), np.empty(rows, np.float32)
+    out_a, out_b, out_c = np.empty(rows, np.float32), np.empty(rows, np.float32), np.empty(rows, np.float32)
     name = qtype.name
+    quads = {
+        f"{name} quads": (
+            lambda: stream_quads(
+                flat_blocks, ints, int_scales, sums, rows, cols, rb, q4k, out_c, args.passes
+            ),
+            data.nbytes,
+            out_c,
+        )
+    }
     return {
         f"{name} layout": (
             lambda: stream_layout(
@@ -118,11 +158,13 @@ def _runs(qtype: GGMLType, args, rng) -> dict:
             out_a,
         ),
         f"{name} blocks": (
-            lambda: stream_blocks(flat_blocks, ints, int_scales, sums, rows, cols, rb, q4k, out_b, args.passes),
+            lambda: stream_blocks(
+                flat_blocks, ints, int_scales, sums, rows, cols, rb, q4k, out_b, args.passes
+            ),
             data.nbytes,
             out_b,
         ),
-    }
+    } | (quads if WIDE else {})
 
 
 def main() -> None:
@@ -141,9 +183,9 @@ def main() -> None:
         runs.update(_runs(GGMLType[f.upper()], args, rng))
     for run, _, _ in runs.values():
         run()  # compile and warm
-    names = list(runs)
-    for a, b in zip(names[::2], names[1::2], strict=True):
-        assert np.array_equal(runs[a][2], runs[b][2]), f"{a} and {b} gave different bits"
+    for name, (_, _, out) in runs.items():
+        layout = runs[name.split()[0] + " layout"][2]
+        assert np.array_equal(out, layout), f"{name} and the layout gave different bits"
     times = {name: [] for name in runs}
     for _ in range(args.reps):
         for name, (run, _, _) in runs.items():
@@ -151,7 +193,7 @@ def main() -> None:
             run()
             times[name].append(time.perf_counter() - t0)
     load = os.getloadavg()[0]
-    print(f"{args.rows}x{args.cols} x{args.passes}, {args.threads} threads, {HOST_SIMD}, load average {load:.2f}")
+    print(f"{args.rows}x{args.cols} x{args.passes}, {args.threads} threads, {HOST_SIMD}, load {load:.2f}")
     for name, (_, nbytes, _) in runs.items():
         t, weights = statistics.median(times[name]), args.rows * args.cols * args.passes
         print(

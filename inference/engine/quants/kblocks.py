@@ -36,11 +36,12 @@ BLOCK_BYTES = {GGMLType.Q4_K: Q4K_BLOCK, GGMLType.Q6_K: Q6K_BLOCK}
 FORMATS = {GGMLType.Q4_K: Q4_K, GGMLType.Q6_K: Q6_K}
 
 
-def _pair_intrinsic(kind: str, simd: str):
+def _pair_intrinsic(kind: str, simd: str, n_pairs: int = 1):
     """``f(q, q0, q1, ints, int_scales, sums, n_super, out)``: out[0], out[1] = the products of
     the rows of ``kind`` super-blocks at byte offsets q0 and q1 of ``q`` with one activation
     row (codes ``ints``, code scales and group sums per group). ``simd`` "wide": both rows in
-    512-bit registers (kblocks_wide_ir.py)."""
+    512-bit registers (kblocks_wide_ir.py); then ``n_pairs`` 2: out[0:4] = the rows at q0 +
+    i * (q1 - q0), i < 4, two pairs sharing the activation's work."""
 
     @intrinsic
     def pair(typingctx, q, q0, q1, ints, int_scales, sums, n_super, out):
@@ -55,7 +56,12 @@ def _pair_intrinsic(kind: str, simd: str):
             rows = [pointer(0, args[1]), pointer(0, args[2])]
             activation = (pointer(3, zero), pointer(4, zero), pointer(5, zero), args[6])
             if simd == "wide":
-                totals = wide_pair_dots(builder, kind, *rows, *activation)
+                stride = builder.sub(args[2], args[1])
+                for i in range(2, 2 * n_pairs):
+                    at = builder.add(args[1], builder.mul(stride, ir.Constant(ir.IntType(64), i)))
+                    rows.append(pointer(0, at))
+                pairs = [(rows[2 * p], rows[2 * p + 1]) for p in range(n_pairs)]
+                totals = [v for pair in wide_pair_dots(builder, kind, pairs, *activation) for v in pair]
             else:
                 totals = kblock_pair_dots(builder, simd, kind, rows, *activation)
             for i, value in enumerate(totals):
@@ -71,6 +77,7 @@ _q4k = {s: _pair_intrinsic(KIND_Q4_K, s) for s in ("generic", "avx2", "vnni", "w
 _q6k = {s: _pair_intrinsic(KIND_Q6_K, s) for s in ("generic", "avx2", "vnni", "wide")}
 _generic_q4k, _avx2_q4k, _vnni_q4k, _wide_q4k = (_q4k[s] for s in ("generic", "avx2", "vnni", "wide"))
 _generic_q6k, _avx2_q6k, _vnni_q6k, _wide_q6k = (_q6k[s] for s in ("generic", "avx2", "vnni", "wide"))
+_quad_q4k, _quad_q6k = _pair_intrinsic(KIND_Q4_K, "wide", 2), _pair_intrinsic(KIND_Q6_K, "wide", 2)
 
 
 @numba.njit(cache=True)
@@ -121,6 +128,18 @@ def wide_dot_pair_q6k(q, q0, q1, ints, int_scales, sums, n_super, out):
     _wide_q6k(q, q0, q1, ints, int_scales, sums, n_super, out)
 
 
+@numba.njit(cache=True)
+def wide_dot_quad_q4k(q, q0, q1, ints, int_scales, sums, n_super, out):
+    """out[0:4] = the Q4_K rows at q0 + i * (q1 - q0), two 512-bit pairs (where quint_ir.fits)."""
+    _quad_q4k(q, q0, q1, ints, int_scales, sums, n_super, out)
+
+
+@numba.njit(cache=True)
+def wide_dot_quad_q6k(q, q0, q1, ints, int_scales, sums, n_super, out):
+    """out[0:4] = the Q6_K rows at q0 + i * (q1 - q0), two 512-bit pairs (where quint_ir.fits)."""
+    _quad_q6k(q, q0, q1, ints, int_scales, sums, n_super, out)
+
+
 # Each selection's (dot_pair_q4k, dot_pair_q6k)(q, q0, q1, ints, int_scales, sums, n_super,
 # out): the super-blocks of two weight rows at byte offsets q0 and q1 of ``q`` (int8), one
 # activation row's codes, code scales and group sums (per 32 for Q4_K, per 16 for Q6_K) ->
@@ -133,6 +152,40 @@ SELECTED = {
     "generic": (generic_dot_pair_q4k, generic_dot_pair_q6k),
 }
 dot_pair_q4k, dot_pair_q6k = SELECTED[HOST_SIMD]
+
+
+@numba.njit(cache=True)
+def _quad_of_pairs(q, q0, q1, ints, int_scales, sums, n_super, out, q4k):
+    """Four rows q1 - q0 apart as two calls of the selection's pair (no 512-bit quad here)."""
+    step = q1 - q0
+    for p in range(2):
+        a = q0 + 2 * p * step
+        if q4k:
+            dot_pair_q4k(q, a, a + step, ints, int_scales, sums, n_super, out[2 * p : 2 * p + 2])
+        else:
+            dot_pair_q6k(q, a, a + step, ints, int_scales, sums, n_super, out[2 * p : 2 * p + 2])
+
+
+@numba.njit(cache=True)
+def pairs_dot_quad_q4k(q, q0, q1, ints, int_scales, sums, n_super, out):
+    """dot_quad_q4k as two pairs (selections without the 512-bit quad)."""
+    _quad_of_pairs(q, q0, q1, ints, int_scales, sums, n_super, out, True)
+
+
+@numba.njit(cache=True)
+def pairs_dot_quad_q6k(q, q0, q1, ints, int_scales, sums, n_super, out):
+    """dot_quad_q6k as two pairs (selections without the 512-bit quad)."""
+    _quad_of_pairs(q, q0, q1, ints, int_scales, sums, n_super, out, False)
+
+
+# dot_quad_q4k / dot_quad_q6k(q, q0, q1, ints, int_scales, sums, n_super, out): out[0:4] = the
+# rows at q0 + i * (q1 - q0): two 512-bit pairs in flight where the host runs them (each pair's
+# FMA chain waits on its own last; two chains keep the FMA units busier), else two pairs.
+# Only the host's variant is referenced, so no other CPU compiles AVX-512 code.
+if HOST_SIMD == "vnni" and WIDE:
+    dot_quad_q4k, dot_quad_q6k = wide_dot_quad_q4k, wide_dot_quad_q6k
+else:
+    dot_quad_q4k, dot_quad_q6k = pairs_dot_quad_q4k, pairs_dot_quad_q6k
 
 
 def super_row_bytes(qtype: GGMLType, cols: int) -> int:

@@ -88,34 +88,46 @@ def _twice(builder, a_ptr):
     return _joined(builder, a, a)
 
 
-def _q4k_super(builder, block_a, block_b, a0, d0, sums0, sb, acc, chain):
-    """One super-block of a Q4_K row pair: 8 groups into acc (16 lanes) and the chains (2)."""
+def _q4k_factors(builder, block_a, block_b, code_scales):
+    """A Q4_K pair's factors fl(fl(d * sc) * code scale) and mins -fl(dmin * m): <16 x float>
+    each, A's 8 then B's."""
     small = [_q4k_small(builder, block) for block in (block_a, block_b)]  # [(scales, mins) (8,) i8]
     floats = ir.VectorType(FLOAT, WIDE)
     scales = builder.uitofp(_joined(builder, small[0][0], small[1][0]), floats)
     mins = builder.uitofp(_joined(builder, small[0][1], small[1][1]), floats)
     scales = builder.fmul(_half_pair(builder, block_a, block_b, 0), scales, flags=EXACT)
     mins = builder.fneg(builder.fmul(_half_pair(builder, block_a, block_b, 2), mins, flags=EXACT))
+    return builder.fmul(scales, _joined(builder, code_scales, code_scales), flags=EXACT), mins
+
+
+def _q4k_super(builder, pairs, a0, d0, sums0, sb, accs, chains):
+    """One super-block of Q4_K row pairs: 8 groups into each pair's acc (16 lanes) and chains."""
     first = builder.mul(sb, ir.Constant(I64, 8))
     code_scales = builder.load(
         builder.bitcast(builder.gep(d0, [first]), ir.VectorType(FLOAT, 8).as_pointer()), align=4
     )
-    factors = builder.fmul(scales, _joined(builder, code_scales, code_scales), flags=EXACT)
+    per_pair = [_q4k_factors(builder, a, b, code_scales) for a, b in pairs]
     words, zero = ir.VectorType(I32, WIDE), ir.Constant(ir.VectorType(I32, WIDE), None)
     for j in range(8):
         g = builder.add(first, ir.Constant(I64, j))
-        chunk = [_bytes(builder, block, Q4K_QS + 32 * (j // 2), 32) for block in (block_a, block_b)]
-        packed = _joined(builder, *chunk)
-        nibbles = builder.lshr(packed, ir.Constant(packed.type, [4] * 64)) if j % 2 else packed
-        codes = builder.and_(nibbles, ir.Constant(packed.type, [15] * 64))
-        aa = _twice(builder, builder.gep(a0, [builder.mul(g, ir.Constant(I64, 32))]))
-        args = [zero, builder.bitcast(codes, words), builder.bitcast(aa, words)]
-        lanes = _call(builder, "llvm.x86.avx512.vpdpbusd.512", words, args)
-        _step(builder, lanes, _group_factor(builder, factors, j, 8), acc)
-        pair_mins = builder.shuffle_vector(mins, mins, _order([j, 8 + j]))
+        aa = builder.bitcast(_twice(builder, builder.gep(a0, [builder.mul(g, ir.Constant(I64, 32))])), words)
         group_sum = _splat(builder, builder.load(builder.gep(sums0, [g])), 2)
-        step = _call(builder, "llvm.fma.v2f32", pair_mins.type, [pair_mins, group_sum, builder.load(chain)])
-        builder.store(step, chain)
+        for (block_a, block_b), (factors, mins), acc, chain in zip(
+            pairs, per_pair, accs, chains, strict=True
+        ):
+            chunk = [_bytes(builder, block, Q4K_QS + 32 * (j // 2), 32) for block in (block_a, block_b)]
+            packed = _joined(builder, *chunk)
+            nibbles = builder.lshr(packed, ir.Constant(packed.type, [4] * 64)) if j % 2 else packed
+            codes = builder.and_(nibbles, ir.Constant(packed.type, [15] * 64))
+            lanes = _call(
+                builder, "llvm.x86.avx512.vpdpbusd.512", words, [zero, builder.bitcast(codes, words), aa]
+            )
+            _step(builder, lanes, _group_factor(builder, factors, j, 8), acc)
+            pair_mins = builder.shuffle_vector(mins, mins, _order([j, 8 + j]))
+            step = _call(
+                builder, "llvm.fma.v2f32", pair_mins.type, [pair_mins, group_sum, builder.load(chain)]
+            )
+            builder.store(step, chain)
 
 
 def _q6k_run(builder, block_a, block_b, h: int, k: int):
@@ -134,64 +146,68 @@ def _q6k_run(builder, block_a, block_b, h: int, k: int):
     return builder.or_(low, builder.and_(high, ir.Constant(bytes64, [0x30] * 64)))
 
 
-def _q6k_super(builder, block_a, block_b, a0, d0, sb, acc):
-    """One super-block of a Q6_K row pair: 16 groups of 16 into acc (16 lanes)."""
-    floats = ir.VectorType(FLOAT, 32)
+def _q6k_factors(builder, block_a, block_b, code_scales):
+    """A Q6_K pair's factors fl(fl(d * sc) * code scale): <32 x float>, A's 16 then B's."""
     small = _joined(builder, *(_bytes(builder, b, Q6K_SCALES, 16) for b in (block_a, block_b)))
-    halves = [_half_pair(builder, block_a, block_b, Q6K_D)]
-    d = builder.shuffle_vector(halves[0], halves[0], _order([0] * 16 + [8] * 16))
-    scales = builder.fmul(d, builder.sitofp(small, floats), flags=EXACT)  # (32,): A's 16, B's 16
+    halves = _half_pair(builder, block_a, block_b, Q6K_D)
+    d = builder.shuffle_vector(halves, halves, _order([0] * 16 + [8] * 16))
+    scales = builder.fmul(d, builder.sitofp(small, ir.VectorType(FLOAT, 32)), flags=EXACT)
+    return builder.fmul(scales, _joined(builder, code_scales, code_scales), flags=EXACT)
+
+
+def _q6k_super(builder, pairs, a0, d0, sb, accs):
+    """One super-block of Q6_K row pairs: 16 groups of 16 into each pair's acc (16 lanes)."""
     first = builder.mul(sb, ir.Constant(I64, 16))
     code_scales = builder.load(
         builder.bitcast(builder.gep(d0, [first]), ir.VectorType(FLOAT, 16).as_pointer()), align=4
     )
-    factors = builder.fmul(scales, _joined(builder, code_scales, code_scales), flags=EXACT)
+    per_pair = [_q6k_factors(builder, a, b, code_scales) for a, b in pairs]
     shorts = ir.VectorType(I16, 32)
     thirty_twos = ir.Constant(ir.VectorType(I8, 64), [32] * 64)
     for h in range(2):
         for k in range(4):
-            codes = _q6k_run(builder, block_a, block_b, h, k)
             run = 8 * h + 2 * k  # the run's first group in the super-block
-            aa = _twice(
-                builder,
-                builder.gep(
-                    a0, [builder.mul(builder.add(first, ir.Constant(I64, run)), ir.Constant(I64, 16))]
-                ),
-            )
-            products = _call(builder, "llvm.x86.avx512.pmaddubs.w.512", shorts, [codes, aa])
+            at = builder.mul(builder.add(first, ir.Constant(I64, run)), ir.Constant(I64, 16))
+            aa = _twice(builder, builder.gep(a0, [at]))
             offsets = _call(builder, "llvm.x86.avx512.pmaddubs.w.512", shorts, [thirty_twos, aa])
-            pairs = builder.sub(products, offsets)  # (32,) i16: A's two groups, B's two groups
-            for half in range(2):
-                picked = builder.shuffle_vector(
-                    pairs,
-                    pairs,
-                    _order([8 * half + i for i in range(8)] + [16 + 8 * half + i for i in range(8)]),
-                )
-                lanes = builder.sext(picked, ir.VectorType(I32, WIDE))
-                _step(builder, lanes, _group_factor(builder, factors, run + half, 16), acc)
+            for (block_a, block_b), factors, acc in zip(pairs, per_pair, accs, strict=True):
+                codes = _q6k_run(builder, block_a, block_b, h, k)
+                products = _call(builder, "llvm.x86.avx512.pmaddubs.w.512", shorts, [codes, aa])
+                pairs16 = builder.sub(products, offsets)  # (32,) i16: A's two groups, B's two
+                for half in range(2):
+                    order = [8 * half + i for i in range(8)] + [16 + 8 * half + i for i in range(8)]
+                    picked = builder.shuffle_vector(pairs16, pairs16, _order(order))
+                    lanes = builder.sext(picked, ir.VectorType(I32, WIDE))
+                    _step(builder, lanes, _group_factor(builder, factors, run + half, 16), acc)
 
 
-def wide_pair_dots(builder, kind: str, block_a, block_b, a0, d0, sums0, n_super):
-    """[row A's product, row B's] of ``kind`` super-blocks at i8 pointers block_a, block_b
-    with one activation row (codes ``a0``, code scales ``d0``, group sums ``sums0``)."""
+def wide_pair_dots(builder, kind: str, pairs, a0, d0, sums0, n_super):
+    """[[row A's product, row B's] for each (block_a, block_b) i8 pointers of ``pairs``] over
+    ``kind`` super-blocks with one activation row (codes ``a0``, code scales ``d0``, group sums
+    ``sums0``). Several pairs share the activation's work; their sums are independent chains
+    (each pair's FMAs wait on its own last: two pairs keep twice the FMAs in flight)."""
     floats = ir.VectorType(FLOAT, WIDE)
-    acc = cgutils.alloca_once_value(builder, ir.Constant(floats, None))
-    chain = cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(FLOAT, 2), None))
+    accs = [cgutils.alloca_once_value(builder, ir.Constant(floats, None)) for _ in pairs]
+    chains = [cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(FLOAT, 2), None)) for _ in pairs]
     block_bytes = Q4K_BLOCK if kind == KIND_Q4_K else Q6K_BLOCK
     with cgutils.for_range(builder, n_super) as loop:
         sb = loop.index
         at = builder.mul(sb, ir.Constant(sb.type, block_bytes))
-        first, second = builder.gep(block_a, [at]), builder.gep(block_b, [at])
+        blocks = [(builder.gep(a, [at]), builder.gep(b, [at])) for a, b in pairs]
         if kind == KIND_Q4_K:
-            _q4k_super(builder, first, second, a0, d0, sums0, sb, acc, chain)
+            _q4k_super(builder, blocks, a0, d0, sums0, sb, accs, chains)
         else:
-            _q6k_super(builder, first, second, a0, d0, sb, acc)
-    total, chains = builder.load(acc), builder.load(chain)
-    sums = []
-    for row in range(2):
-        half = builder.shuffle_vector(total, total, _order(list(range(8 * row, 8 * row + 8))))
-        value = lane_sum(builder, half)
-        if kind == KIND_Q4_K:
-            value = builder.fadd(value, builder.extract_element(chains, ir.Constant(I32, row)), flags=EXACT)
-        sums.append(value)
-    return sums
+            _q6k_super(builder, blocks, a0, d0, sb, accs)
+    results = []
+    for acc, chain in zip(accs, chains, strict=True):
+        total, pair_chain = builder.load(acc), builder.load(chain)
+        sums = []
+        for row in range(2):
+            half = builder.shuffle_vector(total, total, _order(list(range(8 * row, 8 * row + 8))))
+            value = lane_sum(builder, half)
+            if kind == KIND_Q4_K:
+                extra = builder.extract_element(pair_chain, ir.Constant(I32, row))
+                value = builder.fadd(value, extra, flags=EXACT)
+            sums.append(value)
+        results.append(sums)
+    return results

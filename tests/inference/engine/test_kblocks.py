@@ -84,6 +84,13 @@ def test_q4_k_blocks_give_the_nibble_kernels_bits(simd):
         )  # fmt: skip
         _kernels(simd)[0](flat, r * rb, (r + 1) * rb, ints, int_scales, sums, COLS // 256, out)
         np.testing.assert_array_equal(out, expected)
+        if simd == "wide" and r + 4 <= rows:  # the quad: this pair and the next
+            quad, after = np.full(4, np.nan, np.float32), np.zeros(2, np.float32)
+            kblocks.wide_dot_quad_q4k(flat, r * rb, (r + 1) * rb, ints, int_scales, sums, COLS // 256, quad)
+            kblocks.wide_dot_pair_q4k(
+                flat, (r + 2) * rb, (r + 3) * rb, ints, int_scales, sums, COLS // 256, after
+            )
+            np.testing.assert_array_equal(quad, np.concatenate([expected, after]))
         for i in range(2):
             exact = kblocks.dot_row_reference(GGMLType.Q4_K, data[r + i], ints, int_scales, sums)
             bound = (
@@ -111,6 +118,13 @@ def test_q6_k_blocks_give_the_int8_kernels_bits(simd):
         )  # fmt: skip
         _kernels(simd)[1](flat, r * rb, (r + 1) * rb, ints, int_scales, sums, COLS // 256, out)
         np.testing.assert_array_equal(out, expected)
+        if simd == "wide" and r + 4 <= rows:  # the quad: this pair and the next
+            quad, after = np.full(4, np.nan, np.float32), np.zeros(2, np.float32)
+            kblocks.wide_dot_quad_q6k(flat, r * rb, (r + 1) * rb, ints, int_scales, sums, COLS // 256, quad)
+            kblocks.wide_dot_pair_q6k(
+                flat, (r + 2) * rb, (r + 3) * rb, ints, int_scales, sums, COLS // 256, after
+            )
+            np.testing.assert_array_equal(quad, np.concatenate([expected, after]))
         for i in range(2):
             exact = kblocks.dot_row_reference(GGMLType.Q6_K, data[r + i], ints, int_scales, sums)
             bound = np.abs(scales[r + i] * int_scales).sum() * 16 * 32 * 127
