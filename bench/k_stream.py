@@ -93,13 +93,15 @@ def stream_blocks(q, ints, int_scales, sums, rows, cols, row_bytes, q4k, out, pa
 
 
 @numba.njit(parallel=True, cache=True)
-def stream_quads(q, ints, int_scales, sums, rows, cols, row_bytes, q4k, out, passes):
+def stream_quads(
+    q, ints, int_scales, sums, rows, cols, row_bytes, q4k, out, passes, far=BLOCKS_PREFETCH_BYTES
+):
     """stream_blocks four rows a call (two 512-bit pairs sharing the activation's work)."""
     n_threads = numba.get_num_threads()
     for t in numba.prange(n_threads):
         r0, r1 = rows * t // n_threads // 4 * 4, rows * (t + 1) // n_threads // 4 * 4
         block = np.empty(4, np.float32)
-        ahead = max(1, BLOCKS_PREFETCH_BYTES // row_bytes) * row_bytes
+        ahead = max(1, far // row_bytes) * row_bytes
         for i in range(0, (r1 - r0) * passes, 4):
             r = r0 + i % (r1 - r0)
             start = r * row_bytes
@@ -149,6 +151,15 @@ def _runs(qtype: GGMLType, args, rng) -> dict:
             out_c,
         )
     }
+    for far in args.far:
+        out_far = np.empty(rows, np.float32)
+        quads[f"{name} quads pf{far}"] = (
+            lambda far=far, out_far=out_far: stream_quads(
+                flat_blocks, ints, int_scales, sums, rows, cols, rb, q4k, out_far, args.passes, far
+            ),
+            data.nbytes,
+            out_far,
+        )
     return {
         f"{name} layout": (
             lambda: stream_layout(
@@ -175,6 +186,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--passes", type=int, default=1)
     parser.add_argument("--formats", nargs="*", default=["q6_k", "q4_k"])
+    parser.add_argument("--far", type=int, nargs="*", default=[], help="also: quads prefetching this far")
     args = parser.parse_args()
     numba.set_num_threads(args.threads)
     rng = np.random.default_rng(0)

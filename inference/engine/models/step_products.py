@@ -100,10 +100,13 @@ def dot_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_bl
     own_bytes = cols if nib < 0 else cols >> 1
     row_bytes = block_row_bytes(kind, cols) if quint else own_bytes
     q_first = block_offset(lin[QUINT]) if quint else lin[Q_OFF]
-    ahead = max(1, (QUINT_PREFETCH_BYTES if quint else PREFETCH_BYTES) // row_bytes) * row_bytes
+    step = 4 if kind == BLOCK_Q4_K or kind == BLOCK_Q6_K else 2  # rows a unit
+    ahead = max(1, (QUINT_PREFETCH_BYTES if quint else PREFETCH_BYTES) // row_bytes)
+    if step == 4:  # quads: two units ahead (bench/k_stream.py --far: 12 KB was within a unit)
+        ahead = max(ahead, 2 * step)
+    ahead *= row_bytes
     end = q_first + lin[ROWS] * row_bytes
     has_bias, b_first = lin[B_OFF] >= 0, lin[B_OFF]
-    step = 4 if kind == BLOCK_Q4_K or kind == BLOCK_Q6_K else 2  # rows a unit
     n_units = (r1 - r0 + step - 1) // step
     for p in range(n_units):
         r = r0 + step * (n_units - 1 - p if backward else p)
