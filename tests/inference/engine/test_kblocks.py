@@ -87,6 +87,9 @@ def test_q4_k_blocks_give_the_nibble_kernels_bits(simd):
         if simd == "wide" and r + 4 <= rows:  # the quad: this pair and the next
             quad, after = np.full(4, np.nan, np.float32), np.zeros(2, np.float32)
             kblocks.wide_dot_quad_q4k(flat, r * rb, (r + 1) * rb, ints, int_scales, sums, COLS // 256, quad)
+            pairs = np.full(4, np.nan, np.float32)  # the quad of selections without it: two pairs
+            kblocks.pairs_dot_quad_q4k(flat, r * rb, (r + 1) * rb, ints, int_scales, sums, COLS // 256, pairs)
+            np.testing.assert_array_equal(pairs, quad)
             kblocks.wide_dot_pair_q4k(
                 flat, (r + 2) * rb, (r + 3) * rb, ints, int_scales, sums, COLS // 256, after
             )
@@ -121,6 +124,9 @@ def test_q6_k_blocks_give_the_int8_kernels_bits(simd):
         if simd == "wide" and r + 4 <= rows:  # the quad: this pair and the next
             quad, after = np.full(4, np.nan, np.float32), np.zeros(2, np.float32)
             kblocks.wide_dot_quad_q6k(flat, r * rb, (r + 1) * rb, ints, int_scales, sums, COLS // 256, quad)
+            pairs = np.full(4, np.nan, np.float32)  # the quad of selections without it: two pairs
+            kblocks.pairs_dot_quad_q6k(flat, r * rb, (r + 1) * rb, ints, int_scales, sums, COLS // 256, pairs)
+            np.testing.assert_array_equal(pairs, quad)
             kblocks.wide_dot_pair_q6k(
                 flat, (r + 2) * rb, (r + 3) * rb, ints, int_scales, sums, COLS // 256, after
             )
