@@ -20,13 +20,16 @@ from .. import stage_calls
 from ..kv_cache import KVCache
 from ..quants.blocks import (
     BLOCK_Q4_1,
+    BLOCK_Q4_K,
     BLOCK_Q5_0,
+    BLOCK_Q6_K,
     BLOCK_Q8_0,
     block_row_bytes,
     encode,
     pack_q80,
     q80_packable,
 )
+from ..quants.formats import GGMLType
 from ..quants.layout import GroupLayout
 from ..quants.matrix import FloatMatrix, GroupedMatrix, QuantMatrix
 from ..quants.nibbles import pack_nibbles, packable_offset
@@ -41,6 +44,8 @@ from .rowops import gelu_table
 row_bytes = block_row_bytes.py_func
 
 SUPPORTED_GROUP_SIZES = (16, 32)  # every block format's
+# The blocks of the formats whose file bytes a GroupedMatrix keeps (matrix.FILE_BLOCK_TYPES).
+FILE_BLOCK_KINDS = {GGMLType.Q4_K: BLOCK_Q4_K, GGMLType.Q6_K: BLOCK_Q6_K}
 
 
 @dataclass(frozen=True)
@@ -63,8 +68,9 @@ class _Arena:
     those matrices keep their int8 copy for their own products (the numpy path, tests).
     Five-bit codes (Q5_0) go in twice where DECODE_BLOCKS: int8 codes for the tiles of several
     rows, and the file's blocks after all codes for one row's products (quants/quint.py); so
-    do Q4_1's nibbles with their scales and mins (quants/q41.py) and Q8_0's int8 codes with
-    f16-exact scales (quants/blocks.py)."""
+    do Q4_1's nibbles with their scales and mins (quants/q41.py), Q8_0's int8 codes with
+    f16-exact scales (quants/blocks.py), and Q4_K and Q6_K as the file's super-blocks, copied
+    from the file (quants/kblocks.py)."""
 
     def __init__(self, matrices: list[QuantMatrix]):
         unique = list({id(m): m for m in matrices}.values())
@@ -125,6 +131,8 @@ class _Arena:
         lay, nib = m.layout, self.nibble_offsets[id(m)]
         if not DECODE_BLOCKS:
             return None
+        if m.file_blocks is not None:
+            return FILE_BLOCK_KINDS[m.qtype]
         if lay.mins is not None:
             ok = nib == 0 and q41_packable(lay.q, lay.scales, lay.mins, lay.group_size)
             return BLOCK_Q4_1 if ok else None
@@ -139,6 +147,12 @@ class _Arena:
         for m in self.quint:
             kind, first = self.block_kinds[id(m)], at
             self.rows[id(m)][sk.QUINT] = encode(at, kind)
+            if m.file_blocks is not None:  # the file's bytes as they are
+                for part in m.file_blocks:
+                    self.q[at : at + part.size] = part.view(np.int8).ravel()
+                    at += part.size
+                assert at == first + m.rows * row_bytes(kind, m.cols)
+                continue
             lay = m.layout
             slab = max(1, (1 << 20) // m.cols)  # rows packed at a time: ~1M weights
             for r in range(0, m.rows, slab):

@@ -19,14 +19,18 @@ import numpy as np
 from ..intrinsics import prefetch
 from ..quants.blocks import (
     BLOCK_Q4_1,
+    BLOCK_Q4_K,
     BLOCK_Q5_0,
+    BLOCK_Q6_K,
     BLOCK_Q8_0,
     block_kind,
     block_offset,
     block_row_bytes,
     dot_pair_q80,
+    dot_quad_q80,
 )
 from ..quants.intdot import ROW_BLOCK, dot_pair_int, dot_row_int, min_sum
+from ..quants.kblocks import dot_pair_q4k, dot_pair_q6k, dot_quad_q4k, dot_quad_q6k
 from ..quants.nibbles import dot_pair_nib, dot_row_nib
 from ..quants.pair_mins import dot_pair_min
 from ..quants.q41 import dot_pair_q41
@@ -60,73 +64,99 @@ ONE_MATRIX, TWO_MATRICES = np.int64(1), np.int64(2)
 
 
 @numba.njit(cache=True)
+def _lone_row(weights, lin, rounded, k, r, kind):
+    """Row r's product with one activation row, its min term included, as dot_one_row takes a
+    row without a partner: Q5_0 from its blocks, every other format from the arena's codes."""
+    q, scales, mins = weights.q, weights.scales, weights.mins
+    cols, shift, nib = lin[COLS], lin[SHIFT], lin[NIB]
+    groups = cols >> shift
+    codes, code_scales, group_sums = rounded.ints[k, 0], rounded.int_scales[k, 0], rounded.sums[k, 0]
+    s_start, own_start = lin[S_OFF] + r * groups, lin[Q_OFF] + r * (cols if nib < 0 else cols >> 1)
+    if kind == BLOCK_Q5_0:
+        row_start = block_offset(lin[QUINT]) + r * block_row_bytes(kind, cols)
+        value = dot_row_quint(q, row_start, codes, scales, s_start, code_scales, groups)
+    elif nib >= 0:
+        value = dot_row_nib(q, own_start, codes, scales, s_start, code_scales, groups, nib)
+    else:
+        value = dot_row_int(q, own_start, codes, scales, s_start, code_scales, groups, shift)
+    if lin[M_OFF] >= 0:
+        value += min_sum(mins, lin[M_OFF] + r * groups, group_sums, groups)
+    return value
+
+
+@numba.njit(cache=True)
 def dot_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_block, out_at, backward):
-    """One activation row: weight rows two at a time (two independent sums in flight); row r's
-    product goes to out[0, out_at + r - r0]. ``backward``: the same pairs, last pair first
-    (the thread that takes a stage's items from the back streams downward)."""
+    """One activation row: weight rows two at a time (two independent sums in flight), four
+    for K-quant and Q8_0 blocks (two pairs of rows, kblocks.dot_quad_*, blocks.dot_quad_q80); row r's product goes to
+    out[0, out_at + r - r0]. ``backward``: the same units, last first (the thread that takes
+    a stage's items from the back streams downward). ``min_block`` is unused (kept for
+    stage_calls' signature)."""
     q, scales, mins = weights.q, weights.scales, weights.mins
     cols, shift = lin[COLS], lin[SHIFT]
     groups = cols >> shift
     codes, code_scales, group_sums = rounded.ints[k, 0], rounded.int_scales[k, 0], rounded.sums[k, 0]
     nib, quint, has_mins = lin[NIB], lin[QUINT] >= 0, lin[M_OFF] >= 0
-    # The file's blocks (quants/blocks.py: Q5_0, Q4_1 or Q8_0) or the arena's codes.
+    # The file's blocks (quants/blocks.py: Q5_0, Q4_1, Q8_0, Q4_K or Q6_K) or the arena's codes.
     kind = block_kind(lin[QUINT]) if quint else -1
     own_bytes = cols if nib < 0 else cols >> 1
     row_bytes = block_row_bytes(kind, cols) if quint else own_bytes
     q_first = block_offset(lin[QUINT]) if quint else lin[Q_OFF]
-    ahead = max(1, (QUINT_PREFETCH_BYTES if quint else PREFETCH_BYTES) // row_bytes) * row_bytes
+    step = 4 if kind == BLOCK_Q4_K or kind == BLOCK_Q6_K or kind == BLOCK_Q8_0 else 2  # rows a unit
+    ahead = max(1, (QUINT_PREFETCH_BYTES if quint else PREFETCH_BYTES) // row_bytes)
+    if step == 4:  # quads: two units ahead (bench/k_stream.py --far: 12 KB was within a unit)
+        ahead = max(ahead, 2 * step)
+    ahead *= row_bytes
     end = q_first + lin[ROWS] * row_bytes
     has_bias, b_first = lin[B_OFF] >= 0, lin[B_OFF]
-    n_pairs = (r1 - r0 + 1) // 2
-    for p in range(n_pairs):
-        r = r0 + 2 * (n_pairs - 1 - p if backward else p)
-        pair = r + 1 < r1
+    n_units = (r1 - r0 + step - 1) // step
+    for p in range(n_units):
+        r = r0 + step * (n_units - 1 - p if backward else p)
+        n = min(step, r1 - r)  # the unit's rows: a pair (its last alone when odd) or a quad
+        pair = n >= 2
         row_start, s_start = q_first + r * row_bytes, lin[S_OFF] + r * groups
         m_start = lin[M_OFF] + r * groups
         # Prefetch ~3 KB ahead: the hardware prefetcher alone left single-thread reads of short
         # rows at ~12 GB/s, against ~15 with this (measured on 576-4864 column rows).
         # Downward: the rows ``ahead`` below (a matrix's stream in either direction).
         base = row_start - ahead if backward else row_start + ahead
-        for i in range(max(base, q_first), min(base + 2 * row_bytes, end), 64):
+        for i in range(max(base, q_first), min(base + step * row_bytes, end), 64):
             prefetch(q, i)
-        own_start = lin[Q_OFF] + r * own_bytes  # the row in the arena's codes
-        if pair and kind == BLOCK_Q8_0:
-            dot_pair_q80(q, row_start, row_start + row_bytes, codes, scales, code_scales, groups, block)
+        after = row_start + row_bytes
+        if n == 4 and kind == BLOCK_Q4_K:  # super-blocks of 256, mins inside: two pairs a call
+            dot_quad_q4k(q, row_start, after, codes, code_scales, group_sums, cols >> 8, block)
+        elif n == 4 and kind == BLOCK_Q8_0:  # the output heads: two pairs sharing the activation
+            dot_quad_q80(q, row_start, after, codes, scales, code_scales, groups, block)
+        elif n == 4:
+            dot_quad_q6k(q, row_start, after, codes, code_scales, group_sums, cols >> 8, block)
+        elif pair and kind == BLOCK_Q4_K:
+            dot_pair_q4k(q, row_start, after, codes, code_scales, group_sums, cols >> 8, block)
+        elif pair and kind == BLOCK_Q6_K:
+            dot_pair_q6k(q, row_start, after, codes, code_scales, group_sums, cols >> 8, block)
+        elif pair and kind == BLOCK_Q8_0:
+            dot_pair_q80(q, row_start, after, codes, scales, code_scales, groups, block)
         elif pair and kind == BLOCK_Q4_1:  # scales and mins in the one stream
-            dot_pair_q41(
-                q, row_start, row_start + row_bytes, codes, scales, code_scales, mins, group_sums, groups,
-                block,
-            )  # fmt: skip
+            dot_pair_q41(q, row_start, after, codes, scales, code_scales, mins, group_sums, groups, block)
         elif pair and has_mins:  # the min terms folded into the dot product's loop: same bits
             dot_pair_min(
-                q, row_start, row_start + row_bytes, codes, scales, s_start, s_start + groups, code_scales,
+                q, row_start, after, codes, scales, s_start, s_start + groups, code_scales,
                 mins, m_start, m_start + groups, group_sums, groups, shift, nib, block,
             )  # fmt: skip
         elif pair and kind == BLOCK_Q5_0:  # Q5_0 as the file packs it: the fewest bytes
-            after = row_start + row_bytes
             dot_pair_quint(q, row_start, after, codes, scales, s_start, s_start, code_scales, groups, block)
         elif pair and nib >= 0:
             dot_pair_nib(
-                q, row_start, row_start + row_bytes, codes, scales, s_start, s_start + groups, code_scales,
-                groups, nib, block,
+                q, row_start, after, codes, scales, s_start, s_start + groups, code_scales, groups, nib,
+                block,
             )  # fmt: skip
         elif pair:
             dot_pair_int(
                 q, row_start, row_start + cols, codes, scales, s_start, s_start + groups, code_scales,
                 groups, shift, block,
             )  # fmt: skip
-        elif kind == BLOCK_Q5_0:
-            block[0] = dot_row_quint(q, row_start, codes, scales, s_start, code_scales, groups)
-        elif nib >= 0:  # (a lone Q4_1 or Q8_0 row reads the arena: no one-row block kernel)
-            block[0] = dot_row_nib(q, own_start, codes, scales, s_start, code_scales, groups, nib)
-        else:
-            block[0] = dot_row_int(q, own_start, codes, scales, s_start, code_scales, groups, shift)
-        if has_mins and not pair:
-            min_block[0] = min_sum(mins, m_start, group_sums, groups)
-        for i in range(2 if pair else 1):
+        if n % 2 == 1:  # (a lone row of Q4_1, Q8_0 or K-quant blocks reads the arena's codes)
+            block[n - 1] = _lone_row(weights, lin, rounded, k, r + n - 1, kind)
+        for i in range(n):
             acc = block[i]
-            if has_mins and not pair:
-                acc += min_block[i]
             if has_bias:
                 acc += weights.bias[b_first + r + i]
             if accumulate:

@@ -19,6 +19,8 @@ from .quantize import ACTIVATION_KIND
 
 FLOAT_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 SUPPORTED_TYPES = frozenset(FLOAT_TYPES | FORMATS.keys())
+# Formats whose file bytes a GroupedMatrix keeps a reference to (kblocks.py reads them).
+FILE_BLOCK_TYPES = frozenset({GGMLType.Q4_K, GGMLType.Q6_K})
 
 
 class QuantMatrix(ABC):
@@ -53,10 +55,15 @@ class GroupedMatrix(QuantMatrix):
     """A block-quantized matrix repacked to int8 values + float32 group scales (and mins).
 
     Products first round the activations as ggml does for this format (activations.py), so
-    results agree with llama.cpp's to float noise."""
+    results agree with llama.cpp's to float noise. ``file_blocks``: for the K-quants a decode
+    step reads as the file packs them (quants/kblocks.py), the file's bytes (rows, row bytes)
+    uint8 the layout was built from, in row order (several parts once stacked), left in the
+    mapped file until the fused step copies them."""
 
-    def __init__(self, qtype: GGMLType, layout: GroupLayout):
-        self.qtype, self.layout = qtype, layout
+    def __init__(
+        self, qtype: GGMLType, layout: GroupLayout, file_blocks: tuple[np.ndarray, ...] | None = None
+    ):
+        self.qtype, self.layout, self.file_blocks = qtype, layout, file_blocks
         self.rows, self.cols = layout.q.shape
         self.nbytes = layout.nbytes
         self.activation_kind = ACTIVATION_KIND[qtype]
@@ -83,7 +90,9 @@ class GroupedMatrix(QuantMatrix):
         mins = None if layouts[0].mins is None else np.concatenate([lay.mins for lay in layouts])
         q = np.concatenate([lay.q for lay in layouts])  # (sum rows, cols)
         scales = np.concatenate([lay.scales for lay in layouts])  # (sum rows, groups)
-        return cls(matrices[0].qtype, GroupLayout(q, scales, mins, layouts[0].group_size))
+        parts = [m.file_blocks for m in matrices]
+        file_blocks = None if any(p is None for p in parts) else tuple(b for p in parts for b in p)
+        return cls(matrices[0].qtype, GroupLayout(q, scales, mins, layouts[0].group_size), file_blocks)
 
     def take_rows(self, ids):
         return dequantize_rows(self.layout, ids)
@@ -149,7 +158,8 @@ def load_matrix(
         raise GGUFError(
             f"{label}: {qtype.name} data should be uint8 {expected}, got {data.dtype} {data.shape}"
         )
-    return GroupedMatrix(qtype, repack(fmt, data, cols))
+    file_blocks = (data,) if qtype in FILE_BLOCK_TYPES else None
+    return GroupedMatrix(qtype, repack(fmt, data, cols), file_blocks)
 
 
 _FLOAT_FILE_DTYPES = {

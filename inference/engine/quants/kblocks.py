@@ -1,0 +1,208 @@
+"""Integer group dot products over Q4_K and Q6_K weights read as the file packs them.
+
+A decode step reads every weight once per token and is bound by memory bandwidth. The int8
+layout keeps a Q6_K matrix as int8 codes and a float32 scale per 16 weights (1.25 bytes a
+weight) and a Q4_K matrix as nibbles with a float32 scale and min per 32 (0.75); the file
+spends 0.82 and 0.5625. Qwen2.5-Coder-0.5B keeps its ffn_down matrices in these two formats
+(72 MB of file bytes, ~104 MB as the int8 layout). A decode step keeps the file's super-blocks
+byte for byte (fused.py, a second copy beside the codes the several-row tiles read: the
+bytes are copied from the file, ``GroupedMatrix.file_blocks``) and the vector kernel
+(kblocks_ir.py) unpacks them in registers: the same integer lanes, the same float32 scales
+and mins, the same order of float operations, so every product has the bits of the int8 /
+nibble copy's.
+
+The kernels of every instruction selection are defined (tests compare them); only those of
+the CPU's features compile and run.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from ..intrinsics import element_pointer
+from ..simd import target_features
+from . import wide_ir
+from .formats import GGMLType
+from .intdot import HOST_SIMD
+from .kblocks_ir import KIND_Q4_K, KIND_Q6_K, Q4K_BLOCK, Q6K_BLOCK, SUPER, kblock_pair_dots
+from .kblocks_wide_ir import wide_pair_dots
+from .kquants import Q4_K, Q6_K
+
+BLOCK_BYTES = {GGMLType.Q4_K: Q4K_BLOCK, GGMLType.Q6_K: Q6K_BLOCK}
+FORMATS = {GGMLType.Q4_K: Q4_K, GGMLType.Q6_K: Q6_K}
+
+
+def _pair_intrinsic(kind: str, simd: str, n_pairs: int = 1):
+    """``f(q, q0, q1, ints, int_scales, sums, n_super, out)``: out[0], out[1] = the products of
+    the rows of ``kind`` super-blocks at byte offsets q0 and q1 of ``q`` with one activation
+    row (codes ``ints``, code scales and group sums per group). ``simd`` "wide": both rows in
+    512-bit registers (kblocks_wide_ir.py); then ``n_pairs`` 2: out[0:4] = the rows at q0 +
+    i * (q1 - q0), i < 4, two pairs sharing the activation's work."""
+
+    @intrinsic
+    def pair(typingctx, q, q0, q1, ints, int_scales, sums, n_super, out):
+        sig = types.void(q, q0, q1, ints, int_scales, sums, n_super, out)
+
+        def codegen(context, builder, signature, args):
+            t, zero = signature.args, ir.Constant(ir.IntType(64), 0)
+
+            def pointer(i, index):
+                return element_pointer(context, builder, t[i], args[i], index)
+
+            rows = [pointer(0, args[1]), pointer(0, args[2])]
+            activation = (pointer(3, zero), pointer(4, zero), pointer(5, zero), args[6])
+            if simd == "wide":
+                stride = builder.sub(args[2], args[1])
+                for i in range(2, 2 * n_pairs):
+                    at = builder.add(args[1], builder.mul(stride, ir.Constant(ir.IntType(64), i)))
+                    rows.append(pointer(0, at))
+                pairs = [(rows[2 * p], rows[2 * p + 1]) for p in range(n_pairs)]
+                totals = [v for pair in wide_pair_dots(builder, kind, pairs, *activation) for v in pair]
+            else:
+                totals = kblock_pair_dots(builder, simd, kind, rows, *activation)
+            for i, value in enumerate(totals):
+                builder.store(value, pointer(7, ir.Constant(ir.IntType(64), i)))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return pair
+
+
+_q4k = {s: _pair_intrinsic(KIND_Q4_K, s) for s in ("generic", "avx2", "vnni", "wide")}
+_q6k = {s: _pair_intrinsic(KIND_Q6_K, s) for s in ("generic", "avx2", "vnni", "wide")}
+_generic_q4k, _avx2_q4k, _vnni_q4k, _wide_q4k = (_q4k[s] for s in ("generic", "avx2", "vnni", "wide"))
+_generic_q6k, _avx2_q6k, _vnni_q6k, _wide_q6k = (_q6k[s] for s in ("generic", "avx2", "vnni", "wide"))
+_quad_q4k, _quad_q6k = _pair_intrinsic(KIND_Q4_K, "wide", 2), _pair_intrinsic(KIND_Q6_K, "wide", 2)
+
+
+@numba.njit(cache=True)
+def generic_dot_pair_q4k(q, q0, q1, ints, int_scales, sums, n_super, out):
+    """dot_pair_q4k through the generic instruction selection."""
+    _generic_q4k(q, q0, q1, ints, int_scales, sums, n_super, out)
+
+
+@numba.njit(cache=True)
+def avx2_dot_pair_q4k(q, q0, q1, ints, int_scales, sums, n_super, out):
+    """dot_pair_q4k through AVX2 (only where the CPU has it)."""
+    _avx2_q4k(q, q0, q1, ints, int_scales, sums, n_super, out)
+
+
+@numba.njit(cache=True)
+def vnni_dot_pair_q4k(q, q0, q1, ints, int_scales, sums, n_super, out):
+    """dot_pair_q4k through VNNI (only where the CPU has it)."""
+    _vnni_q4k(q, q0, q1, ints, int_scales, sums, n_super, out)
+
+
+@numba.njit(cache=True)
+def generic_dot_pair_q6k(q, q0, q1, ints, int_scales, sums, n_super, out):
+    """dot_pair_q6k through the generic instruction selection (``sums`` unused: no mins)."""
+    _generic_q6k(q, q0, q1, ints, int_scales, sums, n_super, out)
+
+
+@numba.njit(cache=True)
+def avx2_dot_pair_q6k(q, q0, q1, ints, int_scales, sums, n_super, out):
+    """dot_pair_q6k through AVX2 (only where the CPU has it)."""
+    _avx2_q6k(q, q0, q1, ints, int_scales, sums, n_super, out)
+
+
+@numba.njit(cache=True)
+def vnni_dot_pair_q6k(q, q0, q1, ints, int_scales, sums, n_super, out):
+    """dot_pair_q6k through VNNI (groups of 16 keep the avx2 sequence, as intdot_ir)."""
+    _vnni_q6k(q, q0, q1, ints, int_scales, sums, n_super, out)
+
+
+@numba.njit(cache=True)
+def wide_dot_pair_q4k(q, q0, q1, ints, int_scales, sums, n_super, out):
+    """dot_pair_q4k with both rows in 512-bit registers (only where wide_ir.fits)."""
+    _wide_q4k(q, q0, q1, ints, int_scales, sums, n_super, out)
+
+
+@numba.njit(cache=True)
+def wide_dot_pair_q6k(q, q0, q1, ints, int_scales, sums, n_super, out):
+    """dot_pair_q6k with both rows in 512-bit registers (only where wide_ir.fits)."""
+    _wide_q6k(q, q0, q1, ints, int_scales, sums, n_super, out)
+
+
+@numba.njit(cache=True)
+def wide_dot_quad_q4k(q, q0, q1, ints, int_scales, sums, n_super, out):
+    """out[0:4] = the Q4_K rows at q0 + i * (q1 - q0), two 512-bit pairs (where wide_ir.fits)."""
+    _quad_q4k(q, q0, q1, ints, int_scales, sums, n_super, out)
+
+
+@numba.njit(cache=True)
+def wide_dot_quad_q6k(q, q0, q1, ints, int_scales, sums, n_super, out):
+    """out[0:4] = the Q6_K rows at q0 + i * (q1 - q0), two 512-bit pairs (where wide_ir.fits)."""
+    _quad_q6k(q, q0, q1, ints, int_scales, sums, n_super, out)
+
+
+# Each selection's (dot_pair_q4k, dot_pair_q6k)(q, q0, q1, ints, int_scales, sums, n_super,
+# out): the super-blocks of two weight rows at byte offsets q0 and q1 of ``q`` (int8), one
+# activation row's codes, code scales and group sums (per 32 for Q4_K, per 16 for Q6_K) ->
+# out[0], out[1]: the bits of dot_pair_min (Q4_K's nibbles, offset 0) / dot_pair_int (Q6_K).
+# The vnni selection runs the 512-bit pairs where the CPU has AVX-512 BW (AVX-VNNI alone: 256).
+WIDE = wide_ir.fits(target_features())
+SELECTED = {
+    "vnni": (wide_dot_pair_q4k, wide_dot_pair_q6k) if WIDE else (vnni_dot_pair_q4k, vnni_dot_pair_q6k),
+    "avx2": (avx2_dot_pair_q4k, avx2_dot_pair_q6k),
+    "generic": (generic_dot_pair_q4k, generic_dot_pair_q6k),
+}
+dot_pair_q4k, dot_pair_q6k = SELECTED[HOST_SIMD]
+
+
+@numba.njit(cache=True)
+def _quad_of_pairs(q, q0, q1, ints, int_scales, sums, n_super, out, q4k):
+    """Four rows q1 - q0 apart as two calls of the selection's pair (no 512-bit quad here)."""
+    step = q1 - q0
+    for p in range(2):
+        a = q0 + 2 * p * step
+        if q4k:
+            dot_pair_q4k(q, a, a + step, ints, int_scales, sums, n_super, out[2 * p : 2 * p + 2])
+        else:
+            dot_pair_q6k(q, a, a + step, ints, int_scales, sums, n_super, out[2 * p : 2 * p + 2])
+
+
+@numba.njit(cache=True)
+def pairs_dot_quad_q4k(q, q0, q1, ints, int_scales, sums, n_super, out):
+    """dot_quad_q4k as two pairs (selections without the 512-bit quad)."""
+    _quad_of_pairs(q, q0, q1, ints, int_scales, sums, n_super, out, True)
+
+
+@numba.njit(cache=True)
+def pairs_dot_quad_q6k(q, q0, q1, ints, int_scales, sums, n_super, out):
+    """dot_quad_q6k as two pairs (selections without the 512-bit quad)."""
+    _quad_of_pairs(q, q0, q1, ints, int_scales, sums, n_super, out, False)
+
+
+# dot_quad_q4k / dot_quad_q6k(q, q0, q1, ints, int_scales, sums, n_super, out): out[0:4] = the
+# rows at q0 + i * (q1 - q0): two 512-bit pairs in flight where the host runs them (each pair's
+# FMA chain waits on its own last; two chains keep the FMA units busier), else two pairs.
+# Only the host's variant is referenced, so no other CPU compiles AVX-512 code.
+if HOST_SIMD == "vnni" and WIDE:
+    dot_quad_q4k, dot_quad_q6k = wide_dot_quad_q4k, wide_dot_quad_q6k
+else:
+    dot_quad_q4k, dot_quad_q6k = pairs_dot_quad_q4k, pairs_dot_quad_q6k
+
+
+def super_row_bytes(qtype: GGMLType, cols: int) -> int:
+    """Bytes of a row of ``cols`` weights in the file's super-blocks of ``qtype``."""
+    return cols // SUPER * BLOCK_BYTES[qtype]
+
+
+def dot_row_reference(qtype: GGMLType, blocks: np.ndarray, ints: np.ndarray, int_scales, sums) -> float:
+    """numpy: one row of Q4_K / Q6_K file bytes (bytes,) against int8 activation codes (cols,)
+    with per-group code scales and group sums -> float64 (within rounding of the kernels)."""
+    fmt = FORMATS[qtype]
+    unpacked = fmt.unpack(blocks.reshape(-1, BLOCK_BYTES[qtype]))
+    group = fmt.group_size
+    q = unpacked.q.reshape(-1).astype(np.int64)  # (cols,)
+    lanes = (q * ints.astype(np.int64)).reshape(-1, group).sum(axis=1)  # (groups,)
+    scales = unpacked.scales.reshape(-1).astype(np.float64)  # (groups,)
+    total = (scales * int_scales.astype(np.float64) * lanes).sum()
+    if unpacked.mins is not None:
+        total += (unpacked.mins.reshape(-1).astype(np.float64) * sums.astype(np.float64)).sum()
+    return float(total)
