@@ -100,7 +100,7 @@ def tile_scratch_size(n_vecs, n_keys, hd, hd_v, lanes):
 def attend_scratch_size(n_keys, hd, hd_v, group):
     """float32 elements of one thread's attention scratch in the fused forward: a tile's work
     buffer (LANES-wide) over up to n_keys cache rows, or the scores of one row."""
-    n_vecs = tile_vectors(tile_rows(group) * group, LANES)
+    n_vecs = tile_vectors(tile_rows(group) * group, np.int64(LANES))  # not a literal: one variant
     return max(n_keys, tile_scratch_size(n_vecs, n_keys + 8, hd, hd_v, LANES))
 
 
