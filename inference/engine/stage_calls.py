@@ -29,6 +29,7 @@ A kernel making pointer calls must run only after prepare() for its argument typ
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import pickle
 import threading
@@ -41,6 +42,8 @@ from numba.core import cgutils, compiler, errors, types
 from numba.core.compiler_machinery import FunctionPass, register_pass
 from numba.core.typed_passes import NopythonTypeInference
 from numba.extending import intrinsic
+
+log = logging.getLogger(__name__)
 
 SITES_DIR = "lmserve_sites"  # under NUMBA_CACHE_DIR: the persisted argument types of each site
 
@@ -104,13 +107,17 @@ class Sites:
         self.call = self._make_intrinsic()
         ALL_SITES.append(self)
 
-    def add(self, function, calls_through: Sites | None = None) -> int:
+    def add(self, function, calls_through: Sites | None = None, needs: str | None = None) -> int:
         """A site calling ``function``; its index (a constant the caller passes to ``call``).
         ``calls_through``: the table ``function`` itself makes pointer calls through, so typing
-        it finds more sites. A function that makes pointer calls runs only after prepare()."""
+        it finds more sites. A function that makes pointer calls runs only after prepare().
+        ``needs``: a feature of the model (prepare's ``features``) without which the site is
+        never reached: ``function`` is then not compiled and its slot stays empty."""
         self.functions.append(function)
         if calls_through is not None:
             NESTED.append((function, calls_through))
+        if needs is not None:
+            NEEDS[function] = needs
         return len(self.functions) - 1
 
     def _make_intrinsic(self):
@@ -155,9 +162,11 @@ class Sites:
 
 ALL_SITES: list[Sites] = []  # every table, in import order
 NESTED: list[tuple] = []  # (function, the Sites it makes pointer calls through)
+NEEDS: dict = {}  # function -> the model feature without which no site calls it
 ELSEWHERE: list = []  # functions a cold start compiles in the second process
-_prepared: set[tuple] = set()  # callers' signatures whose sites have addresses
+_prepared: set[tuple] = set()  # (caller, signature, features) whose sites have addresses
 _PREPARING = threading.Lock()
+_early: dict[tuple, object] = {}  # (caller, signature) -> its second process, started ahead
 
 
 def compile_elsewhere(*functions) -> None:
@@ -165,31 +174,65 @@ def compile_elsewhere(*functions) -> None:
     ELSEWHERE.extend(functions)
 
 
-def prepare(caller, args: tuple) -> None:
+def start_early(caller, signature: tuple) -> None:
+    """A cold start will prepare ``caller`` for ``signature`` (numba types) soon: start the
+    second compiling process now, so that it types and compiles while this one still loads
+    the model (the argument types must be those prepare() will see: else it is stopped
+    there and a second process started anew). Nothing on a warm start."""
+    from . import compile_split
+
+    key = (caller, signature)
+    if key in _early or load_sites(caller, signature) is not None:
+        return
+    helper = compile_split.start(caller, signature)
+    if helper is not None:
+        _early[key] = helper
+
+
+def cancel_early() -> None:
+    """Stop the second processes start_early started whose caller will not be prepared (the
+    model turned out to have no fused forward)."""
+    while _early:
+        (caller, _), helper = _early.popitem()
+        log.info("stopping the second process started ahead for %s: not needed", caller.py_func.__qualname__)
+        helper.kill()
+        helper.wait()
+
+
+def prepare(caller, args: tuple, features: frozenset[str] = frozenset()) -> None:
     """Make ``caller`` (a numba dispatcher) callable with ``args``: every site it reaches,
     directly or through other pointer calls, has its callee compiled (or loaded from numba's
-    cache) for the types the site passes, and its address in its table."""
+    cache) for the types the site passes, and its address in its table; but a callee added
+    with ``needs`` only if ``features`` (what the caller's data has) holds that feature."""
     signature = tuple(caller.typeof_pyval(a) for a in args)
-    if (caller, signature) in _prepared:
+    if (caller, signature, features) in _prepared:
         return
     with _PREPARING:  # two threads' first forwards: one prepares, the other then finds it done
-        if (caller, signature) not in _prepared:
-            _prepare(caller, signature)
+        if (caller, signature, features) not in _prepared:
+            _prepare(caller, signature, features)
 
 
-def _prepare(caller, signature: tuple) -> None:
+def wanted(callee: Callee, features: frozenset[str]) -> bool:
+    """Whether prepare() with ``features`` compiles ``callee``."""
+    needs = NEEDS.get(callee.function)
+    return needs is None or needs in features
+
+
+def _prepare(caller, signature: tuple, features: frozenset[str]) -> None:
     from . import compile_split
 
     saved = load_sites(caller, signature)
-    helper = None
+    helper = _early.pop((caller, signature), None) if saved is None else None
+    cancel_early()  # started for other argument types than the caller's: no use now
     if saved is None:  # a cold start: a second process discovers too, and compiles ELSEWHERE
-        helper = compile_split.start(caller, signature)
+        helper = helper or compile_split.start(caller, signature)
         discover(caller, signature, "here" if helper is not None else "all")
     else:
         for sites in ALL_SITES:
             for site, argtypes in saved.get(sites.name, ()):
                 sites.record(site, argtypes)
-    everything = list(dict.fromkeys([Callee(caller, signature), *all_callees()]))
+    reached = dict.fromkeys([Callee(caller, signature), *all_callees()])
+    everything = [c for c in reached if wanted(c, features)]
     there = [c for c in everything if helper is not None and compiled_elsewhere(c)]
     compile_split.compile_all([c for c in everything if c not in there], there, helper)
     if saved is None:
@@ -197,8 +240,9 @@ def _prepare(caller, signature: tuple) -> None:
         save_sites(caller, signature)
     for sites in ALL_SITES:
         for slot, callee in sites.slots.items():
-            sites.addresses[slot] = address(callee)
-    _prepared.add((caller, signature))
+            if wanted(callee, features):
+                sites.addresses[slot] = address(callee)
+    _prepared.add((caller, signature, features))
 
 
 def all_callees() -> list[Callee]:
@@ -207,8 +251,9 @@ def all_callees() -> list[Callee]:
 
 
 def compiled_elsewhere(callee: Callee) -> bool:
-    """Whether a cold start compiles ``callee`` in the second process."""
-    return any(callee.function is f for f in ELSEWHERE)
+    """Whether a cold start compiles ``callee`` in the second process (never one that some
+    model does not need: the second process does not know the model's features)."""
+    return callee.function not in NEEDS and any(callee.function is f for f in ELSEWHERE)
 
 
 def discover(caller, signature: tuple, side: str = "all") -> None:

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..intrinsics import uint16_pointer
 from ..quants.quantize import round_row, round_row_int
+from ..stage_calls import Sites
 from ..worksharing import claim, mark_done, wait_done
 from .kernels import rope_inplace, store_half
 from .rowops import rms_norm_into
@@ -71,6 +72,9 @@ ADD, STORE = np.bool_(True), np.bool_(False)
 SLOT0, SLOT1 = np.int64(0), np.int64(1)
 COLUMN0 = np.int64(0)  # dot_run's out_at: written from the first column
 UPWARD, DOWNWARD = np.bool_(False), np.bool_(True)  # dot_run's backward
+# Features of a model (stage_calls.prepare's): kernels only some models reach are called through
+# pointers added with these, so a cold start compiles them only for a model that has them.
+FLOAT_MATRICES, GELU_FFN = "float matrices", "gelu ffn"
 
 StepWeights = namedtuple("StepWeights", ["q", "scales", "mins", "bias", "floats", "gelu"])
 StepModel = namedtuple(
@@ -84,6 +88,20 @@ StepRows = namedtuple("StepRows", ["positions", "caches", "cos", "sin", "head_ro
 Rounded = namedtuple("Rounded", ["values", "ints", "int_scales", "sums"])
 
 
+# round_inputs rounds a float matrix's input through a pointer (stage_calls.py).
+ROUND_SITES = Sites("step_rounding")
+ROUND_ROW_AT = ROUND_SITES.add(round_row, needs=FLOAT_MATRICES)
+round_call = ROUND_SITES.call
+
+
+def model_features(linears: np.ndarray, head: np.ndarray, flags: int) -> frozenset[str]:
+    """The features (FLOAT_MATRICES, GELU_FFN) of a model with these linear tables (layers,
+    slots, LINEAR_FIELDS) and (1, LINEAR_FIELDS) and dims[FLAGS]: what prepare() compiles for."""
+    used = np.concatenate([linears.reshape(-1, LINEAR_FIELDS), head])  # (matrices, LINEAR_FIELDS)
+    has_float = bool(np.any((used[:, ROWS] > 0) & (used[:, SHIFT] == FLOAT_SHIFT)))
+    return frozenset([FLOAT_MATRICES] * has_float + [GELU_FFN] * bool(flags & GELU))
+
+
 @numba.njit(cache=True)
 def round_inputs(linears, x, rounded, n):
     """Round x into row n of every slot in ``linears`` (k, LINEAR_FIELDS) as its weight format
@@ -94,8 +112,8 @@ def round_inputs(linears, x, rounded, n):
             continue
         cols, shift = lin[COLS], lin[SHIFT]
         values = rounded.values[k, n, :cols]
-        if shift == FLOAT_SHIFT:
-            round_row(lin[KIND], x, values, rounded.sums[k, n, :0], SLOT1, STORE)  # group 1, no sums
+        if shift == FLOAT_SHIFT:  # group 1, no sums; through a pointer: only a float matrix needs it
+            round_call(ROUND_ROW_AT, (lin[KIND], x, values, rounded.sums[k, n, :0], SLOT1, STORE))
         else:
             n_groups = cols >> shift
             round_row_int(

@@ -41,7 +41,9 @@ from .step_kernels import (
     B_OFF,
     COLS,
     COLUMN0,
+    FLOAT_MATRICES,
     FLOAT_SHIFT,
+    GELU_FFN,
     M_OFF,
     NIB,
     PREFETCH_BYTES,
@@ -243,8 +245,8 @@ def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage, tid):
             back,
         ))  # fmt: skip
         for n in range(n_rows):
-            if gelu:
-                gelu_mul(gate[n], up[n], act[n, a:b], weights.gelu)
+            if gelu:  # through a pointer: compiled only for a model with GELU
+                kernel_call(GELU_AT, (gate[n], up[n], act[n, a:b], weights.gelu))
             else:
                 silu_mul(gate[n], up[n], act[n, a:b], max(0, min(b, n_ff - n_ff % 8) - a))
         mark_done(done, stage)
@@ -256,8 +258,9 @@ def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage, tid):
 PRODUCT_SITES = Sites("step_products")
 ONE_ROW_AT = PRODUCT_SITES.add(dot_one_row)
 TILE_AT = PRODUCT_SITES.add(prefill_tiles.dot_tile_many)
-FLOAT_AT = PRODUCT_SITES.add(dot_tile_float)
+FLOAT_AT = PRODUCT_SITES.add(dot_tile_float, needs=FLOAT_MATRICES)
 product_call = PRODUCT_SITES.call
 KERNEL_SITES = Sites("step_kernels")
 DOT_RUN_AT = KERNEL_SITES.add(dot_run, PRODUCT_SITES)
+GELU_AT = KERNEL_SITES.add(gelu_mul, needs=GELU_FFN)
 kernel_call = KERNEL_SITES.call

@@ -17,15 +17,15 @@ import numpy as np
 
 from ..borrow import borrowed
 from ..quants.intdot import ROW_BLOCK
-from ..stage_calls import Sites, compile_elsewhere
+from ..stage_calls import Sites, compile_elsewhere, start_early
 from .attention_tile import attend_scratch_size, attend_tile
 from .kernels import attend_head
 from .step_attention import ATTEND_SITES, attend_stage
 from .step_kernels import (
     ADD, ATTEND, DOWN, FFN, FFN_POST, FLAGS, GELU, HEAD_DIM, KV, N_FF, N_HEADS, N_KV, OUT, OUT_POST, COLS,
     POST_NORMS, PREP_DOWN, PREP_FFN, PREP_OUT, PREP_QKV, QKV, SLOT_DOWN, SLOT_GATE, SLOT_OUT, SLOT_Q,
-    SOLO_ROWS, STAGES_PER_LAYER, STORE, Rounded, StepModel, StepRows, StepWeights, add_normed_stage,
-    kv_stage, prepare_stage,
+    ROUND_SITES, SOLO_ROWS, STAGES_PER_LAYER, STORE, Rounded, StepModel, StepRows, StepWeights,
+    add_normed_stage, kv_stage, prepare_stage,
 )  # fmt: skip
 from .step_products import KERNEL_SITES, ffn_stage, rows_stage
 
@@ -52,7 +52,9 @@ Scratch = namedtuple(
 # region above them compiles without re-optimizing them. Site X_AT calls the function added
 # as X_AT below; CALLS_THROUGH: the stages that make pointer calls themselves.
 STAGES = Sites("step_region")
-CALLS_THROUGH = {rows_stage: KERNEL_SITES, ffn_stage: KERNEL_SITES, attend_stage: ATTEND_SITES}
+CALLS_THROUGH = {
+    rows_stage: KERNEL_SITES, ffn_stage: KERNEL_SITES, attend_stage: ATTEND_SITES, prepare_stage: ROUND_SITES,
+}  # fmt: skip
 (
     PREP_QKV_AT, QKV_AT, KV_AT, ATTEND_AT, PREP_OUT_AT, OUT_STORE_AT, OUT_POST_AT, OUT_ADD_AT, PREP_FFN_AT,
     FFN_AT, PREP_DOWN_AT, DOWN_STORE_AT, FFN_POST_AT, DOWN_ADD_AT, PREP_HEAD_AT, HEAD_AT,
@@ -206,6 +208,33 @@ def forward_rows(n_threads, x, model, rows, logits, scratch, counters):
                     b(q_buf), b(scores), b(all_rows)),
             b(logits), (b(claimed), b(done)), solo,
         ))  # fmt: skip
+
+
+def forward_signature() -> tuple:
+    """The numba argument types of forward_rows as fused.FusedForward passes them: the same for
+    every model (the dtypes, dimensions and layouts of its arrays are fixed), so a cold start
+    can hand them to the second compiling process before the weights are loaded (start_early)."""
+
+    def a(dtype, ndim: int) -> np.ndarray:
+        return np.zeros((1,) * ndim, dtype)  # a C-contiguous, writable array of this kind
+
+    f32, i64, i8 = np.float32, np.int64, np.int8
+    weights = StepWeights(a(i8, 1), a(f32, 1), a(f32, 1), a(f32, 1), a(f32, 1), a(f32, 1))
+    model = StepModel(
+        weights, a(i64, 3), a(i64, 2), a(f32, 3), a(f32, 3), a(f32, 1), a(i64, 2), a(i64, 1), f32(1), f32(1)
+    )  # fmt: skip
+    rows = StepRows(a(i64, 1), a(i64, 2), a(f32, 3), a(f32, 3), a(i64, 1))
+    scratch = Scratch(
+        *[a(f32, 2)] * 5, a(f32, 4), a(i8, 4), a(f32, 4), a(f32, 4), a(f32, 2), a(f32, 2), a(i64, 1)
+    )
+    args = (1, a(f32, 2), model, rows, a(f32, 2), scratch, a(i64, 2))
+    return tuple(forward_rows.typeof_pyval(v) for v in args)
+
+
+def compile_ahead() -> None:
+    """A cold start of a model with the fused forward: start compiling it in the second process
+    now, while this one loads the weights (stage_calls.start_early)."""
+    start_early(forward_rows, forward_signature())
 
 
 # What a cold start compiles in a second process while this one compiles the rest: dot_tile,
