@@ -115,7 +115,7 @@ class Sites:
         never reached: ``function`` is then not compiled and its slot stays empty."""
         self.functions.append(function)
         if calls_through is not None:
-            NESTED.append((function, calls_through))
+            calls_from(function, calls_through)
         if needs is not None:
             NEEDS[function] = needs
         return len(self.functions) - 1
@@ -167,6 +167,13 @@ ELSEWHERE: list = []  # functions a cold start compiles in the second process
 _prepared: set[tuple] = set()  # (caller, signature, features) whose sites have addresses
 _PREPARING = threading.Lock()
 _early: dict[tuple, object] = {}  # (caller, signature) -> its second process, started ahead
+
+
+def calls_from(function, sites: Sites) -> None:
+    """``function`` makes pointer calls through ``sites``: typing it finds them (a nested
+    callee of a site, Sites.add's ``calls_through``, or a kernel a stage calls directly)."""
+    if (function, sites) not in NESTED:
+        NESTED.append((function, sites))
 
 
 def compile_elsewhere(*functions) -> None:
@@ -264,11 +271,27 @@ def discover(caller, signature: tuple, side: str = "all") -> None:
     other process compiles (typing attend_stage compiles ~2 s of helpers)."""
     _type_once(Callee(caller, signature))
     done: set[Callee] = set()
-    while pending := [c for c in all_callees() if c not in done and _table_of(c.function) is not None]:
+    while pending := [c for c in [*all_callees(), *_loaded_nested()] if c not in done and _nests(c)]:
         for callee in pending:
             done.add(callee)
             if _wanted(_table_of(callee.function), side):
                 _type_once(callee)
+
+
+def _nests(callee: Callee) -> bool:
+    return _table_of(callee.function) is not None
+
+
+def _loaded_nested() -> list[Callee]:
+    """The functions making pointer calls that numba loaded from its cache for a direct call
+    (a caller typed above calls them directly): loaded, they were not typed, so their sites
+    are found only by typing them here (bench/decode_breakdown's stages, called directly)."""
+    return [
+        Callee(function, signature)
+        for function, _ in NESTED
+        for signature in list(function.overloads)
+        if function._cache_hits.get(signature)
+    ]
 
 
 _typed: set[Callee] = set()  # what type_only has typed in this process

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..intrinsics import uint16_pointer
 from ..quants.quantize import round_row, round_row_int
-from ..stage_calls import Sites
+from ..stage_calls import Sites, calls_from
 from ..worksharing import claim, mark_done, wait_done
 from .kernels import rope_inplace, store_half
 from .rowops import rms_norm_into
@@ -120,6 +120,9 @@ def round_inputs(linears, x, rounded, n):
                 lin[KIND], x, values, rounded.ints[k, n, :cols], rounded.int_scales[k, n, :n_groups],
                 rounded.sums[k, n, :n_groups], 1 << shift, lin[M_OFF] >= 0,
             )  # fmt: skip
+
+
+calls_from(round_inputs, ROUND_SITES)  # prepare_stage calls it directly
 
 
 @numba.njit(cache=True, inline="always")  # into prepare_stage: a cold start compiles one level fewer

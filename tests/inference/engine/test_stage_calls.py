@@ -210,3 +210,34 @@ def test_the_forward_signature_built_without_a_model_is_the_one_the_forward_pass
     run = [sys.executable, "-c", SIGNATURE_SCRIPT, str(default_model_path())]
     out = subprocess.run(run, env=env, cwd=ROOT, check=True, capture_output=True, text=True).stdout
     assert out.split() == ["True", "True"]
+
+
+NESTED_SCRIPT = """
+import sys
+import numpy as np
+from inference.engine import stage_calls
+from tests.inference.engine import nested_kernels as k
+a = np.zeros(1)
+caller = getattr(k, sys.argv[1])
+stage_calls.prepare(caller, (a,))
+caller(a)
+print(a[0])
+"""
+
+
+def test_a_caller_whose_direct_callee_comes_from_the_cache_finds_that_callees_sites(tmp_path):
+    """A new caller of a cached kernel that makes pointer calls (bench/prefill_breakdown after
+    decode_breakdown): numba loads the kernel without typing it, so its sites are found by
+    typing it anew, and get addresses."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "NUMBA_CACHE_DIR": str(tmp_path),
+        "LMSERVE_COMPILE_SPLIT": "0",
+    }
+    env.pop("LMSERVE_NUMBA_CACHE_BASE", None)
+    for caller in ("by_pointer", "direct"):  # the first fills the cache
+        run = [sys.executable, "-c", NESTED_SCRIPT, caller]
+        out = subprocess.run(run, env=env, cwd=ROOT, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split() == ["1.0"]
