@@ -28,6 +28,7 @@ import numba
 import numpy as np
 
 from ..ggml_math import hsum8
+from ..kernel_only import kernel_only
 from ..simd import target_features
 from .attention_tile_ir import (
     halves_f16c,
@@ -186,7 +187,7 @@ def softmax_rows(scores, first, last):
         scale_lanes8(scores, 0, n, inverse, scores)
 
 
-@numba.njit(cache=True)
+@kernel_only()
 def attend_tile(q_lanes, first, last, keys, values, scale, work, out):
     """Attention of the queries q_lanes (vecs, hd, lanes) (rotated, f16-rounded; lane l of
     vector v attends cache rows first[v, l]..last[v, l]) over keys and values (ctx, hd) of f16

@@ -32,6 +32,7 @@ import numba
 import numpy as np
 
 from ..intrinsics import uint16_pointer
+from ..kernel_only import kernel_only
 from ..quants.quantize import round_row, round_row_int
 from ..stage_calls import Sites, calls_from
 from ..worksharing import claim, mark_done, wait_done
@@ -134,7 +135,7 @@ def _prepare_row(src, norm, eps, linears, rounded, i, normed):
         round_inputs(linears, src, rounded, i)
 
 
-@numba.njit(cache=True)
+@kernel_only()
 def prepare_stage(src, src_rows, norm, eps, linears, rounded, normed, solo, counters, stage):
     """Rounded row i := src[src_rows[i]], rms-normed by ``norm`` first if it has entries. With
     ``solo`` this thread does every row into its own buffers; else rows are shared out."""
@@ -161,7 +162,7 @@ def cache_arrays(caches, n, n_layers, dims):
     return k, v
 
 
-@numba.njit(cache=True)
+@kernel_only()
 def kv_stage(qkv, qk_norm, eps, rows, rope, dims, layer, n_layers, counters, stage):
     """Per (row, kv head): norm and rotate k in place, write k and v as f16 at the row's
     position of its cache."""
@@ -185,7 +186,7 @@ def kv_stage(qkv, qk_norm, eps, rows, rope, dims, layer, n_layers, counters, sta
     wait_done(done, stage, n_items)
 
 
-@numba.njit(cache=True)
+@kernel_only()
 def add_normed_stage(x, proj, weight, eps, counters, stage):
     """Per row: x += rms_norm(proj) * weight (the post-norm residual)."""
     claimed, done = counters

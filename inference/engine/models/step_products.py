@@ -18,6 +18,7 @@ import numba
 import numpy as np
 
 from ..intrinsics import prefetch
+from ..kernel_only import kernel_only
 from ..quants.blocks import (
     BLOCK_Q4_1,
     BLOCK_Q5_0,
@@ -62,7 +63,7 @@ from .step_kernels import (
 ONE_MATRIX, TWO_MATRICES = np.int64(1), np.int64(2)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, no_cfunc_wrapper=True)
 def dot_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_block, out_at, backward):
     """One activation row: weight rows two at a time (two independent sums in flight); row r's
     product goes to out[0, out_at + r - r0]. ``backward``: the same pairs, last pair first
@@ -157,7 +158,7 @@ def _dot_rows_float(weights, lin, values, r0, r1, out, accumulate):
             out[r - r0] = acc
 
 
-@numba.njit(cache=True)
+@kernel_only()
 def dot_tile_float(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch):
     """out[n, 0 : r1-r0] (+)= rows r0..r1 of the float matrix ``lin`` times row n of slot k's
     rounded input (float32 values), for n < n_rows; ``scratch`` unused (the arguments of
@@ -166,7 +167,7 @@ def dot_tile_float(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, sc
         _dot_rows_float(weights, lin, rounded.values[k, n], r0, r1, out[n], accumulate)
 
 
-@numba.njit(cache=True)
+@kernel_only()
 def dot_run(weights, lin, rounded, k, n_rows, r0, r1, out, out_at, accumulate, scratch, backward):
     """The products of rows r0..r1 of ``lin`` into out[:, out_at : out_at + r1 - r0] of a whole
     C-contiguous ``out``: one row of a block format by dot_one_row, which writes ``out``
@@ -187,7 +188,7 @@ def dot_run(weights, lin, rounded, k, n_rows, r0, r1, out, out_at, accumulate, s
         product_call(TILE_AT, (weights, lin, rounded, k, n_rows, r0, r1, view, accumulate, scratch))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, no_cfunc_wrapper=True)
 def rows_stage(weights, linears, rounded, n_rows, out, accumulate, counters, stage, tid):
     """Claim tiles of the rows of ``linears`` (stacked one after another in ``out`` (rows,
     total)) and take each tile's products with every one of ``n_rows`` rounded rows. With one
@@ -219,7 +220,7 @@ def rows_stage(weights, linears, rounded, n_rows, out, accumulate, counters, sta
     wait_done(done, stage, n_items)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, no_cfunc_wrapper=True)
 def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage, tid):
     """Tiles of gate and up rows (slot 0 of ``linears`` is gate, or gate|up stacked when slot 1
     is empty) for every row; writes act = SiLU(gate) * up or GELU(gate) * up. With one row the

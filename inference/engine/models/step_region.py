@@ -16,6 +16,7 @@ import numba
 import numpy as np
 
 from ..borrow import borrowed
+from ..kernel_only import kernel_only
 from ..quants.intdot import ROW_BLOCK
 from ..stage_calls import Sites, compile_elsewhere, start_early
 from .attention_tile import attend_scratch_size, attend_tile
@@ -112,7 +113,7 @@ def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo):
         stage(DOWN_ADD_AT, (w, down_lin, rounded, n_rows, x, ADD, counters, at + DOWN, tid))
 
 
-@numba.njit(cache=True)
+@kernel_only()
 def run_stages(tid, x, model, rows, scratch, logits, counters, solo):
     """Every stage of one forward, as thread ``tid`` of the region sees it."""
     copy = np.int64(tid) if solo else np.int64(0)
@@ -179,7 +180,7 @@ def new_scratch(
     return scratch, np.zeros((2, n_stages), np.int64)  # (claimed | done, stages)
 
 
-@numba.njit(parallel=PRANGE_ONLY, cache=True)
+@numba.njit(parallel=PRANGE_ONLY, cache=True, no_cfunc_wrapper=True)
 def forward_rows(n_threads, x, model, rows, logits, scratch, counters):
     """Rows x (N, n_embd) through every layer, updated in place; each row's k and v go to its
     cache at its position; logits (M, vocab) get the head's output for rows.head_rows.
@@ -244,4 +245,4 @@ def compile_ahead() -> None:
 # activations ~1.3, dot_run 0.4, add_normed_stage 0.3; there attend_tile 2.7, forward_rows 1.6,
 # run_stages 1.2, attend_head 1.2, attend_stage 0.8, kv_stage 0.6, rows_stage 0.5. Both first type
 # the forward (stage_calls.discover), ~2-3 s.
-compile_elsewhere(forward_rows, run_stages, attend_stage, attend_tile, attend_head, kv_stage, rows_stage)
+compile_elsewhere(forward_rows, run_stages, attend_stage, attend_tile, attend_head)
