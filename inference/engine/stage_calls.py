@@ -235,15 +235,14 @@ def _prepare(caller, signature: tuple, features: frozenset[str]) -> None:
         helper = helper or compile_split.start(caller, signature)
         discover(caller, signature, "here" if helper is not None else "all")
     else:
-        for sites in ALL_SITES:
-            for site, argtypes in saved.get(sites.name, ()):
-                sites.record(site, argtypes)
+        record_sites(saved)
     reached = dict.fromkeys([Callee(caller, signature), *all_callees()])
     everything = [c for c in reached if wanted(c, features)]
     there = [c for c in everything if helper is not None and compiled_elsewhere(c)]
-    compile_split.compile_all([c for c in everything if c not in there], there, helper)
-    if saved is None:
-        discover(caller, signature)  # the sites left to the other process: their helpers cached now
+    helped = compile_split.compile_all([c for c in everything if c not in there], there, helper)
+    if saved is None:  # the sites only the other process typed: reported by it, or typed here now
+        adopt(compile_split.found(helper) if helper is not None and helped else None)
+        discover(caller, signature)
         save_sites(caller, signature)
     for sites in ALL_SITES:
         for slot, callee in sites.slots.items():
@@ -294,7 +293,37 @@ def _loaded_nested() -> list[Callee]:
     ]
 
 
-_typed: set[Callee] = set()  # what type_only has typed in this process
+_typed: set[Callee] = set()  # what type_only has typed in this process (or the second one)
+
+
+def typed_sites() -> dict:
+    """{table name: [(site, argument types)]} of every site typing has found here."""
+    return {sites.name: sorted(sites.typed, key=str) for sites in ALL_SITES}
+
+
+def record_sites(typed: dict) -> None:
+    """Record the sites of a typed_sites() (persisted, or from the second process)."""
+    for sites in ALL_SITES:
+        for site, argtypes in typed.get(sites.name, ()):
+            sites.record(site, argtypes)
+
+
+def typed_report() -> tuple:
+    """What this process's discover found: (typed_sites(), the nested callees it typed as
+    (module, name, argument types)), for the first process of a cold start (adopt)."""
+    typed = [(c.function.py_func.__module__, c.function.py_func.__qualname__, c.argtypes) for c in _typed]
+    return typed_sites(), typed
+
+
+def adopt(report: tuple | None) -> None:
+    """Take the second process's typed_report: its sites recorded, the nested callees it typed
+    not typed again here (typing attend_stage costs ~0.3 s even with its helpers cached)."""
+    if report is None:
+        return
+    typed, callees = report
+    record_sites(typed)
+    named = {(f.py_func.__module__, f.py_func.__qualname__): f for f, _ in NESTED}
+    _typed.update(Callee(named[m, n], t) for m, n, t in callees if (m, n) in named)
 
 
 def _type_once(callee: Callee) -> None:
@@ -377,7 +406,7 @@ def _sites_path(caller, signature: tuple) -> Path:
 def save_sites(caller, signature: tuple) -> None:
     """Keep every site's argument types beside numba's cache (written whole or not at all)."""
     path = _sites_path(caller, signature)
-    typed = {sites.name: sorted(sites.typed, key=str) for sites in ALL_SITES}
+    typed = typed_sites()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")

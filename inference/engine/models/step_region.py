@@ -245,4 +245,4 @@ def compile_ahead() -> None:
 # activations ~1.3, dot_run 0.4, add_normed_stage 0.3; there attend_tile 2.7, forward_rows 1.6,
 # run_stages 1.2, attend_head 1.2, attend_stage 0.8, kv_stage 0.6, rows_stage 0.5. Both first type
 # the forward (stage_calls.discover), ~2-3 s.
-compile_elsewhere(forward_rows, run_stages, attend_stage, attend_tile, attend_head)
+compile_elsewhere(forward_rows, run_stages, attend_stage, attend_tile, attend_head, kv_stage)
