@@ -196,6 +196,12 @@ def start_early(caller, signature: tuple) -> None:
         _early[key] = helper
 
 
+def compiling_ahead() -> bool:
+    """Whether a second process started by start_early is compiling for a caller not yet
+    prepared (a cold start under way)."""
+    return bool(_early)
+
+
 def cancel_early() -> None:
     """Stop the second processes start_early started whose caller will not be prepared (the
     model turned out to have no fused forward)."""
