@@ -238,11 +238,9 @@ def compile_ahead() -> None:
     start_early(forward_rows, forward_signature())
 
 
-# What a cold start compiles in a second process while this one compiles the rest: dot_tile,
-# dot_one_row, dot_run (step_products.py), prepare_stage, ffn_stage and add_normed_stage
-# (compile_split.py). CPU seconds of each on an empty cache, SmolLM2 on the AVX-512 VNNI machine
-# (2026-12-02): here dot_tile 4.6, prepare_stage 2.7, dot_one_row 1.9, ffn_stage with its
-# activations ~1.3, dot_run 0.4, add_normed_stage 0.3; there attend_tile 2.7, forward_rows 1.6,
-# run_stages 1.2, attend_head 1.2, attend_stage 0.8, kv_stage 0.6, rows_stage 0.5. Both first type
-# the forward (stage_calls.discover), ~2-3 s.
+# What a cold start compiles in a second process (started before the weights load: compile_ahead)
+# while this one compiles the rest (compile_split.py): the region, its stages for attention and
+# the k/v cache; here the products, the rounding and the FFN. Each side first types its part of
+# the forward (stage_calls.discover, ~2-3 s with the helpers that typing compiles). Balanced on
+# SmolLM2 (2026-12-02, AVX-512 VNNI machine): ~10-11 s CPU each of a ~22 s cold start.
 compile_elsewhere(forward_rows, run_stages, attend_stage, attend_tile, attend_head, kv_stage)
