@@ -31,6 +31,7 @@ from .kv_cache import KVCache
 from .load_options import ExpertMode, LoadOptions
 from .models import DecoderModel, step_region
 from .models.base import Run
+from .quants.dequant import PARALLEL_ROWS
 from .sampler import Sampler, SamplingParams
 from .tokenizer import Tokenizer, load_tokenizer
 
@@ -237,12 +238,13 @@ class Engine:
         return logits
 
     def warm_up(self) -> None:
-        """Run the forward kernels once on a scratch cache (two tokens prefilled, one decoded), so
-        numba compiles them, or loads them from its disk cache, now: not inside the first
-        request's prefill, whose rate the caller would report."""
-        cache = self.new_cache(4)
+        """Run the forward kernels once on a scratch cache (PARALLEL_ROWS tokens prefilled, one
+        decoded), so numba compiles them, or loads them from its disk cache, now: not inside the
+        first request's prefill, whose rate the caller would report. That many tokens: a prompt
+        of fewer gathers its embedding rows on one thread, a longer one with a kernel of its own."""
+        cache = self.new_cache(PARALLEL_ROWS + 2)
         token = self.tokenizer.bos_id if self.tokenizer.bos_id is not None else 0
-        self.prefill(cache, [token, token])
+        self.prefill(cache, [token] * PARALLEL_ROWS)
         self.decode_one(cache, token)
 
     def embed(self, tokens: Sequence[int]) -> np.ndarray:
