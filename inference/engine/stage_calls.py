@@ -38,10 +38,10 @@ from pathlib import Path
 
 import numpy as np
 from llvmlite import binding, ir
-from numba.core import cgutils, compiler, errors, types
-from numba.core.compiler_machinery import FunctionPass, register_pass
-from numba.core.typed_passes import NopythonTypeInference
+from numba.core import cgutils, errors, types
 from numba.extending import intrinsic
+
+from .typing_only import type_only
 
 log = logging.getLogger(__name__)
 
@@ -357,46 +357,6 @@ def address(callee: Callee) -> int:
     if result.signature.return_type != types.none:
         raise TypeError(f"{function.py_func.__qualname__} returns a value: a pointer call takes none")
     return result.library.get_pointer_to_function(result.fndesc.llvm_func_name)
-
-
-# -- typing a caller without compiling it ------------------------------------------------------
-
-
-@register_pass(mutates_CFG=False, analysis_only=True)
-class _StopAfterTyping(FunctionPass):
-    """Ends the pipeline once the function is typed (numba's early completion)."""
-
-    _name = "lmserve_stop_after_typing"
-
-    def __init__(self):
-        FunctionPass.__init__(self)
-
-    def run_pass(self, state):
-        raise compiler._EarlyPipelineCompletion(True)
-
-
-class _TypeOnly(compiler.CompilerBase):
-    """numba's untyped passes (inlining included) and type inference; no lowering."""
-
-    def define_pipelines(self):
-        pm = compiler.DefaultPassBuilder.define_untyped_pipeline(self.state)
-        pm.add_pass(NopythonTypeInference, "nopython frontend")
-        pm.add_pass(_StopAfterTyping, "stop after typing")
-        pm.finalize()
-        return [pm]
-
-
-def type_only(dispatcher, signature: tuple) -> None:
-    """Type ``dispatcher``'s function for ``signature`` with its own flags (parallel, ...)."""
-    function_compiler = dispatcher._compiler
-    flags = compiler.Flags()
-    function_compiler.targetdescr.options.parse_as_flags(flags, function_compiler.targetoptions)
-    flags = function_compiler._customize_flags(flags)
-    compiler.compile_extra(
-        dispatcher.targetdescr.typing_context, dispatcher.targetdescr.target_context, dispatcher.py_func,
-        args=signature, return_type=None, flags=flags, locals=function_compiler.locals,
-        pipeline_class=_TypeOnly,
-    )  # fmt: skip
 
 
 # -- persisted argument types ------------------------------------------------------------------
