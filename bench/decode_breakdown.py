@@ -272,7 +272,7 @@ def breakdown(path: Path, n_threads: int, steps: int, context: int) -> None:
         counters = (np.zeros(n_stages, np.int64), np.zeros(n_stages, np.int64))
         scratch = _scratch(n_threads, x, fused.model, plan.kernel_rows())
         args = (n_threads, x, fused.model, plan.kernel_rows(), scratch, logits, counters, True, stamps)
-        stage_calls.prepare(_all_threads, args)  # the stages make pointer calls (stage_calls.py)
+        stage_calls.prepare(_all_threads, args, fused.features)  # the stages make pointer calls
         t0, c0 = time.perf_counter(), _now()
         _all_threads(*args)
         t1, c1 = time.perf_counter(), _now()

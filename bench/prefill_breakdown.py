@@ -48,7 +48,7 @@ def _one(engine, tokens, n_threads: int):
     n_stages = counters.shape[1]
     stamps = np.zeros((n_threads, n_stages + 1), np.int64)  # (threads, stages | start)
     args = (n_threads, x, fused.model, rows, scratch, logits, (counters[0], counters[1]), False, stamps)
-    stage_calls.prepare(_all_threads, args)  # the stages make pointer calls (stage_calls.py)
+    stage_calls.prepare(_all_threads, args, fused.features)  # the stages make pointer calls
     t0, c0 = time.perf_counter(), _now()
     _all_threads(*args)
     t1, c1 = time.perf_counter(), _now()

@@ -61,16 +61,17 @@ def start(caller, signature: tuple, command: list[str] | None = None) -> subproc
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     argv = command or [sys.executable, "-m", "inference.engine.compile_split"]
-    errors = tempfile.TemporaryFile()  # not a pipe: a full pipe would stall the child
+    errors, report = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # not pipes: a full one stalls
     try:
         child = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors, env=env, cwd=PROJECT_ROOT
+            argv, stdin=subprocess.PIPE, stdout=report, stderr=errors, env=env, cwd=PROJECT_ROOT
         )
     except OSError as error:
         errors.close()
+        report.close()
         log.warning("compiling in one process: the second could not start (%s)", error)
         return None
-    child.errors = errors
+    child.errors, child.report = errors, report
     function = caller.py_func
     try:
         child.stdin.write(pickle.dumps((function.__module__, function.__qualname__, signature)))
@@ -79,6 +80,18 @@ def start(caller, signature: tuple, command: list[str] | None = None) -> subproc
         pass  # it died at once: _finished reports its exit
     log.info("compiling the engine's kernels in two processes (the second: pid %d)", child.pid)
     return child
+
+
+def found(child: subprocess.Popen) -> tuple | None:
+    """What the second process's typing found (stage_calls.typed_report), once it has exited
+    0; None if it wrote nothing readable."""
+    child.report.seek(0)
+    try:
+        return pickle.loads(child.report.read()) if child.returncode == 0 else None
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, ValueError):
+        return None
+    finally:
+        child.report.close()
 
 
 def _finished(child: subprocess.Popen) -> bool:
@@ -121,6 +134,7 @@ def main() -> None:
     ]
     for callee in mine:
         callee.function.compile(callee.argtypes)
+    sys.stdout.buffer.write(pickle.dumps(stage_calls.typed_report()))
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     print(f"compiled {len(mine)} kernels in {wall:.1f} s ({cpu:.1f} s CPU)", file=sys.stderr)
 

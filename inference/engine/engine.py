@@ -22,14 +22,16 @@ from typing import Protocol
 
 import numpy as np
 
+from . import stage_calls
 from .chat_template import ChatTemplate, map_strings, unused_mark
 from .families import Family, family_of
 from .fingerprint import model_fingerprint
 from .gguf_file import GGUFFile
 from .kv_cache import KVCache
 from .load_options import ExpertMode, LoadOptions
-from .models import DecoderModel
+from .models import DecoderModel, step_region
 from .models.base import Run
+from .quants.dequant import PARALLEL_ROWS
 from .sampler import Sampler, SamplingParams
 from .tokenizer import Tokenizer, load_tokenizer
 
@@ -86,6 +88,21 @@ class BatchRow:
     token: int
 
 
+def _load_model(family: Family, f: GGUFFile) -> DecoderModel:
+    """The family's model of ``f``. On a cold numba cache the second compiling process starts
+    first (step_region.compile_ahead): it compiles the fused forward while this one reads the
+    weights, and is stopped if the model has no fused forward after all."""
+    if family.model.may_fuse():
+        step_region.compile_ahead()
+    model = None
+    try:
+        model = family.model(f)
+    finally:
+        if getattr(model, "fused", None) is None:
+            stage_calls.cancel_early()
+    return model
+
+
 class Engine:
     """A model ready to generate. Not thread-safe: one worker thread owns it."""
 
@@ -123,7 +140,7 @@ class Engine:
         say how weights are read (e.g. MoE experts borrowed from the mapped file)."""
         f = GGUFFile(path, options)
         family = family_of(f)
-        engine = cls(path, f, family.model(f), load_tokenizer(f.metadata), family)
+        engine = cls(path, f, _load_model(family, f), load_tokenizer(f.metadata), family)
         if f.options.experts is ExpertMode.BORROW and not engine.has_routed_experts:
             logger.info("--experts=borrow: %s has no routed experts, nothing to borrow", engine.path.name)
         elif f.options.experts is ExpertMode.BORROW:
@@ -221,12 +238,13 @@ class Engine:
         return logits
 
     def warm_up(self) -> None:
-        """Run the forward kernels once on a scratch cache (two tokens prefilled, one decoded), so
-        numba compiles them, or loads them from its disk cache, now: not inside the first
-        request's prefill, whose rate the caller would report."""
-        cache = self.new_cache(4)
+        """Run the forward kernels once on a scratch cache (PARALLEL_ROWS tokens prefilled, one
+        decoded), so numba compiles them, or loads them from its disk cache, now: not inside the
+        first request's prefill, whose rate the caller would report. That many tokens: a prompt
+        of fewer gathers its embedding rows on one thread, a longer one with a kernel of its own."""
+        cache = self.new_cache(PARALLEL_ROWS + 2)
         token = self.tokenizer.bos_id if self.tokenizer.bos_id is not None else 0
-        self.prefill(cache, [token, token])
+        self.prefill(cache, [token] * PARALLEL_ROWS)
         self.decode_one(cache, token)
 
     def embed(self, tokens: Sequence[int]) -> np.ndarray:

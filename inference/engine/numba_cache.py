@@ -118,9 +118,13 @@ def use_keyed_cache_dir() -> Path:
 
 
 def compiles_kernels() -> bool:
-    """Whether this process's cache directory holds no kernels yet: the first forward compiles."""
+    """Whether the first forward compiles: this process's cache directory holds no kernels yet,
+    or a second process started ahead is compiling into it (stage_calls.start_early: it may
+    have written some kernels already)."""
+    from .stage_calls import compiling_ahead
+
     directory = os.environ.get("NUMBA_CACHE_DIR") or str(default_cache_base())
-    return not any(Path(directory).glob("*/*.nbi"))
+    return compiling_ahead() or not any(Path(directory).glob("*/*.nbi"))
 
 
 def warm_up_notice() -> str:

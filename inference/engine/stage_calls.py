@@ -29,6 +29,7 @@ A kernel making pointer calls must run only after prepare() for its argument typ
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import pickle
 import threading
@@ -37,10 +38,12 @@ from pathlib import Path
 
 import numpy as np
 from llvmlite import binding, ir
-from numba.core import cgutils, compiler, errors, types
-from numba.core.compiler_machinery import FunctionPass, register_pass
-from numba.core.typed_passes import NopythonTypeInference
+from numba.core import cgutils, errors, types
 from numba.extending import intrinsic
+
+from .typing_only import type_only
+
+log = logging.getLogger(__name__)
 
 SITES_DIR = "lmserve_sites"  # under NUMBA_CACHE_DIR: the persisted argument types of each site
 
@@ -104,13 +107,17 @@ class Sites:
         self.call = self._make_intrinsic()
         ALL_SITES.append(self)
 
-    def add(self, function, calls_through: Sites | None = None) -> int:
+    def add(self, function, calls_through: Sites | None = None, needs: str | None = None) -> int:
         """A site calling ``function``; its index (a constant the caller passes to ``call``).
         ``calls_through``: the table ``function`` itself makes pointer calls through, so typing
-        it finds more sites. A function that makes pointer calls runs only after prepare()."""
+        it finds more sites. A function that makes pointer calls runs only after prepare().
+        ``needs``: a feature of the model (prepare's ``features``) without which the site is
+        never reached: ``function`` is then not compiled and its slot stays empty."""
         self.functions.append(function)
         if calls_through is not None:
-            NESTED.append((function, calls_through))
+            calls_from(function, calls_through)
+        if needs is not None:
+            NEEDS[function] = needs
         return len(self.functions) - 1
 
     def _make_intrinsic(self):
@@ -155,9 +162,18 @@ class Sites:
 
 ALL_SITES: list[Sites] = []  # every table, in import order
 NESTED: list[tuple] = []  # (function, the Sites it makes pointer calls through)
+NEEDS: dict = {}  # function -> the model feature without which no site calls it
 ELSEWHERE: list = []  # functions a cold start compiles in the second process
-_prepared: set[tuple] = set()  # callers' signatures whose sites have addresses
+_prepared: set[tuple] = set()  # (caller, signature, features) whose sites have addresses
 _PREPARING = threading.Lock()
+_early: dict[tuple, object] = {}  # (caller, signature) -> its second process, started ahead
+
+
+def calls_from(function, sites: Sites) -> None:
+    """``function`` makes pointer calls through ``sites``: typing it finds them (a nested
+    callee of a site, Sites.add's ``calls_through``, or a kernel a stage calls directly)."""
+    if (function, sites) not in NESTED:
+        NESTED.append((function, sites))
 
 
 def compile_elsewhere(*functions) -> None:
@@ -165,40 +181,80 @@ def compile_elsewhere(*functions) -> None:
     ELSEWHERE.extend(functions)
 
 
-def prepare(caller, args: tuple) -> None:
+def start_early(caller, signature: tuple) -> None:
+    """A cold start will prepare ``caller`` for ``signature`` (numba types) soon: start the
+    second compiling process now, so that it types and compiles while this one still loads
+    the model (the argument types must be those prepare() will see: else it is stopped
+    there and a second process started anew). Nothing on a warm start."""
+    from . import compile_split
+
+    key = (caller, signature)
+    if key in _early or load_sites(caller, signature) is not None:
+        return
+    helper = compile_split.start(caller, signature)
+    if helper is not None:
+        _early[key] = helper
+
+
+def compiling_ahead() -> bool:
+    """Whether a second process started by start_early is compiling for a caller not yet
+    prepared (a cold start under way)."""
+    return bool(_early)
+
+
+def cancel_early() -> None:
+    """Stop the second processes start_early started whose caller will not be prepared (the
+    model turned out to have no fused forward)."""
+    while _early:
+        (caller, _), helper = _early.popitem()
+        log.info("stopping the second process started ahead for %s: not needed", caller.py_func.__qualname__)
+        helper.kill()
+        helper.wait()
+
+
+def prepare(caller, args: tuple, features: frozenset[str] = frozenset()) -> None:
     """Make ``caller`` (a numba dispatcher) callable with ``args``: every site it reaches,
     directly or through other pointer calls, has its callee compiled (or loaded from numba's
-    cache) for the types the site passes, and its address in its table."""
+    cache) for the types the site passes, and its address in its table; but a callee added
+    with ``needs`` only if ``features`` (what the caller's data has) holds that feature."""
     signature = tuple(caller.typeof_pyval(a) for a in args)
-    if (caller, signature) in _prepared:
+    if (caller, signature, features) in _prepared:
         return
     with _PREPARING:  # two threads' first forwards: one prepares, the other then finds it done
-        if (caller, signature) not in _prepared:
-            _prepare(caller, signature)
+        if (caller, signature, features) not in _prepared:
+            _prepare(caller, signature, features)
 
 
-def _prepare(caller, signature: tuple) -> None:
+def wanted(callee: Callee, features: frozenset[str]) -> bool:
+    """Whether prepare() with ``features`` compiles ``callee``."""
+    needs = NEEDS.get(callee.function)
+    return needs is None or needs in features
+
+
+def _prepare(caller, signature: tuple, features: frozenset[str]) -> None:
     from . import compile_split
 
     saved = load_sites(caller, signature)
-    helper = None
+    helper = _early.pop((caller, signature), None) if saved is None else None
+    cancel_early()  # started for other argument types than the caller's: no use now
     if saved is None:  # a cold start: a second process discovers too, and compiles ELSEWHERE
-        helper = compile_split.start(caller, signature)
+        helper = helper or compile_split.start(caller, signature)
         discover(caller, signature, "here" if helper is not None else "all")
     else:
-        for sites in ALL_SITES:
-            for site, argtypes in saved.get(sites.name, ()):
-                sites.record(site, argtypes)
-    everything = list(dict.fromkeys([Callee(caller, signature), *all_callees()]))
+        record_sites(saved)
+    reached = dict.fromkeys([Callee(caller, signature), *all_callees()])
+    everything = [c for c in reached if wanted(c, features)]
     there = [c for c in everything if helper is not None and compiled_elsewhere(c)]
-    compile_split.compile_all([c for c in everything if c not in there], there, helper)
-    if saved is None:
-        discover(caller, signature)  # the sites left to the other process: their helpers cached now
+    helped = compile_split.compile_all([c for c in everything if c not in there], there, helper)
+    if saved is None:  # the sites only the other process typed: reported by it, or typed here now
+        adopt(compile_split.found(helper) if helper is not None and helped else None)
+        discover(caller, signature)
         save_sites(caller, signature)
     for sites in ALL_SITES:
         for slot, callee in sites.slots.items():
-            sites.addresses[slot] = address(callee)
-    _prepared.add((caller, signature))
+            if wanted(callee, features):
+                sites.addresses[slot] = address(callee)
+    _prepared.add((caller, signature, features))
 
 
 def all_callees() -> list[Callee]:
@@ -207,8 +263,9 @@ def all_callees() -> list[Callee]:
 
 
 def compiled_elsewhere(callee: Callee) -> bool:
-    """Whether a cold start compiles ``callee`` in the second process."""
-    return any(callee.function is f for f in ELSEWHERE)
+    """Whether a cold start compiles ``callee`` in the second process (never one that some
+    model does not need: the second process does not know the model's features)."""
+    return callee.function not in NEEDS and any(callee.function is f for f in ELSEWHERE)
 
 
 def discover(caller, signature: tuple, side: str = "all") -> None:
@@ -219,14 +276,60 @@ def discover(caller, signature: tuple, side: str = "all") -> None:
     other process compiles (typing attend_stage compiles ~2 s of helpers)."""
     _type_once(Callee(caller, signature))
     done: set[Callee] = set()
-    while pending := [c for c in all_callees() if c not in done and _table_of(c.function) is not None]:
+    while pending := [c for c in [*all_callees(), *_loaded_nested()] if c not in done and _nests(c)]:
         for callee in pending:
             done.add(callee)
             if _wanted(_table_of(callee.function), side):
                 _type_once(callee)
 
 
-_typed: set[Callee] = set()  # what type_only has typed in this process
+def _nests(callee: Callee) -> bool:
+    return _table_of(callee.function) is not None
+
+
+def _loaded_nested() -> list[Callee]:
+    """The functions making pointer calls that numba loaded from its cache for a direct call
+    (a caller typed above calls them directly): loaded, they were not typed, so their sites
+    are found only by typing them here (bench/decode_breakdown's stages, called directly)."""
+    return [
+        Callee(function, signature)
+        for function, _ in NESTED
+        for signature in list(function.overloads)
+        if function._cache_hits.get(signature)
+    ]
+
+
+_typed: set[Callee] = set()  # what type_only has typed in this process (or the second one)
+
+
+def typed_sites() -> dict:
+    """{table name: [(site, argument types)]} of every site typing has found here."""
+    return {sites.name: sorted(sites.typed, key=str) for sites in ALL_SITES}
+
+
+def record_sites(typed: dict) -> None:
+    """Record the sites of a typed_sites() (persisted, or from the second process)."""
+    for sites in ALL_SITES:
+        for site, argtypes in typed.get(sites.name, ()):
+            sites.record(site, argtypes)
+
+
+def typed_report() -> tuple:
+    """What this process's discover found: (typed_sites(), the nested callees it typed as
+    (module, name, argument types)), for the first process of a cold start (adopt)."""
+    typed = [(c.function.py_func.__module__, c.function.py_func.__qualname__, c.argtypes) for c in _typed]
+    return typed_sites(), typed
+
+
+def adopt(report: tuple | None) -> None:
+    """Take the second process's typed_report: its sites recorded, the nested callees it typed
+    not typed again here (typing attend_stage costs ~0.3 s even with its helpers cached)."""
+    if report is None:
+        return
+    typed, callees = report
+    record_sites(typed)
+    named = {(f.py_func.__module__, f.py_func.__qualname__): f for f, _ in NESTED}
+    _typed.update(Callee(named[m, n], t) for m, n, t in callees if (m, n) in named)
 
 
 def _type_once(callee: Callee) -> None:
@@ -256,46 +359,6 @@ def address(callee: Callee) -> int:
     return result.library.get_pointer_to_function(result.fndesc.llvm_func_name)
 
 
-# -- typing a caller without compiling it ------------------------------------------------------
-
-
-@register_pass(mutates_CFG=False, analysis_only=True)
-class _StopAfterTyping(FunctionPass):
-    """Ends the pipeline once the function is typed (numba's early completion)."""
-
-    _name = "lmserve_stop_after_typing"
-
-    def __init__(self):
-        FunctionPass.__init__(self)
-
-    def run_pass(self, state):
-        raise compiler._EarlyPipelineCompletion(True)
-
-
-class _TypeOnly(compiler.CompilerBase):
-    """numba's untyped passes (inlining included) and type inference; no lowering."""
-
-    def define_pipelines(self):
-        pm = compiler.DefaultPassBuilder.define_untyped_pipeline(self.state)
-        pm.add_pass(NopythonTypeInference, "nopython frontend")
-        pm.add_pass(_StopAfterTyping, "stop after typing")
-        pm.finalize()
-        return [pm]
-
-
-def type_only(dispatcher, signature: tuple) -> None:
-    """Type ``dispatcher``'s function for ``signature`` with its own flags (parallel, ...)."""
-    function_compiler = dispatcher._compiler
-    flags = compiler.Flags()
-    function_compiler.targetdescr.options.parse_as_flags(flags, function_compiler.targetoptions)
-    flags = function_compiler._customize_flags(flags)
-    compiler.compile_extra(
-        dispatcher.targetdescr.typing_context, dispatcher.targetdescr.target_context, dispatcher.py_func,
-        args=signature, return_type=None, flags=flags, locals=function_compiler.locals,
-        pipeline_class=_TypeOnly,
-    )  # fmt: skip
-
-
 # -- persisted argument types ------------------------------------------------------------------
 
 
@@ -309,7 +372,7 @@ def _sites_path(caller, signature: tuple) -> Path:
 def save_sites(caller, signature: tuple) -> None:
     """Keep every site's argument types beside numba's cache (written whole or not at all)."""
     path = _sites_path(caller, signature)
-    typed = {sites.name: sorted(sites.typed, key=str) for sites in ALL_SITES}
+    typed = typed_sites()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")

@@ -28,6 +28,7 @@ import numba
 import numpy as np
 
 from ..ggml_math import hsum8
+from ..kernel_only import kernel_only
 from ..simd import target_features
 from .attention_tile_ir import (
     halves_f16c,
@@ -100,7 +101,7 @@ def tile_scratch_size(n_vecs, n_keys, hd, hd_v, lanes):
 def attend_scratch_size(n_keys, hd, hd_v, group):
     """float32 elements of one thread's attention scratch in the fused forward: a tile's work
     buffer (LANES-wide) over up to n_keys cache rows, or the scores of one row."""
-    n_vecs = tile_vectors(tile_rows(group) * group, LANES)
+    n_vecs = tile_vectors(tile_rows(group) * group, np.int64(LANES))  # not a literal: one variant
     return max(n_keys, tile_scratch_size(n_vecs, n_keys + 8, hd, hd_v, LANES))
 
 
@@ -186,7 +187,7 @@ def softmax_rows(scores, first, last):
         scale_lanes8(scores, 0, n, inverse, scores)
 
 
-@numba.njit(cache=True)
+@kernel_only()
 def attend_tile(q_lanes, first, last, keys, values, scale, work, out):
     """Attention of the queries q_lanes (vecs, hd, lanes) (rotated, f16-rounded; lane l of
     vector v attends cache rows first[v, l]..last[v, l]) over keys and values (ctx, hd) of f16

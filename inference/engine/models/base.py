@@ -117,6 +117,12 @@ class DecoderModel(ABC):
         return KVCache(self.config.kv_geometry, n_ctx)
 
     # -- the fused forward -----------------------------------------------------------------
+    @classmethod
+    def may_fuse(cls) -> bool:
+        """Whether the family may build the fused forward (it defines ``step_layers``): a cold
+        start then starts compiling it before the weights load (step_region.compile_ahead)."""
+        return cls.step_layers is not DecoderModel.step_layers
+
     def step_layers(self) -> list[LayerWeights] | None:
         """Every layer's weights as the fused forward takes them; None: the family has none."""
         return None

@@ -226,6 +226,8 @@ class FusedForward:
         self.weight_bytes = sum(a.nbytes for a in weights[:5]) - unread
         self.vocab = int(head_row[0, sk.ROWS])
         self._prepared = False  # the stages' addresses ready for this model's argument types
+        # What the stages' pointer calls reach for this model: only those kernels compiled.
+        self.features = sk.model_features(linears, head_row, int(dims[sk.FLAGS]))
         # np.array copies: the mapped file's norm is read-only, and a read-only array would compile
         # its own variant of the norm kernels beside the writable one every other norm is.
         self.model = sk.StepModel(
@@ -274,7 +276,7 @@ class FusedForward:
         scratch, counters = step_region.new_scratch(n_threads, x, self.model, rows)
         args = (n_threads, x, self.model, rows, logits, scratch, counters)
         if not self._prepared:
-            stage_calls.prepare(step_region.forward_rows, args)
+            stage_calls.prepare(step_region.forward_rows, args, self.features)
             self._prepared = True
         step_region.forward_rows(*args)
 

@@ -12,6 +12,7 @@ import numba
 import numpy as np
 
 from ..intrinsics import fma32, prefetch
+from ..kernel_only import kernel_only
 from ..quants.intdot import ROW_BLOCK, dot_rows_int
 from ..quants.nibbles import dot_rows_nib
 from ..quants.tiles import TILE_W, dot_tile_rows
@@ -23,7 +24,7 @@ from . import step_kernels as sk  # a module object: step_kernels imports this m
 PASS_BLOCKS = 4
 
 
-@numba.njit(cache=True)
+@kernel_only()
 def _finish(block, min_tile, has_mins, bias, has_bias, out, accumulate):
     """out (+)= block (+ min terms) (+ bias), per element in the one-row path's order of adds;
     rows of ``out`` as many as it has (the block's padding rows are dropped)."""
@@ -57,7 +58,7 @@ def _prefetch_codes(codes, first, stop, cols):
             prefetch(row, j)
 
 
-@numba.njit(cache=True)
+@kernel_only()
 def transpose_mins(mins, m_first, n_weight_rows, n_groups, out):
     """out[g, r] = mins[m_first + r * n_groups + g] for r < n_weight_rows: a tile's mins
     group-major, so that each group's min terms advance as one vector over the rows."""
@@ -89,7 +90,7 @@ def _prefetch_share(q, first, tile_bytes, share, n_shares, end):
     _prefetch_rows(q, lo, min(lo + part, first + tile_bytes), end)
 
 
-@numba.njit(cache=True)
+@kernel_only()
 def _tile_pass(weights, lin, rounded, k, s0, s_blocks, r0, r1, block, first, end):
     """block[b, i, r - r0] := the products of weight rows r0..r1 with activation row s0 + b *
     ROW_BLOCK + i, b < s_blocks: weight tile by weight tile, each against every block of rows
@@ -116,7 +117,7 @@ def _tile_pass(weights, lin, rounded, k, s0, s_blocks, r0, r1, block, first, end
             )  # fmt: skip
 
 
-@numba.njit(cache=True)
+@kernel_only()
 def _rest_rows(weights, lin, rounded, k, s0, s_blocks, r0, r1, block, one):
     """The weight rows past the item's whole tiles, one at a time, into ``block`` as _tile_pass."""
     q, scales = weights.q, weights.scales
@@ -138,7 +139,7 @@ def _rest_rows(weights, lin, rounded, k, s0, s_blocks, r0, r1, block, one):
                 block[b, i, r - r0] = one[i]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, no_cfunc_wrapper=True)
 def dot_tile_many(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch):
     """out[n, 0 : r1-r0] (+)= rows r0..r1 of the block-format linear ``lin`` times row n of
     slot k's rounded input, n < n_rows (> 1): TILE_W weight rows x ROW_BLOCK activation rows

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ..kernel_only import kernel_only
 from ..stage_calls import Sites
 from ..worksharing import claim, mark_done, wait_done
 from .attention_tile import (
@@ -28,7 +29,7 @@ from .rowops import rms_norm_into
 from .step_kernels import CACHE_K, FLAGS, HEAD_DIM, N_HEADS, N_KV, NEOX, QK_NORM, cache_arrays
 
 
-@numba.njit(cache=True)
+@kernel_only()
 def _prepared_q(qkv, n, h, q_norm, eps, rows, rope, dims, q_buf):
     """q_buf := query head h of row n, normed (if the family norms q), rotated, f16-rounded."""
     hd = dims[HEAD_DIM]
@@ -108,7 +109,7 @@ def _attend_tile(qkv, q_norm, eps, rows, rope, dims, cache, window, scale, item,
             out[n, h * hd + i] = result[k // lanes, k % lanes, i]
 
 
-@numba.njit(cache=True)
+@kernel_only()
 def attend_stage(
     qkv, q_norm, eps, rows, rope, dims, layer, n_layers, window, scale, q_buf, scores, out, counters, stage
 ):

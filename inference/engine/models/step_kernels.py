@@ -32,7 +32,9 @@ import numba
 import numpy as np
 
 from ..intrinsics import uint16_pointer
+from ..kernel_only import kernel_only
 from ..quants.quantize import round_row, round_row_int
+from ..stage_calls import Sites, calls_from
 from ..worksharing import claim, mark_done, wait_done
 from .kernels import rope_inplace, store_half
 from .rowops import rms_norm_into
@@ -71,6 +73,9 @@ ADD, STORE = np.bool_(True), np.bool_(False)
 SLOT0, SLOT1 = np.int64(0), np.int64(1)
 COLUMN0 = np.int64(0)  # dot_run's out_at: written from the first column
 UPWARD, DOWNWARD = np.bool_(False), np.bool_(True)  # dot_run's backward
+# Features of a model (stage_calls.prepare's): kernels only some models reach are called through
+# pointers added with these, so a cold start compiles them only for a model that has them.
+FLOAT_MATRICES, GELU_FFN = "float matrices", "gelu ffn"
 
 StepWeights = namedtuple("StepWeights", ["q", "scales", "mins", "bias", "floats", "gelu"])
 StepModel = namedtuple(
@@ -84,6 +89,20 @@ StepRows = namedtuple("StepRows", ["positions", "caches", "cos", "sin", "head_ro
 Rounded = namedtuple("Rounded", ["values", "ints", "int_scales", "sums"])
 
 
+# round_inputs rounds a float matrix's input through a pointer (stage_calls.py).
+ROUND_SITES = Sites("step_rounding")
+ROUND_ROW_AT = ROUND_SITES.add(round_row, needs=FLOAT_MATRICES)
+round_call = ROUND_SITES.call
+
+
+def model_features(linears: np.ndarray, head: np.ndarray, flags: int) -> frozenset[str]:
+    """The features (FLOAT_MATRICES, GELU_FFN) of a model with these linear tables (layers,
+    slots, LINEAR_FIELDS) and (1, LINEAR_FIELDS) and dims[FLAGS]: what prepare() compiles for."""
+    used = np.concatenate([linears.reshape(-1, LINEAR_FIELDS), head])  # (matrices, LINEAR_FIELDS)
+    has_float = bool(np.any((used[:, ROWS] > 0) & (used[:, SHIFT] == FLOAT_SHIFT)))
+    return frozenset([FLOAT_MATRICES] * has_float + [GELU_FFN] * bool(flags & GELU))
+
+
 @numba.njit(cache=True)
 def round_inputs(linears, x, rounded, n):
     """Round x into row n of every slot in ``linears`` (k, LINEAR_FIELDS) as its weight format
@@ -94,14 +113,17 @@ def round_inputs(linears, x, rounded, n):
             continue
         cols, shift = lin[COLS], lin[SHIFT]
         values = rounded.values[k, n, :cols]
-        if shift == FLOAT_SHIFT:
-            round_row(lin[KIND], x, values, rounded.sums[k, n, :0], SLOT1, STORE)  # group 1, no sums
+        if shift == FLOAT_SHIFT:  # group 1, no sums; through a pointer: only a float matrix needs it
+            round_call(ROUND_ROW_AT, (lin[KIND], x, values, rounded.sums[k, n, :0], SLOT1, STORE))
         else:
             n_groups = cols >> shift
             round_row_int(
                 lin[KIND], x, values, rounded.ints[k, n, :cols], rounded.int_scales[k, n, :n_groups],
                 rounded.sums[k, n, :n_groups], 1 << shift, lin[M_OFF] >= 0,
             )  # fmt: skip
+
+
+calls_from(round_inputs, ROUND_SITES)  # prepare_stage calls it directly
 
 
 @numba.njit(cache=True, inline="always")  # into prepare_stage: a cold start compiles one level fewer
@@ -113,7 +135,7 @@ def _prepare_row(src, norm, eps, linears, rounded, i, normed):
         round_inputs(linears, src, rounded, i)
 
 
-@numba.njit(cache=True)
+@kernel_only()
 def prepare_stage(src, src_rows, norm, eps, linears, rounded, normed, solo, counters, stage):
     """Rounded row i := src[src_rows[i]], rms-normed by ``norm`` first if it has entries. With
     ``solo`` this thread does every row into its own buffers; else rows are shared out."""
@@ -140,7 +162,7 @@ def cache_arrays(caches, n, n_layers, dims):
     return k, v
 
 
-@numba.njit(cache=True)
+@kernel_only()
 def kv_stage(qkv, qk_norm, eps, rows, rope, dims, layer, n_layers, counters, stage):
     """Per (row, kv head): norm and rotate k in place, write k and v as f16 at the row's
     position of its cache."""
@@ -164,7 +186,7 @@ def kv_stage(qkv, qk_norm, eps, rows, rope, dims, layer, n_layers, counters, sta
     wait_done(done, stage, n_items)
 
 
-@numba.njit(cache=True)
+@kernel_only()
 def add_normed_stage(x, proj, weight, eps, counters, stage):
     """Per row: x += rms_norm(proj) * weight (the post-norm residual)."""
     claimed, done = counters

@@ -3,10 +3,11 @@
 ``rows_stage`` and ``ffn_stage`` (step_region.py's stages) claim work items (step_items.py)
 and take each item's products with ``dot_run``, which sends one token row of a block format
 to ``dot_one_row`` (two weight rows at a time, from the file's blocks where the table says so:
-quants/blocks.py) and several rows, or a float matrix, to ``dot_tile`` (register tiles,
-prefill_tiles.py). The stages call dot_run, and dot_run its two kernels, through function
-pointers (stage_calls.py): a cold start compiles each once, none again inside its caller,
-and the one-row and the tile kernels on different cores (step_region's compile_elsewhere).
+quants/blocks.py), several rows to ``prefill_tiles.dot_tile_many`` (register tiles) and a
+float matrix's rows to ``dot_tile_float``. The stages call dot_run, and dot_run its three
+kernels, through function pointers (stage_calls.py): a cold start compiles each once, none
+again inside its caller, and the one-row and the tile kernels on different cores
+(step_region's compile_elsewhere).
 A kernel making pointer calls runs only after stage_calls.prepare (fused.FusedForward).
 The table columns and named tuples are step_kernels.py's.
 """
@@ -17,6 +18,7 @@ import numba
 import numpy as np
 
 from ..intrinsics import prefetch
+from ..kernel_only import kernel_only
 from ..quants.blocks import (
     BLOCK_Q4_1,
     BLOCK_Q4_K,
@@ -44,7 +46,9 @@ from .step_kernels import (
     B_OFF,
     COLS,
     COLUMN0,
+    FLOAT_MATRICES,
     FLOAT_SHIFT,
+    GELU_FFN,
     M_OFF,
     NIB,
     PREFETCH_BYTES,
@@ -84,11 +88,11 @@ def _lone_row(weights, lin, rounded, k, r, kind):
     return value
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, no_cfunc_wrapper=True)
 def dot_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_block, out_at, backward):
     """One activation row: weight rows two at a time (two independent sums in flight), four
-    for K-quant and Q8_0 blocks (two pairs of rows, kblocks.dot_quad_*, blocks.dot_quad_q80); row r's product goes to
-    out[0, out_at + r - r0]. ``backward``: the same units, last first (the thread that takes
+    for K-quant and Q8_0 blocks (two pairs of rows: kblocks.dot_quad_*, blocks.dot_quad_q80);
+    row r's product goes to out[0, out_at + r - r0]. ``backward``: the same units, last first (the thread that takes
     a stage's items from the back streams downward). ``min_block`` is unused (kept for
     stage_calls' signature)."""
     q, scales, mins = weights.q, weights.scales, weights.mins
@@ -184,28 +188,28 @@ def _dot_rows_float(weights, lin, values, r0, r1, out, accumulate):
             out[r - r0] = acc
 
 
-@numba.njit(cache=True)
-def dot_tile(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch):
-    """out[n, 0 : r1-r0] (+)= rows r0..r1 of linear ``lin`` times row n of slot k's rounded
-    input, for n < n_rows: float32 for float matrices, else integer group dot products by
-    register tiles (prefill_tiles.py; one row of a block format goes to dot_one_row).
-    ``scratch`` (1 + TILE_ROWS, ROW_BLOCK): the dot products of a block, then the min terms
-    of a tile."""
-    if lin[SHIFT] == FLOAT_SHIFT:
-        for n in range(n_rows):
-            _dot_rows_float(weights, lin, rounded.values[k, n], r0, r1, out[n], accumulate)
-    else:
-        prefill_tiles.dot_tile_many(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch)
+@kernel_only()
+def dot_tile_float(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch):
+    """out[n, 0 : r1-r0] (+)= rows r0..r1 of the float matrix ``lin`` times row n of slot k's
+    rounded input (float32 values), for n < n_rows; ``scratch`` unused (the arguments of
+    prefill_tiles.dot_tile_many, dot_run's other tile kernel)."""
+    for n in range(n_rows):
+        _dot_rows_float(weights, lin, rounded.values[k, n], r0, r1, out[n], accumulate)
 
 
-@numba.njit(cache=True)
+@kernel_only()
 def dot_run(weights, lin, rounded, k, n_rows, r0, r1, out, out_at, accumulate, scratch, backward):
     """The products of rows r0..r1 of ``lin`` into out[:, out_at : out_at + r1 - r0] of a whole
     C-contiguous ``out``: one row of a block format by dot_one_row, which writes ``out``
-    itself (the strided view dot_tile writes through cost ~20% of a 32-row item's time,
+    itself (the strided view the tiles write through cost ~20% of a 32-row item's time,
     measured on Qwen2.5's head), walking the weight rows downward with ``backward`` (same
-    products, same bits); else dot_tile. Both through pointers (module docstring)."""
-    if n_rows == 1 and lin[SHIFT] != FLOAT_SHIFT:
+    products, same bits); several rows by prefill_tiles.dot_tile_many, a float matrix by
+    dot_tile_float. All through pointers (module docstring): no level between dot_run and the
+    tiles whose compile would optimize the tile kernels' code once more."""
+    if lin[SHIFT] == FLOAT_SHIFT:
+        view = out[:, out_at : out_at + r1 - r0]
+        product_call(FLOAT_AT, (weights, lin, rounded, k, n_rows, r0, r1, view, accumulate, scratch))
+    elif n_rows == 1:
         product_call(ONE_ROW_AT, (
             weights, lin, rounded, k, r0, r1, out, accumulate, scratch[0], scratch[1], out_at, backward,
         ))  # fmt: skip
@@ -214,13 +218,13 @@ def dot_run(weights, lin, rounded, k, n_rows, r0, r1, out, out_at, accumulate, s
         product_call(TILE_AT, (weights, lin, rounded, k, n_rows, r0, r1, view, accumulate, scratch))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, no_cfunc_wrapper=True)
 def rows_stage(weights, linears, rounded, n_rows, out, accumulate, counters, stage, tid):
     """Claim tiles of the rows of ``linears`` (stacked one after another in ``out`` (rows,
     total)) and take each tile's products with every one of ``n_rows`` rounded rows. With one
     row the odd threads claim from the back and walk downward (``claim_end``)."""
     claimed, done = counters
-    total, n_lin = 0, linears.shape[0]
+    total, n_lin = np.int64(0), linears.shape[0]  # np.int64: not a literal 0 (a second item_bounds)
     for k in range(n_lin):
         total += linears[k, ROWS]
     bounds = item_bounds(total, n_rows, ONE_MATRIX)
@@ -246,7 +250,7 @@ def rows_stage(weights, linears, rounded, n_rows, out, accumulate, counters, sta
     wait_done(done, stage, n_items)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, no_cfunc_wrapper=True)
 def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage, tid):
     """Tiles of gate and up rows (slot 0 of ``linears`` is gate, or gate|up stacked when slot 1
     is empty) for every row; writes act = SiLU(gate) * up or GELU(gate) * up. With one row the
@@ -272,8 +276,8 @@ def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage, tid):
             back,
         ))  # fmt: skip
         for n in range(n_rows):
-            if gelu:
-                gelu_mul(gate[n], up[n], act[n, a:b], weights.gelu)
+            if gelu:  # through a pointer: compiled only for a model with GELU
+                kernel_call(GELU_AT, (gate[n], up[n], act[n, a:b], weights.gelu))
             else:
                 silu_mul(gate[n], up[n], act[n, a:b], max(0, min(b, n_ff - n_ff % 8) - a))
         mark_done(done, stage)
@@ -284,8 +288,10 @@ def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage, tid):
 # dot_run calls its two kernels, and the stages dot_run, through pointers (stage_calls.py).
 PRODUCT_SITES = Sites("step_products")
 ONE_ROW_AT = PRODUCT_SITES.add(dot_one_row)
-TILE_AT = PRODUCT_SITES.add(dot_tile)
+TILE_AT = PRODUCT_SITES.add(prefill_tiles.dot_tile_many)
+FLOAT_AT = PRODUCT_SITES.add(dot_tile_float, needs=FLOAT_MATRICES)
 product_call = PRODUCT_SITES.call
 KERNEL_SITES = Sites("step_kernels")
 DOT_RUN_AT = KERNEL_SITES.add(dot_run, PRODUCT_SITES)
+GELU_AT = KERNEL_SITES.add(gelu_mul, needs=GELU_FFN)
 kernel_call = KERNEL_SITES.call

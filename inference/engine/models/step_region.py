@@ -16,16 +16,17 @@ import numba
 import numpy as np
 
 from ..borrow import borrowed
+from ..kernel_only import kernel_only
 from ..quants.intdot import ROW_BLOCK
-from ..stage_calls import Sites, compile_elsewhere
+from ..stage_calls import Sites, compile_elsewhere, start_early
 from .attention_tile import attend_scratch_size, attend_tile
 from .kernels import attend_head
 from .step_attention import ATTEND_SITES, attend_stage
 from .step_kernels import (
     ADD, ATTEND, DOWN, FFN, FFN_POST, FLAGS, GELU, HEAD_DIM, KV, N_FF, N_HEADS, N_KV, OUT, OUT_POST, COLS,
     POST_NORMS, PREP_DOWN, PREP_FFN, PREP_OUT, PREP_QKV, QKV, SLOT_DOWN, SLOT_GATE, SLOT_OUT, SLOT_Q,
-    SOLO_ROWS, STAGES_PER_LAYER, STORE, Rounded, StepModel, StepRows, StepWeights, add_normed_stage,
-    kv_stage, prepare_stage,
+    ROUND_SITES, SOLO_ROWS, STAGES_PER_LAYER, STORE, Rounded, StepModel, StepRows, StepWeights,
+    add_normed_stage, kv_stage, prepare_stage,
 )  # fmt: skip
 from .step_products import KERNEL_SITES, ffn_stage, rows_stage
 
@@ -52,7 +53,9 @@ Scratch = namedtuple(
 # region above them compiles without re-optimizing them. Site X_AT calls the function added
 # as X_AT below; CALLS_THROUGH: the stages that make pointer calls themselves.
 STAGES = Sites("step_region")
-CALLS_THROUGH = {rows_stage: KERNEL_SITES, ffn_stage: KERNEL_SITES, attend_stage: ATTEND_SITES}
+CALLS_THROUGH = {
+    rows_stage: KERNEL_SITES, ffn_stage: KERNEL_SITES, attend_stage: ATTEND_SITES, prepare_stage: ROUND_SITES,
+}  # fmt: skip
 (
     PREP_QKV_AT, QKV_AT, KV_AT, ATTEND_AT, PREP_OUT_AT, OUT_STORE_AT, OUT_POST_AT, OUT_ADD_AT, PREP_FFN_AT,
     FFN_AT, PREP_DOWN_AT, DOWN_STORE_AT, FFN_POST_AT, DOWN_ADD_AT, PREP_HEAD_AT, HEAD_AT,
@@ -110,7 +113,7 @@ def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo):
         stage(DOWN_ADD_AT, (w, down_lin, rounded, n_rows, x, ADD, counters, at + DOWN, tid))
 
 
-@numba.njit(cache=True)
+@kernel_only()
 def run_stages(tid, x, model, rows, scratch, logits, counters, solo):
     """Every stage of one forward, as thread ``tid`` of the region sees it."""
     copy = np.int64(tid) if solo else np.int64(0)
@@ -177,7 +180,7 @@ def new_scratch(
     return scratch, np.zeros((2, n_stages), np.int64)  # (claimed | done, stages)
 
 
-@numba.njit(parallel=PRANGE_ONLY, cache=True)
+@numba.njit(parallel=PRANGE_ONLY, cache=True, no_cfunc_wrapper=True)
 def forward_rows(n_threads, x, model, rows, logits, scratch, counters):
     """Rows x (N, n_embd) through every layer, updated in place; each row's k and v go to its
     cache at its position; logits (M, vocab) get the head's output for rows.head_rows.
@@ -208,11 +211,36 @@ def forward_rows(n_threads, x, model, rows, logits, scratch, counters):
         ))  # fmt: skip
 
 
-# What a cold start compiles in a second process while this one compiles the rest: dot_tile,
-# dot_one_row, dot_run (step_products.py), prepare_stage, ffn_stage and add_normed_stage
-# (compile_split.py). CPU seconds of each on an empty cache, SmolLM2 on the AVX-512 VNNI machine
-# (2026-12-02): here dot_tile 4.6, prepare_stage 2.7, dot_one_row 1.9, ffn_stage with its
-# activations ~1.3, dot_run 0.4, add_normed_stage 0.3; there attend_tile 2.7, forward_rows 1.6,
-# run_stages 1.2, attend_head 1.2, attend_stage 0.8, kv_stage 0.6, rows_stage 0.5. Both first type
-# the forward (stage_calls.discover), ~2-3 s.
-compile_elsewhere(forward_rows, run_stages, attend_stage, attend_tile, attend_head, kv_stage, rows_stage)
+def forward_signature() -> tuple:
+    """The numba argument types of forward_rows as fused.FusedForward passes them: the same for
+    every model (the dtypes, dimensions and layouts of its arrays are fixed), so a cold start
+    can hand them to the second compiling process before the weights are loaded (start_early)."""
+
+    def a(dtype, ndim: int) -> np.ndarray:
+        return np.zeros((1,) * ndim, dtype)  # a C-contiguous, writable array of this kind
+
+    f32, i64, i8 = np.float32, np.int64, np.int8
+    weights = StepWeights(a(i8, 1), a(f32, 1), a(f32, 1), a(f32, 1), a(f32, 1), a(f32, 1))
+    model = StepModel(
+        weights, a(i64, 3), a(i64, 2), a(f32, 3), a(f32, 3), a(f32, 1), a(i64, 2), a(i64, 1), f32(1), f32(1)
+    )  # fmt: skip
+    rows = StepRows(a(i64, 1), a(i64, 2), a(f32, 3), a(f32, 3), a(i64, 1))
+    scratch = Scratch(
+        *[a(f32, 2)] * 5, a(f32, 4), a(i8, 4), a(f32, 4), a(f32, 4), a(f32, 2), a(f32, 2), a(i64, 1)
+    )
+    args = (1, a(f32, 2), model, rows, a(f32, 2), scratch, a(i64, 2))
+    return tuple(forward_rows.typeof_pyval(v) for v in args)
+
+
+def compile_ahead() -> None:
+    """A cold start of a model with the fused forward: start compiling it in the second process
+    now, while this one loads the weights (stage_calls.start_early)."""
+    start_early(forward_rows, forward_signature())
+
+
+# What a cold start compiles in a second process (started before the weights load: compile_ahead)
+# while this one compiles the rest (compile_split.py): the region, its stages for attention and
+# the k/v cache; here the products, the rounding and the FFN. Each side first types its part of
+# the forward (stage_calls.discover, ~2-3 s with the helpers that typing compiles). Balanced on
+# SmolLM2 (2026-12-02, AVX-512 VNNI machine): ~10-11 s CPU each of a ~22 s cold start.
+compile_elsewhere(forward_rows, run_stages, attend_stage, attend_tile, attend_head, kv_stage)

@@ -136,12 +136,15 @@ def test_rows_stage_equals_matrix_matvec(qtype, n_rows, tid):
         np.zeros((3, padded, cols // 16), np.float32),  # their scales
         np.zeros((3, padded, cols // 16), np.float32),  # group sums
     )
+    # round_inputs rounds a float matrix's input through a pointer, and the float products are
+    # compiled only for a model with float matrices (step.features): both prepared first
+    stage_calls.prepare(sk.round_inputs, (linears, x[0], rounded, 0), step.features)
     for n in range(n_rows):
         sk.round_inputs(linears, x[n], rounded, n)
     out = np.full((n_rows, 115), np.nan, np.float32)
     counters = (np.zeros(1, np.int64), np.zeros(1, np.int64))
     args = (weights, linears, rounded, n_rows, out, False, counters, 0, tid)
-    stage_calls.prepare(sp.rows_stage, args)  # its products are pointer calls of dot_run
+    stage_calls.prepare(sp.rows_stage, args, step.features)  # its products are pointer calls of dot_run
     sp.rows_stage(*args)
     expected = np.stack([np.concatenate([first.matvec(row), second.matvec(row, bias)]) for row in x])
     if qtype in (Q.F32, Q.F16, Q.BF16):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from inference.engine.models import prefill_tiles
 from inference.engine.models import step_kernels as sk
 from inference.engine.models import step_products as sp
 from inference.engine.models.step_items import TILE_ROWS
@@ -75,7 +76,7 @@ def test_several_rows_equal_each_row_alone(group_shift, nib, low, high, with_min
     for r0, r1 in [(0, 29), (3, 20)]:  # 3 whole tiles and 5 rows; a tile starting off 0 and 1 row
         start = rng.standard_normal((n, r1 - r0)).astype(np.float32)  # (n, r1 - r0)
         many = start.copy()
-        sp.dot_tile(weights, lin, rounded, 0, n, r0, r1, many, accumulate, scratch)
+        prefill_tiles.dot_tile_many(weights, lin, rounded, 0, n, r0, r1, many, accumulate, scratch)
         for t in range(n):
             alone = start[t : t + 1].copy()  # (1, r1 - r0)
             one = _one_row(rounded, t)  # as a decode step takes it

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from inference.engine import compile_split, stage_calls
+from inference.engine.numba_cache import warm_up_notice
 from inference.engine.stage_calls import Callee, Sites
 from tests.fixtures.model_files import default_model_path
 
@@ -132,3 +133,114 @@ def test_a_warm_start_loads_the_persisted_sites_and_compiles_nothing():
     out = subprocess.run(run, env=env, cwd=ROOT, check=True, capture_output=True, text=True).stdout
     compiled, discoveries = (int(v) for v in out.split())
     assert (compiled, discoveries) == (0, 0)
+
+
+@numba.njit
+def scale_by(a, k):
+    for i in range(a.shape[0]):
+        a[i] *= k
+
+
+NEEDS_SITES = Sites("test_stage_calls_needs")
+SCALE_AT = NEEDS_SITES.add(scale_by, needs="scaling")
+needs_call = NEEDS_SITES.call
+
+
+@numba.njit
+def scale_if(a, k, wanted):
+    if wanted:
+        needs_call(SCALE_AT, (a, k))
+
+
+def test_a_callee_needing_a_feature_is_compiled_only_with_it():
+    a = np.ones(5, np.float32)
+    args = (a, np.float32(3.0), False)
+    stage_calls.prepare(scale_if, args)
+    callee_types = next(c.argtypes for c in NEEDS_SITES.slots.values())
+    assert callee_types not in scale_by.overloads  # no model feature "scaling": never compiled
+    scale_if(*args)
+    with pytest.raises(RuntimeError, match="scale_by has no address"):
+        scale_if(a, np.float32(3.0), True)  # reached all the same: an error, not a jump to 0
+    stage_calls.prepare(scale_if, args, frozenset(["scaling"]))
+    assert callee_types in scale_by.overloads
+    scale_if(a, np.float32(3.0), True)
+    np.testing.assert_array_equal(a, np.full(5, 3.0, np.float32))
+
+
+def test_a_second_process_started_ahead_is_the_one_prepare_uses(caplog):
+    caplog.set_level(logging.INFO, logger=compile_split.__name__)
+    a, b = _vectors(np.uint32)
+    args = (a, b, np.uint32(1))
+    signature = tuple(numba.typeof(v) for v in args)
+    stage_calls.start_early(twice_by_pointer, signature)
+    assert (twice_by_pointer, signature) in stage_calls._early
+    stage_calls.prepare(twice_by_pointer, args)
+    assert not stage_calls._early
+    assert caplog.text.count("compiling the engine's kernels in two processes") == 1
+    assert "the second process compiled 2 kernels" in caplog.text
+
+
+def test_a_second_process_started_ahead_for_other_types_is_stopped():
+    a, b = _vectors(np.uint16)
+    signature = tuple(numba.typeof(v) for v in (a, b, np.uint16(1)))
+    stage_calls.start_early(twice_by_pointer, signature)
+    helper = stage_calls._early[(twice_by_pointer, signature)]
+    # a start-up log then says kernels are being compiled, whatever the cache holds already
+    assert stage_calls.compiling_ahead() and warm_up_notice().startswith("compiling the engine's kernels")
+    stage_calls.cancel_early()
+    assert helper.returncode is not None and not stage_calls.compiling_ahead()
+
+
+SIGNATURE_SCRIPT = """
+import sys
+from inference.engine import stage_calls
+from inference.engine.engine import Engine
+from inference.engine.models import step_region
+seen = []
+original = stage_calls.prepare
+def prepare(caller, args, *features):
+    seen.append(tuple(caller.typeof_pyval(a) for a in args))
+    original(caller, args, *features)
+stage_calls.prepare = prepare
+Engine.load(sys.argv[1]).warm_up()
+print(set(seen) == {step_region.forward_signature()}, len(seen) > 0)
+"""
+
+
+def test_the_forward_signature_built_without_a_model_is_the_one_the_forward_passes():
+    """What a cold start hands the second process before the weights are loaded."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = [sys.executable, "-c", SIGNATURE_SCRIPT, str(default_model_path())]
+    out = subprocess.run(run, env=env, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    assert out.split() == ["True", "True"]
+
+
+NESTED_SCRIPT = """
+import sys
+import numpy as np
+from inference.engine import stage_calls
+from tests.inference.engine import nested_kernels as k
+a = np.zeros(1)
+caller = getattr(k, sys.argv[1])
+stage_calls.prepare(caller, (a,))
+caller(a)
+print(a[0])
+"""
+
+
+def test_a_caller_whose_direct_callee_comes_from_the_cache_finds_that_callees_sites(tmp_path):
+    """A new caller of a cached kernel that makes pointer calls (bench/prefill_breakdown after
+    decode_breakdown): numba loads the kernel without typing it, so its sites are found by
+    typing it anew, and get addresses."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "NUMBA_CACHE_DIR": str(tmp_path),
+        "LMSERVE_COMPILE_SPLIT": "0",
+    }
+    env.pop("LMSERVE_NUMBA_CACHE_BASE", None)
+    for caller in ("by_pointer", "direct"):  # the first fills the cache
+        run = [sys.executable, "-c", NESTED_SCRIPT, caller]
+        out = subprocess.run(run, env=env, cwd=ROOT, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split() == ["1.0"]
