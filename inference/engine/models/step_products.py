@@ -29,7 +29,6 @@ from ..quants.blocks import (
     block_offset,
     block_row_bytes,
     dot_pair_q80,
-    dot_quad_q80,
 )
 from ..quants.intdot import ROW_BLOCK, dot_pair_int, dot_row_int, min_sum
 from ..quants.kblocks import dot_pair_q4k, dot_pair_q6k, dot_quad_q4k, dot_quad_q6k
@@ -91,8 +90,8 @@ def _lone_row(weights, lin, rounded, k, r, kind):
 @numba.njit(cache=True, no_cfunc_wrapper=True)
 def dot_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_block, out_at, backward):
     """One activation row: weight rows two at a time (two independent sums in flight), four
-    for K-quant and Q8_0 blocks (two pairs of rows: kblocks.dot_quad_*, blocks.dot_quad_q80);
-    row r's product goes to out[0, out_at + r - r0]. ``backward``: the same units, last first (the thread that takes
+    for K-quant blocks (two pairs of rows, kblocks.dot_quad_*); row r's product goes to
+    out[0, out_at + r - r0]. ``backward``: the same units, last first (the thread that takes
     a stage's items from the back streams downward). ``min_block`` is unused (kept for
     stage_calls' signature)."""
     q, scales, mins = weights.q, weights.scales, weights.mins
@@ -105,7 +104,7 @@ def dot_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_bl
     own_bytes = cols if nib < 0 else cols >> 1
     row_bytes = block_row_bytes(kind, cols) if quint else own_bytes
     q_first = block_offset(lin[QUINT]) if quint else lin[Q_OFF]
-    step = 4 if kind == BLOCK_Q4_K or kind == BLOCK_Q6_K or kind == BLOCK_Q8_0 else 2  # rows a unit
+    step = 4 if kind == BLOCK_Q4_K or kind == BLOCK_Q6_K else 2  # rows a unit
     ahead = max(1, (QUINT_PREFETCH_BYTES if quint else PREFETCH_BYTES) // row_bytes)
     if step == 4:  # quads: two units ahead (bench/k_stream.py --far: 12 KB was within a unit)
         ahead = max(ahead, 2 * step)
@@ -128,8 +127,6 @@ def dot_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_bl
         after = row_start + row_bytes
         if n == 4 and kind == BLOCK_Q4_K:  # super-blocks of 256, mins inside: two pairs a call
             dot_quad_q4k(q, row_start, after, codes, code_scales, group_sums, cols >> 8, block)
-        elif n == 4 and kind == BLOCK_Q8_0:  # the output heads: two pairs sharing the activation
-            dot_quad_q80(q, row_start, after, codes, scales, code_scales, groups, block)
         elif n == 4:
             dot_quad_q6k(q, row_start, after, codes, code_scales, group_sums, cols >> 8, block)
         elif pair and kind == BLOCK_Q4_K:

@@ -19,7 +19,7 @@ from .intdot import HOST_SIMD, _group_dot_pair_intrinsic
 from .intdot_ir import Q41_BLOCK, Q80_BLOCK, Q80_OFFSET, Q80_QS, QUINT_BLOCK
 from .kblocks_ir import Q4K_BLOCK, Q6K_BLOCK, SUPER
 from .quint import WIDE, f16_exact
-from .wide import PAIR, Q8_0, QUAD
+from .wide import PAIR, Q8_0
 
 GROUP = 32
 BLOCK_Q5_0, BLOCK_Q4_1, BLOCK_Q8_0 = 0, 1, 2
@@ -102,20 +102,13 @@ def vnni_dot_pair_q80(q, q0, q1, ints, scales, int_scales, n_groups, out):
     _vnni_pair(q, q0, q1, ints, scales, 0, 0, int_scales, n_groups, out)
 
 
-_wide_pair, _wide_quad = PAIR[Q8_0], QUAD[Q8_0]
+_wide_pair = PAIR[Q8_0]
 
 
 @numba.njit(cache=True)
 def wide_dot_pair_q80(q, q0, q1, ints, scales, int_scales, n_groups, out):
     """dot_pair_q80 with both rows in one 512-bit register (only where wide_ir.fits)."""
     _wide_pair(q, q0, q1, ints, int_scales, int_scales, n_groups, out)
-
-
-@numba.njit(cache=True)
-def wide_dot_quad_q80(q, q0, q1, ints, scales, int_scales, n_groups, out):
-    """out[0:4] = the Q8_0 rows at q0 + i * (q1 - q0), two 512-bit pairs sharing the
-    activation's work (only where wide_ir.fits): from L2 ~1.2x the pair's Gweights/s."""
-    _wide_quad(q, q0, q1, ints, int_scales, int_scales, n_groups, out)
 
 
 # The vnni selection runs the 512-bit pair where the CPU has AVX-512 (AVX-VNNI alone: 256-bit).
@@ -128,17 +121,3 @@ SELECTED = {
 # weight rows at byte offsets q0 and q1 with one activation row -> out[0], out[1]: the int8
 # copy's bits (dot_pair_int).
 dot_pair_q80 = SELECTED[HOST_SIMD]
-
-
-@numba.njit(cache=True)
-def pairs_dot_quad_q80(q, q0, q1, ints, scales, int_scales, n_groups, out):
-    """dot_quad_q80 as two calls of the selection's pair (no 512-bit quad here)."""
-    step = q1 - q0
-    for p in range(2):
-        a = q0 + 2 * p * step
-        dot_pair_q80(q, a, a + step, ints, scales, int_scales, n_groups, out[2 * p : 2 * p + 2])
-
-
-# dot_quad_q80(q, q0, q1, ints, scales, int_scales, n_groups, out): four rows q1 - q0 bytes
-# apart -> out[0:4], each dot_pair_q80's bits.
-dot_quad_q80 = wide_dot_quad_q80 if WIDE and HOST_SIMD == "vnni" else pairs_dot_quad_q80

@@ -165,22 +165,3 @@ def test_every_q8_0_block_kernel_gives_the_int8_copys_bits(simd):
         )  # fmt: skip
         Q80_KERNELS[simd](flat, r * rb, (r + 1) * rb, ints, scales.ravel(), int_scales, g, out)
         np.testing.assert_array_equal(out, expected)
-
-
-@pytest.mark.parametrize("quad", ["wide", "pairs"])
-def test_a_q8_0_quad_gives_two_pairs_bits(quad):
-    _runnable("wide" if quad == "wide" else "generic")
-    q, scales, ints, int_scales = _q80_matrix(rows=8)
-    rows, cols, g = *q.shape, q.shape[1] // 32
-    rb = blocks.block_row_bytes(blocks.BLOCK_Q8_0, cols)
-    flat = blocks.pack_q80(q, scales).ravel().view(np.int8)
-    kernel = blocks.wide_dot_quad_q80 if quad == "wide" else blocks.pairs_dot_quad_q80
-    for r in range(0, rows, 4):
-        expected, out = np.zeros(4, np.float32), np.full(4, np.nan, np.float32)
-        for p in range(2):
-            a = (r + 2 * p) * rb
-            blocks.dot_pair_q80(
-                flat, a, a + rb, ints, scales.ravel(), int_scales, g, expected[2 * p : 2 * p + 2]
-            )
-        kernel(flat, r * rb, (r + 1) * rb, ints, scales.ravel(), int_scales, g, out)
-        np.testing.assert_array_equal(out, expected)
