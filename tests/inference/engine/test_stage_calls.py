@@ -172,6 +172,9 @@ def test_a_second_process_started_ahead_is_the_one_prepare_uses(caplog):
     a, b = _vectors(np.uint32)
     args = (a, b, np.uint32(1))
     signature = tuple(numba.typeof(v) for v in args)
+    # a cold start for these types: the per-user cache outlives test runs, and a warm one
+    # (sites saved by an earlier run) rightly starts no second process
+    stage_calls._sites_path(twice_by_pointer, signature).unlink(missing_ok=True)
     stage_calls.start_early(twice_by_pointer, signature)
     assert (twice_by_pointer, signature) in stage_calls._early
     stage_calls.prepare(twice_by_pointer, args)
