@@ -170,6 +170,7 @@ RESPONSES_ITEM = any_of(
         {
             "type": const("function_call"),
             "name": string(nullable=False, minLength=1),
+            "namespace": string("the namespace the function was declared in"),
             "call_id": string(),
             "arguments": string("a JSON object, as text"),
         },
@@ -177,16 +178,76 @@ RESPONSES_ITEM = any_of(
     ),
     obj(
         {
-            "type": const("function_call_output"),
+            "type": const("custom_tool_call"),
+            "name": string(nullable=False, minLength=1),
+            "namespace": string("the namespace the tool was declared in"),
             "call_id": string(),
-            "output": any_of(string(nullable=False), array(obj({"text": string(nullable=False)}, ("text",)))),
+            "input": string("the tool's free-form input", nullable=False),
         },
-        ("type", "output"),
+        ("type", "name", "input"),
+    ),
+    *(
+        obj(
+            {
+                "type": const(kind),
+                "call_id": string(),
+                "output": any_of(
+                    string(nullable=False), array(obj({"text": string(nullable=False)}, ("text",)))
+                ),
+            },
+            ("type", "output"),
+        )
+        for kind in ("function_call_output", "custom_tool_call_output")
+    ),
+)
+CUSTOM_TOOL = obj(
+    {
+        "type": const("custom"),
+        "name": string(nullable=False, minLength=1),
+        "description": string(),
+        "format": obj(
+            {
+                "type": enum(("text", "grammar")),
+                "syntax": enum(responses_tools.GRAMMAR_SYNTAXES, nullable=True),
+                "definition": string("the grammar (required for type grammar)", minLength=1),
+            },
+            ("type",),
+            "free text, or a grammar the input must match (enforced when tool_choice forces the tool)",
+            nullable=True,
+        ),
+    },
+    ("type", "name"),
+    "a free-form tool: the model writes its input as text",
+)
+RESPONSES_TOOL = any_of(
+    function_declaration(flat=True),
+    CUSTOM_TOOL,
+    obj(
+        {
+            "type": const("namespace"),
+            "name": string(nullable=False, minLength=1),
+            "description": string(),
+            "tools": array(any_of(function_declaration(flat=True), CUSTOM_TOOL), nullable=False),
+        },
+        ("type", "name", "tools"),
+        "function and custom tools grouped under a name (the model sees namespace.name)",
+    ),
+    obj(
+        {"type": string(nullable=False, pattern="^(" + "|".join(responses_tools.HOSTED_TOOL_PREFIXES) + ")")},
+        ("type",),
+        "a hosted tool: left out of the prompt (a tool_choice forcing it is a 400)",
     ),
 )
 RESPONSES_TOOL_CHOICE = any_of(
     enum(responses_tools.CHOICE_WORDS, nullable=True),
-    obj({"type": const("function"), "name": string(nullable=False)}, ("type", "name")),
+    obj(
+        {
+            "type": enum(responses_tools.CLIENT_TOOL_KINDS),
+            "name": string(nullable=False),
+            "namespace": string(),
+        },
+        ("type", "name"),
+    ),
 )
 RESPONSES_REQUEST = obj(
     {
@@ -201,7 +262,7 @@ RESPONSES_REQUEST = obj(
         "stream": boolean("answer as server-sent Responses events"),
         "stop": STOP,
         "text": obj({"format": reply_format()}, nullable=True),
-        "tools": array(function_declaration(flat=True)),
+        "tools": array(RESPONSES_TOOL),
         "tool_choice": RESPONSES_TOOL_CHOICE,
         **SAMPLING,
         "previous_response_id": refused(responses.STATELESS),

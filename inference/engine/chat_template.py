@@ -152,6 +152,9 @@ FALLBACKS = {
 }
 
 
+SYSTEM_SEPARATOR = "\n\n"  # system texts folded into one are paragraphs of it
+
+
 class ChatTemplateError(ValueError):
     """The chat template failed to compile or render; the message says why."""
 
@@ -227,7 +230,23 @@ class ChatTemplate:
         tools: list[dict] | None = None,
         **extra: Any,
     ) -> str:
-        """The prompt text for ``messages``; :class:`ChatTemplateError` if the template fails."""
+        """The prompt text for ``messages``; :class:`ChatTemplateError` if the template fails.
+
+        System messages after the first turn (agents send reminders and agent lists that way)
+        render where they stand when the template allows it, which keeps the conversation's
+        earlier tokens (and so its warm KV rows) unchanged; a template that refuses them gets
+        them folded, in order, into the leading system message instead."""
+        try:
+            return self._render(messages, add_generation_prompt, tools, **extra)
+        except ChatTemplateError:
+            folded = fold_late_system_messages(messages)
+            if folded is None:
+                raise
+            return self._render(folded, add_generation_prompt, tools, **extra)
+
+    def _render(
+        self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None, **extra: Any
+    ) -> str:
         context = {
             "messages": messages,
             "add_generation_prompt": add_generation_prompt,
@@ -242,6 +261,29 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template failed: {exc}") from exc
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
             raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+
+
+def fold_late_system_messages(messages: list[dict]) -> list[dict] | None:
+    """``messages`` with every system message after the leading ones appended, in order, to
+    the leading system message (one is made when there is none); None when there is nothing
+    to fold. Text content only: a message whose content is a list of parts keeps its text."""
+    lead = 0
+    while lead < len(messages) and messages[lead].get("role") == "system":
+        lead += 1
+    late = [m for m in messages[lead:] if m.get("role") == "system"]
+    if not late:
+        return None
+    texts = [_plain_text(m.get("content")) for m in [*messages[:lead], *late]]
+    system = {"role": "system", "content": SYSTEM_SEPARATOR.join(t for t in texts if t)}
+    return [system, *(m for m in messages[lead:] if m.get("role") != "system")]
+
+
+def _plain_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
 
 
 # Unicode noncharacters: reserved for internal use, so neither a vocabulary nor sane text holds them.

@@ -13,6 +13,8 @@ never prompt tokens: usage and ``cached_tokens`` count the real tokens past them
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -20,7 +22,7 @@ from inference.engine.engine import Engine
 from inference.generation.constraints import ConstraintCompiler, ConstraintSpec
 from inference.generation.speculative import Speculator
 from inference.generation.stream import BatchItem, DecodeStream
-from inference.generation.toolcall import resolve_forced_call
+from inference.generation.toolcall import auto_call_grammar, resolve_forced_call
 from inference.kv.disk import SidecarStore
 from inference.kv.prefix_source import PrefixChoice, PrefixSource
 from inference.kv.slots import SlotPool
@@ -35,6 +37,7 @@ from inference.types import (
 )
 
 DEFAULT_MAX_TOKENS = 1024
+CALL_GRAMMAR_VERDICTS = 64  # tool sets whose call grammar was checked, remembered per backend
 logger = logging.getLogger("lmserve.backend")
 
 
@@ -99,6 +102,8 @@ class ConversationBackend:
         self.slots = SlotPool(lambda: engine.new_cache(n_ctx), kv_slots, disk)
         self.constraints = ConstraintCompiler(engine.tokenizer, stop_ids=engine.stop_ids)
         self.speculator = Speculator(engine) if spec else None
+        self._call_grammar_compiles: OrderedDict[str, bool] = OrderedDict()
+        self._call_grammar_lock = threading.Lock()  # connections and the worker both ask
 
     # -- connection side -------------------------------------------------------------------
     @property
@@ -124,9 +129,32 @@ class ConversationBackend:
         self.slots.release()
 
     def constraint_spec(self, request: GenerationRequest) -> ConstraintSpec | None:
-        """The request's constraint, a forced call spelled in this family's call convention."""
+        """The request's constraint, a forced call spelled in this family's call convention;
+        a request that may call tools and has no constraint of its own gets the call grammar
+        (free text until the call marker, then only calls to declared tools)."""
         spec = request.constraint
-        return None if spec is None else resolve_forced_call(spec, self.family.tools)
+        if spec is None:
+            return self._call_grammar(request)
+        return resolve_forced_call(spec, self.family.tools)
+
+    def _call_grammar(self, request: GenerationRequest) -> ConstraintSpec | None:
+        """None without tools or a call convention, or when llguidance cannot compile the
+        grammar (some declared schema it does not take): the reply then goes unconstrained,
+        as a plain tool request always did. The verdict is remembered per tool set, since
+        agents send the same declarations with every turn."""
+        convention = self.family.tools
+        if not request.tools or convention is None:
+            return None
+        spec = ConstraintSpec("lark", auto_call_grammar(list(request.tools), convention), "tools")
+        with self._call_grammar_lock:
+            verdicts = self._call_grammar_compiles
+            compiles = verdicts.get(spec.source)
+            if compiles is None:
+                compiles = self.constraints.validate(spec) is None
+                verdicts[spec.source] = compiles
+                while len(verdicts) > CALL_GRAMMAR_VERDICTS:
+                    verdicts.popitem(last=False)
+        return spec if compiles else None
 
     def tokenize(self, request: GenerationRequest) -> list[int] | Error:
         """The conversation rendered with the chat template and tokenized, whatever its length."""

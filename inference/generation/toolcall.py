@@ -211,15 +211,42 @@ def forced_call_grammar(tools: list[ToolSpec], enforce_schemas: bool, convention
     if not tools:
         raise ValueError("a forced call needs at least one tool")
     opener, closer = json.dumps(convention.open + chr(10)), json.dumps(chr(10) + convention.close)
-    rules = [f"start: {opener} call {closer}"]
-    rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(tools))))
+    rules = [f"start: {opener} call {closer}", *_call_rules(tools, enforce_schemas)]
+    return "\n".join(rules) + "\n"
+
+
+def auto_call_grammar(tools: list[ToolSpec], convention: ToolConvention) -> str:
+    """A Lark grammar for a reply that may call ``tools`` (tool_choice auto): any text, or text
+    that opens the family's call marker and then makes one or more well-formed calls to
+    declared tools, as llama.cpp's lazy tool grammars do. Until the marker, nothing is
+    constrained; after it, the name must be a declared one and the arguments a JSON object
+    (its schema enforced for ``strict`` tools), so a small model cannot call a tool that does
+    not exist or leave a call unparseable."""
+    if not tools:
+        raise ValueError("a call grammar needs at least one tool")
+    opener, closer = json.dumps(convention.open), json.dumps(chr(10) + convention.close)
+    rules = [
+        "start: TEXT | text call_body more_calls",
+        f"text[suffix={opener}]: /(?s:.*)/",
+        "TEXT: /(?s:.*)/",
+        f"more_calls: (SPACE {opener} call_body)* SPACE",
+        "SPACE: /[ \\t\\n]*/",
+        f'call_body: "\\n" call {closer}',
+        *_call_rules(tools, enforce_schemas=False),
+    ]
+    return "\n".join(rules) + "\n"
+
+
+def _call_rules(tools: list[ToolSpec], enforce_schemas: bool) -> list[str]:
+    """``call``: one ``{"name": ..., "arguments": {...}}`` object naming one of ``tools``."""
+    rules = ["call: " + " | ".join(f"call_{i}" for i in range(len(tools)))]
     for i, tool in enumerate(tools):
         head = json.dumps('{"name": ' + json.dumps(tool.name) + ', "arguments": ')
         rules.append(f'call_{i}: {head} args_{i} "}}"')
         enforce = (enforce_schemas or tool.strict) and tool.parameters is not None
         schema = bound_number_digits(tool.parameters if enforce else ANY_OBJECT_ARGUMENTS)
         rules.append(f"args_{i}: %json {json.dumps(schema)}")
-    return "\n".join(rules) + "\n"
+    return rules
 
 
 def forced_call_spec(

@@ -106,6 +106,37 @@ RESPONSES_SAMPLES = [
     },
     {"input": "a", "tools": [FLAT_TOOL], "tool_choice": {"type": "function", "name": "f"}},
     {"input": "a", "text": {"format": {"type": "json_schema", "json_schema": {"schema": {}}}}},
+    {  # Codex CLI's shapes: a custom tool with a grammar, a namespace, a hosted tool
+        "input": [
+            {"role": "user", "content": "a"},
+            {"type": "custom_tool_call", "name": "patch", "call_id": "c2", "input": "x"},
+            {"type": "custom_tool_call_output", "call_id": "c2", "output": "ok"},
+            {"type": "function_call", "name": "g", "namespace": "ns", "call_id": "c3", "arguments": "{}"},
+        ],
+        "tools": [
+            {
+                "type": "custom",
+                "name": "patch",
+                "description": "edit",
+                "format": {"type": "grammar", "syntax": "lark", "definition": "start: /x+/"},
+            },
+            {
+                "type": "namespace",
+                "name": "ns",
+                "description": "d",
+                "tools": [
+                    {**FLAT_TOOL, "name": "g"},
+                    {
+                        "type": "custom",
+                        "name": "h",
+                        "format": {"type": "grammar", "syntax": "regex", "definition": "y+"},
+                    },
+                ],
+            },
+            {"type": "web_search"},
+        ],
+        "tool_choice": {"type": "custom", "name": "patch", "namespace": None},
+    },
 ]
 ANTHROPIC_MESSAGES = [
     {"role": "user", "content": [{"type": "text", "text": "a"}]},

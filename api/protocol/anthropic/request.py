@@ -1,7 +1,9 @@
 """Anthropic Messages: request validation onto the dialect-free GenerationRequest.
 
 A translation layer over the same normalized request as the OpenAI dialects. Honored: system
-(a string or text blocks), messages with text blocks (earlier thinking / redacted_thinking
+(a string or text blocks), system-role messages inside ``messages`` (Claude Code's agent list;
+rendered in place where the chat template allows it, else folded into the system text in
+order), messages with text blocks (earlier thinking / redacted_thinking
 blocks are dropped, like replayed reasoning items), temperature, top_p, top_k, the required
 max_tokens, stop_sequences, stream and thinking (enabled / adaptive switch the reasoning
 channel on where the model has one; a no-op elsewhere), output_config.format, an assistant
@@ -38,7 +40,8 @@ from .tools import (
     without_tools,
 )
 
-ROLES = ("user", "assistant")
+# Claude Code sends "system" messages inside ``messages`` (its agent list): rendered in place.
+ROLES = ("user", "assistant", "system")
 DROPPED_BLOCKS = ("thinking", "redacted_thinking")  # earlier reasoning never reaches the prompt
 MEDIA_BLOCKS = {"image": "image input", "document": "document input", "search_result": "search results"}
 THINKING_TYPES = ("enabled", "adaptive", "between_tools", "disabled")
@@ -180,15 +183,15 @@ def _parse_thinking(body: dict) -> bool:
 
 
 # -- system and messages ---------------------------------------------------------------------
-def parse_system(value: object) -> str | None:
-    """``system``: a string or an array of text blocks."""
+def parse_system(value: object, where: str = "system") -> str | None:
+    """``system`` (or a system message's content): a string or an array of text blocks."""
     if value is None or isinstance(value, str):
         return value
     if not isinstance(value, list):
-        raise f.wrong_type("system", "a string or an array of text blocks", value)
+        raise f.wrong_type(where, "a string or an array of text blocks", value)
     texts = []
     for i, block in enumerate(value):
-        at = f"system[{i}]"
+        at = f"{where}[{i}]"
         if not isinstance(block, dict):
             raise f.wrong_type(at, "an object", block)
         kind = f.string(block, "type", f"{at}.type")
@@ -237,7 +240,7 @@ def _parse_message(item: object, where: str) -> list[Message]:
         raise f.wrong_type(where, "an object", item)
     role = f.string(item, "role", f"{where}.role")
     if role not in ROLES:
-        raise f.invalid_value(f"{where}.role", role, "'user' or 'assistant'")
+        raise f.invalid_value(f"{where}.role", role, "'user', 'assistant' or 'system'")
     content = item.get("content")
     if isinstance(content, str):
         return [Message(role, content)]
@@ -247,6 +250,8 @@ def _parse_message(item: object, where: str) -> list[Message]:
         )
     if not isinstance(content, list):
         raise f.wrong_type(f"{where}.content", "a string or an array of content blocks", content)
+    if role == "system":
+        return [Message(role, parse_system(content, f"{where}.content"))]
     texts, calls, results = [], [], []
     for j, block in enumerate(content):
         _route_block(block, f"{where}.content[{j}]", role, (texts, calls, results))

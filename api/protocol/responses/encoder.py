@@ -5,8 +5,10 @@ with ``type`` and a monotonic ``sequence_number``) and keeps the response object
 A non-streamed reply runs through the same machine and answers with its final object, so the
 two shapes cannot drift apart. Reasoning (ReasoningDelta) is its own output item ahead of the
 message; the message item is present, empty if the reply was, unless the reply made calls.
-Each completed function call (ToolCallDelta) closes the open item and becomes a
-``function_call`` item after it, its arguments sent whole in one delta.
+Each completed call (ToolCallDelta) closes the open item and becomes a ``function_call`` or
+``custom_tool_call`` item after it (named as the client declared it, namespace included), its
+arguments or input sent whole in one delta. When tool_choice forces a custom tool, the reply
+text is that call's input, streamed as ``response.custom_tool_call_input.delta`` events.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import uuid
 from dataclasses import dataclass, field
 
 from api.errors import ApiError
+from inference.generation.toolcall import ToolCall
 from inference.types import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 
 from .request import ResponsesRequest
-from .tools import tools_echo
+from .tools import ResponsesTool
 
 
 def usage_payload(usage: Usage) -> dict:
@@ -40,16 +43,21 @@ def failure_code(error: ApiError) -> str:
     return "server_error" if error.status >= 500 else "invalid_prompt"
 
 
+CALL_KINDS = ("function_call", "custom_tool_call")
+ITEM_PREFIXES = {"function_call": "fc", "custom_tool_call": "ctc"}
+
+
 @dataclass
 class OutputItem:
-    """One output item being built: a reasoning item, the assistant message or a function call."""
+    """One output item being built: a reasoning item, the assistant message or a call."""
 
-    kind: str  # "reasoning" | "message" | "function_call"
+    kind: str  # "reasoning" | "message" | "function_call" | "custom_tool_call"
     id: str
     index: int
     parts: list[str] = field(default_factory=list)
     status: str = "in_progress"
-    call: ToolCallDelta | None = None  # the function_call item's call
+    call: ToolCall | None = None  # a call item's call (None: a forced custom call's streamed input)
+    tool: ResponsesTool | None = None  # the declared tool it calls (None: not declared)
 
     @property
     def text(self) -> str:
@@ -62,14 +70,20 @@ class OutputItem:
 
     def payload(self, with_content: bool = True) -> dict:
         item = {"id": self.id, "type": self.kind, "status": self.status}
-        if self.kind == "function_call":
-            arguments = self.call.call.arguments if with_content else ""
-            call_id = f"call_{self.id[3:27]}"
-            return {**item, "call_id": call_id, "name": self.call.call.name, "arguments": arguments}
+        if self.kind in CALL_KINDS:
+            return {**item, "call_id": f"call_{self.id[3:27]}", **self._call_fields(with_content)}
         content = [self.part(self.text)] if with_content else []
         if self.kind == "reasoning":
             return {**item, "summary": [], "content": content}
         return {**item, "role": "assistant", "content": content}
+
+    def _call_fields(self, with_content: bool) -> dict:
+        if self.tool is None:  # a name the request did not declare (models invent them)
+            return {"name": self.call.name, "arguments": self.call.arguments if with_content else ""}
+        if not with_content:
+            return self.tool.call_fields("")
+        # A forced custom call has no captured call: its input is the streamed reply text.
+        return self.tool.call_fields(self.text if self.call is None else self.tool.content_of(self.call))
 
 
 class ResponsesEncoder:
@@ -98,7 +112,9 @@ class ResponsesEncoder:
 
     def delta(self, event: TextDelta | ReasoningDelta | ToolCallDelta) -> list[dict]:
         if isinstance(event, ToolCallDelta):
-            return self._function_call(event)
+            return self._call(event.call)
+        if isinstance(event, TextDelta) and self.request.forced_custom is not None:
+            return self._custom_input(event.text)
         kind = "reasoning" if isinstance(event, ReasoningDelta) else "message"
         events = self._switch_to(kind)
         item = self.items[-1]
@@ -111,8 +127,8 @@ class ResponsesEncoder:
     def finish(self, finish: Finish) -> list[dict]:
         """Close the open items and end with response.completed (or .incomplete on the budget)."""
         complete = finish.reason != "length"
-        answered = any(item.kind in ("message", "function_call") for item in self.items)
-        events = [] if answered else self._switch_to("message")
+        answered = any(item.kind == "message" or item.kind in CALL_KINDS for item in self.items)
+        events = [] if answered else self._first_answer()
         events += self._close(self.items[-1], "completed" if complete else "incomplete")
         status = "completed" if complete else "incomplete"
         details = None if complete else {"reason": "max_output_tokens"}
@@ -134,26 +150,70 @@ class ResponsesEncoder:
         return events
 
     # -- items -----------------------------------------------------------------------------
-    def _function_call(self, event: ToolCallDelta) -> list[dict]:
-        """Close the open item, then the whole function_call item (a reply that is only calls
-        has no message item, as with OpenAI's)."""
+    def _first_answer(self) -> list[dict]:
+        """The item an empty reply still has: the message, or a forced custom call's."""
+        if self.request.forced_custom is not None:
+            return self._custom_input("")
+        return self._switch_to("message")
+
+    def _call(self, call: ToolCall) -> list[dict]:
+        """Close the open item, then the whole call item (a reply that is only calls has no
+        message item, as with OpenAI's)."""
         events = self._close(self.items[-1], "completed") if self.items else []
-        item = OutputItem("function_call", f"fc_{uuid.uuid4().hex}", len(self.items), call=event)
+        tool = self.request.declared_tools.by_model_name(call.name)
+        kind = tool.item_type if tool is not None else "function_call"
+        item = OutputItem(
+            kind, f"{ITEM_PREFIXES[kind]}_{uuid.uuid4().hex}", len(self.items), call=call, tool=tool
+        )
         self.items.append(item)
         where = {"item_id": item.id, "output_index": item.index}
-        arguments = event.call.arguments
         events.append(
             self._event("response.output_item.added", output_index=item.index, item=item.payload(False))
         )
         item.status = "completed"
+        payload = item.payload()
+        if kind == "custom_tool_call":
+            text = payload["input"]
+            streamed = [
+                self._event("response.custom_tool_call_input.delta", **where, delta=text),
+                self._event("response.custom_tool_call_input.done", **where, input=text),
+            ]
+        else:
+            arguments = payload["arguments"]
+            streamed = [
+                self._event("response.function_call_arguments.delta", **where, delta=arguments),
+                self._event(
+                    "response.function_call_arguments.done",
+                    **where,
+                    name=payload["name"],
+                    arguments=arguments,
+                ),
+            ]
         return [
             *events,
-            self._event("response.function_call_arguments.delta", **where, delta=arguments),
-            self._event(
-                "response.function_call_arguments.done", **where, name=event.call.name, arguments=arguments
-            ),
-            self._event("response.output_item.done", output_index=item.index, item=item.payload()),
+            *streamed,
+            self._event("response.output_item.done", output_index=item.index, item=payload),
         ]
+
+    def _custom_input(self, text: str) -> list[dict]:
+        """A forced custom tool's input as it streams (one call item, opened by the first text)."""
+        events = []
+        current = self.items[-1] if self.items else None
+        if current is None or current.kind != "custom_tool_call" or current.status != "in_progress":
+            if current is not None:
+                events += self._close(current, "completed")
+            tool = self.request.forced_custom
+            item = OutputItem(tool.item_type, f"ctc_{uuid.uuid4().hex}", len(self.items), tool=tool)
+            self.items.append(item)
+            events.append(
+                self._event("response.output_item.added", output_index=item.index, item=item.payload(False))
+            )
+        item = self.items[-1]
+        item.parts.append(text)
+        if text:
+            where = {"item_id": item.id, "output_index": item.index}
+            events.append(self._event("response.custom_tool_call_input.delta", **where, delta=text))
+        return events
 
     def _switch_to(self, kind: str) -> list[dict]:
         """Make an open item of ``kind`` the last one, closing the one before it."""
@@ -174,6 +234,12 @@ class ResponsesEncoder:
         if item.status != "in_progress":
             return []
         item.status = status
+        if item.kind == "custom_tool_call":  # a forced custom call's streamed input
+            where = {"item_id": item.id, "output_index": item.index}
+            return [
+                self._event("response.custom_tool_call_input.done", **where, input=item.text),
+                self._event("response.output_item.done", output_index=item.index, item=item.payload()),
+            ]
         done = "response.reasoning_text.done" if item.kind == "reasoning" else "response.output_text.done"
         extra = {} if item.kind == "reasoning" else {"logprobs": []}
         return [
@@ -216,7 +282,7 @@ class ResponsesEncoder:
             "temperature": request.temperature,
             "text": {"format": request.text_format or {"type": "text"}},
             "tool_choice": request.tool_choice,
-            "tools": tools_echo(request.declared_tools),
+            "tools": list(request.declared_tools.echo),
             "top_p": request.top_p,
             "truncation": "disabled",
             "metadata": {},

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from api.errors import ApiError, bad_request, not_implemented, unsupported
+from api.errors import ApiError, bad_request, unsupported
 from inference.generation.constraints import ConstraintSpec
 from inference.generation.toolcall import ToolSpec
 from inference.types import GenerationRequest, Message
@@ -32,8 +32,11 @@ from ..common import (
 from ..fields import Invalid
 from ..formats import one_constraint, parse_extensions, parse_format
 from .tools import (
+    ResponsesTool,
+    ResponsesTools,
+    call_output_message,
+    custom_call_message,
     function_call_message,
-    function_output_message,
     merge_call_turns,
     parse_responses_tool_choice,
     parse_responses_tools,
@@ -41,7 +44,6 @@ from .tools import (
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PART_KEYS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
-CUSTOM_TOOL_ITEM_TYPES = ("custom_tool_call", "custom_tool_call_output")  # free-form tools: not yet
 STATELESS = "this server is stateless (store: false semantics); send the whole conversation in 'input'"
 
 
@@ -69,9 +71,10 @@ class ResponsesRequest:
     constraint: ConstraintSpec | None = None  # text.format, regex, lark, or a forced call
     text_format: dict | None = None  # text.format as requested, echoed in the response object
     tools: tuple[ToolSpec, ...] = ()  # as the model sees them (none under tool_choice "none")
-    declared_tools: tuple[ToolSpec, ...] = ()  # as declared, echoed in the response object
+    declared_tools: ResponsesTools = ResponsesTools()  # as declared, echoed in the response object
     tool_choice: str | dict = "auto"
-    declares_tools: bool = False  # tools or a tool history arrived, whatever tool_choice says
+    declares_tools: bool = False  # client tools or a tool history arrived, whatever tool_choice says
+    forced_custom: ResponsesTool | None = None  # tool_choice forces this custom tool: the reply is its input
 
     @classmethod
     def parse(cls, body: dict) -> ResponsesRequest | ApiError:
@@ -79,14 +82,16 @@ class ResponsesRequest:
         try:
             _refuse_stateful(body)
             declared = parse_responses_tools(body)
-            tools, forced = parse_responses_tool_choice(body, declared)
+            choice = parse_responses_tool_choice(body, declared)
             messages = parse_input(body.get("input"))
             return cls(
                 input=messages,
-                tools=tools,
+                tools=choice.tools,
                 declared_tools=declared,
                 tool_choice=body.get("tool_choice") or "auto",
-                declares_tools=bool(declared) or any(m.tool_calls or m.role == "tool" for m in messages),
+                declares_tools=bool(declared.client)
+                or any(m.tool_calls or m.role == "tool" for m in messages),
+                forced_custom=choice.forced_custom,
                 instructions=f.string(body, "instructions"),
                 max_output_tokens=f.integer(body, "max_output_tokens", lo=1),
                 model=f.string(body, "model"),
@@ -95,7 +100,9 @@ class ResponsesRequest:
                 **parse_sampling(body, OPENAI_SAMPLING),
                 stop=parse_openai_stop(body.get("stop")),
                 ignore_eos=bool(f.boolean(body, "ignore_eos")),
-                constraint=one_constraint(_parse_text_format(body), parse_extensions(body), forced),
+                constraint=one_constraint(
+                    _parse_text_format(body), parse_extensions(body), choice.constraint
+                ),
                 text_format=_requested_text_format(body),
             )
         except Invalid as exc:
@@ -115,16 +122,27 @@ class ResponsesRequest:
         if self.wants_reasoning and not reasoning_available:
             return reasoning_unavailable("reasoning.effort", self.reasoning_effort)
         system = (Message("system", self.instructions),) if self.instructions is not None else ()
+        tools, task = self.tools, ()
+        if self.forced_custom is not None:
+            # The whole reply is the tool's input: no call markers to scan for, the tool named
+            # in a system turn of its own instead of the declarations.
+            tools, task = (), (Message("system", forced_custom_task(self.forced_custom)),)
         return GenerationRequest(
-            (*system, *self.input),
+            (*system, *self.input, *task),
             sampling_overrides(self),
             self.max_output_tokens,
             self.stop,
             self.ignore_eos,
             reasoning=self.wants_reasoning and self.constraint is None,
             constraint=self.constraint,
-            tools=self.tools,
+            tools=tools,
         )
+
+
+def forced_custom_task(tool: ResponsesTool) -> str:
+    """What the model is told when tool_choice forces a custom tool: write its input, nothing else."""
+    about = f" The tool: {tool.spec.description}" if tool.spec.description else ""
+    return f"Reply with the input for the {tool.name!r} tool and nothing else.{about}"
 
 
 # -- refused and not-yet-implemented parameters ---------------------------------------------
@@ -191,10 +209,10 @@ def _parse_item(item: object, where: str) -> Message | None:
         raise Invalid(unsupported(f"{where}.type", f"'item_reference' is not supported: {STATELESS}"))
     if kind == "function_call":
         return function_call_message(item, where)
-    if kind == "function_call_output":
-        return function_output_message(item, where)
-    if kind in CUSTOM_TOOL_ITEM_TYPES:
-        raise Invalid(not_implemented(f"{where}.type"))
+    if kind == "custom_tool_call":
+        return custom_call_message(item, where)
+    if kind in ("function_call_output", "custom_tool_call_output"):
+        return call_output_message(item, where)
     raise f.invalid_value(f"{where}.type", kind, "a message or a reasoning item")
 
 

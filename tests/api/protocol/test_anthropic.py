@@ -145,7 +145,11 @@ def test_prefills_that_cannot_be_continued_are_400(last, extra, param):
     [
         ({"max_tokens": 0}, "max_tokens"),
         ({"messages": []}, "messages"),
-        ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        (
+            {"messages": [*USER, {"role": "system", "content": [{"type": "image"}]}]},
+            "messages[1].content[0].type",
+        ),
         ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
         ({"messages": [{"role": "user", "content": [{"type": "audio"}]}]}, "messages[0].content[0].type"),
         ({"system": [{"type": "image"}]}, "system[0].type"),
@@ -194,6 +198,27 @@ def test_a_non_string_role_or_type_is_invalid_type_not_a_crash(fields, param):
         param,
     )
     assert f"'{param}'" in error.message and "expected a string" in error.message
+
+
+def test_system_messages_inside_messages_stay_in_place():
+    """Claude Code sends its agent list as a system message after the first user turn."""
+    request = parse(
+        system="be brief",
+        messages=[
+            *USER,
+            {
+                "role": "system",
+                "content": [{"type": "text", "text": "agents:"}, {"type": "text", "text": "x"}],
+            },
+            {"role": "system", "content": "more"},
+        ],
+    )
+    assert [(m.role, m.content) for m in request.to_generation(False).messages] == [
+        ("system", "be brief"),
+        ("user", "hi"),
+        ("system", "agents:\nx"),
+        ("system", "more"),
+    ]
 
 
 def test_thinking_off_and_adaptive():

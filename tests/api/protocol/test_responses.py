@@ -79,8 +79,7 @@ def test_string_input_is_one_user_message():
         ({"background": True}, "background"),
         ({"truncation": "auto"}, "truncation"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
-        ({"tools": [{"type": "function", "name": "f"}, {"type": "file_search"}]}, "tools[1].type"),
+        ({"tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}}, "tool_choice.type"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, None),
         ({"top_logprobs": 2}, "top_logprobs"),
     ],
@@ -92,16 +91,98 @@ def test_stateful_hosted_and_media_fields_are_400_naming_the_parameter(fields, p
     assert error.code == "unsupported_parameter"
 
 
+PATCH_GRAMMAR = 'start: "*** Begin Patch\\n" LINE* "*** End Patch"\nLINE: /[^\\n]*\\n/\n'
+APPLY_PATCH = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Edit files.",
+    "format": {"type": "grammar", "syntax": "lark", "definition": PATCH_GRAMMAR},
+}
+EXEC = {"type": "function", "name": "exec_command", "parameters": {"type": "object"}, "strict": False}
+AGENTS = {
+    "type": "namespace",
+    "name": "multi_agent_v1",
+    "description": "Sub-agents.",
+    "tools": [{"type": "function", "name": "close_agent", "parameters": {"type": "object"}}],
+}
+
+
+def test_codex_tools_are_served_and_hosted_ones_left_out_of_the_prompt():
+    """Codex CLI's first request: functions, a namespace, a custom tool and hosted tools."""
+    tools = [EXEC, AGENTS, APPLY_PATCH, {"type": "web_search", "external_web_access": False}]
+    request = parse(tools=tools, tool_choice="auto", parallel_tool_calls=True, store=False)
+    assert [spec.name for spec in request.tools] == [
+        "exec_command",
+        "multi_agent_v1.close_agent",
+        "apply_patch",
+    ]
+    patch = request.tools[2]
+    assert patch.parameters["required"] == ["input"] and PATCH_GRAMMAR.strip() in patch.description
+    assert request.constraint is None and request.forced_custom is None
+    echoed = request.declared_tools.echo
+    assert [tool["type"] for tool in echoed] == ["function", "namespace", "custom", "web_search"]
+    assert echoed[2] == APPLY_PATCH and echoed[1]["tools"][0]["name"] == "close_agent"
+
+
+def test_a_forced_custom_tool_constrains_the_whole_reply_by_its_grammar():
+    request = parse(tools=[EXEC, APPLY_PATCH], tool_choice={"type": "custom", "name": "apply_patch"})
+    assert request.forced_custom.name == "apply_patch"
+    assert (request.constraint.kind, request.constraint.source) == ("lark", PATCH_GRAMMAR)
+    generation = request.to_generation(False, tools_available=True)
+    assert generation.tools == () and "'apply_patch'" in generation.messages[-1].content
+
+
+def test_custom_and_namespaced_calls_replay_as_the_model_wrote_them():
+    request = parse(
+        tools=[AGENTS, APPLY_PATCH],
+        input=[
+            {"role": "user", "content": "go"},
+            {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** Begin Patch"},
+            {"type": "custom_tool_call_output", "call_id": "c1", "output": "done"},
+            {
+                "type": "function_call",
+                "call_id": "c2",
+                "namespace": "multi_agent_v1",
+                "name": "close_agent",
+                "arguments": "{}",
+            },
+            {
+                "type": "function_call_output",
+                "call_id": "c2",
+                "output": [{"type": "input_text", "text": "ok"}],
+            },
+        ],
+    )
+    calls = [m.tool_calls[0] for m in request.input if m.tool_calls]
+    assert [(c.name, c.arguments) for c in calls] == [
+        ("apply_patch", '{"input": "*** Begin Patch"}'),
+        ("multi_agent_v1.close_agent", "{}"),
+    ]
+    assert [m.content for m in request.input if m.role == "tool"] == ["done", "ok"]
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"type": "custom", "name": "f"}]}, "tools[0].type"),
-        ({"input": [{"type": "custom_tool_call", "call_id": "c", "input": "x"}]}, "input[0].type"),
+        ({"tools": [{"type": "custom"}]}, "tools[0].name"),
+        (
+            {"tools": [{**APPLY_PATCH, "format": {"type": "grammar", "syntax": "ebnf", "definition": "x"}}]},
+            "tools[0].format.syntax",
+        ),
+        (
+            {"tools": [{**APPLY_PATCH, "format": {"type": "grammar", "syntax": "lark"}}]},
+            "tools[0].format.definition",
+        ),
+        ({"tools": [{**AGENTS, "tools": [{"type": "web_search"}]}]}, "tools[0].tools[0].type"),
+        ({"tools": [{"type": "teleport"}]}, "tools[0].type"),
+        ({"tools": [EXEC, EXEC]}, "tools"),
+        ({"tools": [EXEC], "tool_choice": {"type": "custom", "name": "exec_command"}}, "tool_choice"),
+        ({"input": [{"type": "custom_tool_call", "call_id": "c", "name": "f"}]}, "input[0].input"),
     ],
 )
-def test_custom_tools_are_501(fields, param):
+def test_malformed_tools_are_400_naming_the_field(fields, param):
     error = parse(**fields)
-    assert isinstance(error, ApiError) and (error.status, error.param) == (501, param)
+    assert isinstance(error, ApiError) and (error.status, error.param) == (400, param)
 
 
 @pytest.mark.parametrize(

@@ -60,7 +60,12 @@ def test_responses_function_tools_and_forced_choice():
 @pytest.mark.parametrize(
     ("fields", "status", "param"),
     [
-        ({"tools": [{"type": "file_search"}]}, 400, "tools[0].type"),
+        (
+            {"tools": [{"type": "file_search"}], "tool_choice": {"type": "file_search"}},
+            400,
+            "tool_choice.type",
+        ),
+        ({"tools": [{"type": "teleport"}]}, 400, "tools[0].type"),
         ({"tools": [FUNCTION], "tool_choice": {"type": "web_search_preview"}}, 400, "tool_choice.type"),
         ({"tools": [FUNCTION], "tool_choice": {"type": "function", "name": "nope"}}, 400, "tool_choice"),
         ({"tool_choice": "required"}, 400, "tool_choice"),

@@ -6,7 +6,7 @@ from functools import cache
 
 import pytest
 
-from inference.engine.chat_template import ChatTemplate, ChatTemplateError
+from inference.engine.chat_template import FALLBACKS, ChatTemplate, ChatTemplateError
 from inference.engine.families import FAMILIES
 from inference.engine.gguf_file import GGUFFile
 from tests.fixtures.model_files import default_model_path, optional_model_path
@@ -173,3 +173,37 @@ def test_broken_templates_raise_chat_template_error():
         ChatTemplate("{% for m in messages %}")
     with pytest.raises(ChatTemplateError):
         ChatTemplate("{{ messages[0].content + 1 }}").render([{"content": "x"}])
+
+
+LATE_SYSTEM = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi"},
+    {"role": "system", "content": "Agents: explore, plan."},
+    {"role": "user", "content": "Go"},
+]
+
+
+def test_a_late_system_message_renders_in_place_where_the_template_allows_it():
+    """Qwen2.5's template renders a system turn anywhere: the turns before it keep their
+    tokens, so a conversation's warm KV rows stay usable."""
+    rendered = template_of("qwen2.5-coder-0.5b-instruct.gguf").render(LATE_SYSTEM, tools=[WEATHER_TOOL])
+    in_place = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>system\nAgents: explore, plan.<|im_end|>\n"
+    assert in_place in rendered
+    assert rendered.index("Be brief.") < rendered.index("get_weather") < rendered.index("Agents:")
+
+
+def test_a_template_that_refuses_a_late_system_message_gets_it_folded_into_the_leading_one():
+    tpl = ChatTemplate(FALLBACKS["gemma4"], "<bos>", "<eos>", is_fallback=True)
+    with pytest.raises(ChatTemplateError, match="system messages must come first"):
+        tpl._render(LATE_SYSTEM, True, None)
+    assert tpl.render(LATE_SYSTEM) == tpl.render(
+        [{"role": "system", "content": "Be brief.\n\nAgents: explore, plan."}, *LATE_SYSTEM[1::2]]
+    )
+    folded = [{"role": "system", "content": "Agents: explore, plan."}, *LATE_SYSTEM[1::2]]
+    assert tpl.render(LATE_SYSTEM[1:]) == tpl.render(folded)
+
+
+def test_folding_leaves_a_template_error_of_another_kind_alone():
+    tpl = ChatTemplate("{{ raise_exception('no') }}", "", "")
+    with pytest.raises(ChatTemplateError, match="no"):
+        tpl.render(CONVERSATION)

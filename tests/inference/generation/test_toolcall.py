@@ -15,15 +15,18 @@ from inference.engine.gguf_file import GGUFFile
 from inference.engine.sampler import SamplingParams
 from inference.engine.tokenizer import load_tokenizer
 from inference.generation.constraints import SAFE_INTEGER, ConstraintCompiler, ConstraintSpec
+from inference.generation.backend import ConversationBackend
 from inference.generation.toolcall import (
     ToolCall,
     ToolCallScanner,
     ToolSpec,
+    auto_call_grammar,
     forced_call_grammar,
     forced_call_spec,
     parse_call,
     resolve_forced_call,
 )
+from inference.types import GenerationRequest, Message
 from tests.fixtures.model_files import default_model_path, optional_model_path
 
 pytestmark = pytest.mark.timeout(900)
@@ -238,3 +241,50 @@ def test_scanner_captures_calls_in_another_convention():
     items = scanner.feed(text[:20]) + scanner.feed(text[20:]) + scanner.flush()
     assert ToolCall("f", '{"a": 1}') in items
     assert "".join(item for item in items if isinstance(item, str)) == "Sure.  <tool_call>plain</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def qwen_compiler():
+    """Qwen2.5's vocabulary, where the call marker is one token of its own."""
+    tokenizer = load_tokenizer(GGUFFile(optional_model_path("qwen2.5-coder-0.5b-instruct.gguf")).metadata)
+    return tokenizer, ConstraintCompiler(tokenizer)
+
+
+CALL = '<tool_call>\n{{"name": "{}", "arguments": {{"city": "Oslo", "unit": "c"}}}}\n</tool_call>'
+
+
+@pytest.mark.parametrize(
+    ("reply", "accepted"),
+    [
+        ("Plain prose, even about <tool and calls.", True),
+        ("", True),
+        ('{"name": "get_weather", "arguments": {}}', True),  # a bare call is still text to the grammar
+        ("Let me look.\n" + CALL.format("get_weather"), True),
+        (CALL.format("get_weather") + "\n" + CALL.format("get_time") + "\n", True),
+        ("Let me look.\n" + CALL.format("launch_code"), False),  # an undeclared tool
+        (CALL.format("get_weather") + " and then some words", False),
+        ('<tool_call>\n{"name": "get_weather", "arguments": [1]}\n</tool_call>', False),
+    ],
+)
+def test_the_auto_call_grammar_frees_text_and_binds_calls_to_declared_tools(qwen_compiler, reply, accepted):
+    tokenizer, compiler = qwen_compiler
+    grammar = auto_call_grammar([WEATHER, CLOCK], HERMES_TOOLS)
+    matcher = compiler.constraint(ConstraintSpec("lark", grammar, "tools")).matcher
+    tokens = tokenizer.encode(reply, add_bos=False, parse_special=True)
+    assert (matcher.consume_tokens(tokens) and matcher.is_accepting()) == accepted
+
+
+def test_a_tool_request_decodes_under_the_call_grammar_unless_it_cannot_compile(qwen):
+    backend = ConversationBackend(qwen, n_ctx=1024)
+    ask = (Message("user", "What's the weather in Paris?"),)
+    spec = backend.constraint_spec(GenerationRequest(ask, tools=(WEATHER, CLOCK)))
+    assert spec.kind == "lark" and spec.param == "tools" and 'get_weather' in spec.source
+    assert backend.constraint_spec(GenerationRequest(ask)) is None
+    metadata = {
+        "type": "object",
+        "propertyNames": {"type": "string"},
+        "additionalProperties": {},
+    }  # TaskCreate
+    odd = {"type": "object", "properties": {"metadata": metadata}}
+    strict_odd = ToolSpec("f", "", odd, strict=True)
+    assert backend.constraint_spec(GenerationRequest(ask, tools=(strict_odd,))) is None
