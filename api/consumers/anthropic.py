@@ -8,7 +8,6 @@ from api.errors import ApiError
 from api.protocol.anthropic import MessagesRequest
 from api.protocol.anthropic.encoder import MessagesEncoder
 from api.protocol.fields import parse_json_object
-from api.sse import event_frame
 from inference.types import Error
 
 from .base import ApiConsumer
@@ -26,10 +25,6 @@ class MessagesConsumer(EventStreamConsumer):
 
     def encoder(self, request: MessagesRequest) -> MessagesEncoder:
         return MessagesEncoder(self.service.model_id)
-
-    def keepalive_frame(self) -> bytes:
-        """Anthropic streams keep alive with ``ping`` events (the SDKs skip them)."""
-        return event_frame("ping", {"type": "ping"})
 
 
 class CountTokensConsumer(ApiConsumer):

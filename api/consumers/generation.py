@@ -210,6 +210,10 @@ class EventEncoder(Protocol):
 
     def fail(self, error: ApiError) -> list[dict]: ...
 
+    def keepalive(self) -> list[dict]:
+        """The events an open stream sends while it waits (prefill, queue) for the next one."""
+        ...
+
 
 def event_frames(events: list[dict]) -> bytes:
     """Named SSE frames; each event's ``type`` is its name."""
@@ -246,6 +250,11 @@ class EventStreamConsumer(GenerationConsumer):
 
     def opening_frames(self, request: Any) -> bytes:
         return event_frames(self.stream_encoder(request).start())
+
+    def keepalive_frame(self) -> bytes:
+        """The dialect's own keep-alive events: a client whose idle watchdog counts events
+        (not bytes) must see some while a long prompt prefills."""
+        return event_frames(self._stream_encoder.keepalive())
 
     async def stream(self, request: Any, pipe: StreamPipe, event: Event | None) -> None:
         encoder = self.stream_encoder(request)

@@ -16,13 +16,14 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from inference.engine.engine import Engine
-from inference.generation.constraints import ConstraintCompiler, ConstraintSpec
+from inference.generation.constraints import ConstraintCompiler, ConstraintSpec, bound_number_digits
 from inference.generation.speculative import Speculator
 from inference.generation.stream import BatchItem, DecodeStream
-from inference.generation.toolcall import auto_call_grammar, resolve_forced_call
+from inference.generation.toolcall import ToolSpec, auto_call_grammar, resolve_forced_call
 from inference.kv.disk import SidecarStore
 from inference.kv.prefix_source import PrefixChoice, PrefixSource
 from inference.kv.slots import SlotPool
@@ -37,7 +38,7 @@ from inference.types import (
 )
 
 DEFAULT_MAX_TOKENS = 1024
-CALL_GRAMMAR_VERDICTS = 64  # tool sets whose call grammar was checked, remembered per backend
+CALL_GRAMMAR_VERDICTS = 256  # schemas and tool sets llguidance was asked about, remembered per backend
 logger = logging.getLogger("lmserve.backend")
 
 
@@ -145,16 +146,30 @@ class ConversationBackend:
         convention = self.family.tools
         if not request.tools or convention is None:
             return None
-        spec = ConstraintSpec("lark", auto_call_grammar(list(request.tools), convention), "tools")
         with self._call_grammar_lock:
-            verdicts = self._call_grammar_compiles
-            compiles = verdicts.get(spec.source)
-            if compiles is None:
-                compiles = self.constraints.validate(spec) is None
-                verdicts[spec.source] = compiles
-                while len(verdicts) > CALL_GRAMMAR_VERDICTS:
-                    verdicts.popitem(last=False)
+            tools = [
+                tool if self._compiles(tool) else replace(tool, parameters=None) for tool in request.tools
+            ]
+            spec = ConstraintSpec("lark", auto_call_grammar(tools, convention), "tools")
+            compiles = self._remember(spec.source, lambda: self.constraints.validate(spec) is None)
         return spec if compiles else None
+
+    def _compiles(self, tool: ToolSpec) -> bool:
+        """Whether llguidance takes the tool's argument schema (else its calls take any object)."""
+        if tool.parameters is None:
+            return True
+        schema = ConstraintSpec.json_schema(bound_number_digits(tool.parameters), "tools")
+        return self._remember(schema.source, lambda: self.constraints.validate(schema) is None)
+
+    def _remember(self, source: str, check) -> bool:
+        verdicts = self._call_grammar_compiles
+        verdict = verdicts.get(source)
+        if verdict is None:
+            verdict = verdicts[source] = check()
+            while len(verdicts) > CALL_GRAMMAR_VERDICTS:
+                verdicts.popitem(last=False)
+        verdicts.move_to_end(source)
+        return verdict
 
     def tokenize(self, request: GenerationRequest) -> list[int] | Error:
         """The conversation rendered with the chat template and tokenized, whatever its length."""

@@ -219,9 +219,9 @@ def auto_call_grammar(tools: list[ToolSpec], convention: ToolConvention) -> str:
     """A Lark grammar for a reply that may call ``tools`` (tool_choice auto): any text, or text
     that opens the family's call marker and then makes one or more well-formed calls to
     declared tools, as llama.cpp's lazy tool grammars do. Until the marker, nothing is
-    constrained; after it, the name must be a declared one and the arguments a JSON object
-    (its schema enforced for ``strict`` tools), so a small model cannot call a tool that does
-    not exist or leave a call unparseable."""
+    constrained; after it, the name must be a declared one and the arguments must match its
+    schema (any JSON object for a tool without one), so a small model cannot call a tool that
+    does not exist, leave out a required argument or leave a call unparseable."""
     if not tools:
         raise ValueError("a call grammar needs at least one tool")
     opener, closer = json.dumps(convention.open), json.dumps(chr(10) + convention.close)
@@ -232,7 +232,7 @@ def auto_call_grammar(tools: list[ToolSpec], convention: ToolConvention) -> str:
         f"more_calls: (SPACE {opener} call_body)* SPACE",
         "SPACE: /[ \\t\\n]*/",
         f'call_body: "\\n" call {closer}',
-        *_call_rules(tools, enforce_schemas=False),
+        *_call_rules(tools, enforce_schemas=True),
     ]
     return "\n".join(rules) + "\n"
 

@@ -12,6 +12,7 @@ unless the reply made calls.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -32,6 +33,8 @@ def usage_payload(usage: Usage) -> dict:
 
 
 ZERO_USAGE = usage_payload(Usage(0, 0))
+# Seconds a stream may wait with pings alone before its keep-alive carries content events.
+CONTENT_KEEPALIVE_AFTER = 120.0
 
 
 def stop_fields(finish: Finish) -> tuple[str, str | None]:
@@ -80,6 +83,7 @@ class MessagesEncoder:
         self.model = model_id
         self.blocks: list[ContentBlock] = []
         self.message = self._message(None, None, ZERO_USAGE)
+        self.started = time.monotonic()
 
     @property
     def final(self) -> dict:
@@ -89,6 +93,23 @@ class MessagesEncoder:
     def start(self) -> list[dict]:
         """message_start: the skeleton, usage zeroed (the counts are known at the end)."""
         return [{"type": "message_start", "message": self._message(None, None, ZERO_USAGE, content=False)}]
+
+    def keepalive(self) -> list[dict]:
+        """While the reply waits: a ``ping``, which the SDKs skip. Claude Code turns bytes into
+        heartbeats only for about five minutes and then aborts a stream that has sent no event
+        its SDK yields, so a wait longer than :data:`CONTENT_KEEPALIVE_AFTER` seconds opens the
+        text block early and adds an empty delta to it with each ping (a reply that turns out
+        to be only calls then keeps an empty text block before them)."""
+        events = [{"type": "ping"}]
+        if time.monotonic() - self.started < CONTENT_KEEPALIVE_AFTER:
+            return events
+        current = self.blocks[-1] if self.blocks else None
+        if current is None:
+            events += self._switch_to("text")
+            current = self.blocks[-1]
+        if current.open and current.kind in ("text", "thinking"):
+            events.append({"type": "content_block_delta", "index": current.index, "delta": current.delta("")})
+        return events
 
     def delta(self, event: TextDelta | ReasoningDelta | ToolCallDelta) -> list[dict]:
         if isinstance(event, ToolCallDelta):

@@ -110,6 +110,11 @@ class ResponsesEncoder:
             self._event("response.in_progress", response=self.response),
         ]
 
+    def keepalive(self) -> list[dict]:
+        """While the reply waits: ``response.in_progress`` again, a lifecycle event every
+        Responses reader takes (Codex CLI's idle timeout counts events, not SSE comments)."""
+        return [self._event("response.in_progress", response=self._response("in_progress"))]
+
     def delta(self, event: TextDelta | ReasoningDelta | ToolCallDelta) -> list[dict]:
         if isinstance(event, ToolCallDelta):
             return self._call(event.call)

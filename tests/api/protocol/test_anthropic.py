@@ -7,9 +7,10 @@ import pytest
 
 from api.errors import ApiError, wants_anthropic_errors
 from api.protocol.anthropic import MessagesRequest
-from api.protocol.anthropic.encoder import MessagesEncoder
+from api.protocol.anthropic.encoder import CONTENT_KEEPALIVE_AFTER, MessagesEncoder
 from inference.engine.sampler import SamplingParams
-from inference.types import Error, Finish, Message, ReasoningDelta, TextDelta, Usage
+from inference.generation.toolcall import ToolCall
+from inference.types import Error, Finish, Message, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from tests.api.conftest import accumulate_anthropic, anthropic_shape, encode
 
 USER = [{"role": "user", "content": "hi"}]
@@ -351,3 +352,32 @@ def test_stop_reason_and_stop_sequence_never_disagree(finish, expected):
     assert (encoder.final["stop_reason"], encoder.final["stop_sequence"]) == expected
     streamed = accumulate_anthropic(events)
     assert (streamed.stop_reason, streamed.stop_sequence) == expected
+
+
+def test_a_long_wait_keeps_alive_with_empty_text_deltas_the_sdk_accumulates():
+    """Past CONTENT_KEEPALIVE_AFTER the pings carry an empty delta of an early text block
+    (Claude Code's watchdog counts events its SDK yields, and the SDK skips pings); the reply
+    text then continues that block, and a call after it follows an empty text block."""
+    encoder = MessagesEncoder("m")
+    events = encoder.start() + encoder.keepalive()
+    assert [e["type"] for e in events] == ["message_start", "ping"]
+    encoder.started -= CONTENT_KEEPALIVE_AFTER
+    waited = encoder.keepalive() + encoder.keepalive()
+    assert [e["type"] for e in waited] == [
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+        "ping",
+        "content_block_delta",
+    ]
+    events += waited + encoder.delta(TextDelta("Hello")) + encoder.finish(Finish("stop", USAGE))
+    message = accumulate_anthropic(events)
+    assert [(block.type, block.text) for block in message.content] == [("text", "Hello")]
+    assert anthropic_shape(events).count("content_block_start") == 1
+
+    calls = MessagesEncoder("m")
+    calls.started -= CONTENT_KEEPALIVE_AFTER
+    call = ToolCallDelta(ToolCall("Read", '{"file_path": "a"}'), 0)
+    events = calls.start() + calls.keepalive() + calls.delta(call) + calls.finish(Finish("tool_calls", USAGE))
+    message = accumulate_anthropic(events)
+    assert [block.type for block in message.content] == ["text", "tool_use"] and message.content[0].text == ""

@@ -14,8 +14,8 @@ from inference.engine.families import HERMES_TOOLS, ToolConvention
 from inference.engine.gguf_file import GGUFFile
 from inference.engine.sampler import SamplingParams
 from inference.engine.tokenizer import load_tokenizer
-from inference.generation.constraints import SAFE_INTEGER, ConstraintCompiler, ConstraintSpec
 from inference.generation.backend import ConversationBackend
+from inference.generation.constraints import SAFE_INTEGER, ConstraintCompiler, ConstraintSpec
 from inference.generation.toolcall import (
     ToolCall,
     ToolCallScanner,
@@ -274,17 +274,28 @@ def test_the_auto_call_grammar_frees_text_and_binds_calls_to_declared_tools(qwen
     assert (matcher.consume_tokens(tokens) and matcher.is_accepting()) == accepted
 
 
-def test_a_tool_request_decodes_under_the_call_grammar_unless_it_cannot_compile(qwen):
+def test_a_tool_request_decodes_under_the_call_grammar_with_the_schemas_llguidance_takes(qwen):
     backend = ConversationBackend(qwen, n_ctx=1024)
     ask = (Message("user", "What's the weather in Paris?"),)
-    spec = backend.constraint_spec(GenerationRequest(ask, tools=(WEATHER, CLOCK)))
-    assert spec.kind == "lark" and spec.param == "tools" and 'get_weather' in spec.source
     assert backend.constraint_spec(GenerationRequest(ask)) is None
     metadata = {
         "type": "object",
         "propertyNames": {"type": "string"},
         "additionalProperties": {},
     }  # TaskCreate
-    odd = {"type": "object", "properties": {"metadata": metadata}}
-    strict_odd = ToolSpec("f", "", odd, strict=True)
-    assert backend.constraint_spec(GenerationRequest(ask, tools=(strict_odd,))) is None
+    odd = ToolSpec("f", "", {"type": "object", "properties": {"metadata": metadata}})
+    spec = backend.constraint_spec(GenerationRequest(ask, tools=(WEATHER, odd)))
+    assert spec.kind == "lark" and spec.param == "tools"
+    compiler = ConstraintCompiler(qwen.tokenizer)
+
+    def accepted(name: str, arguments: str) -> bool:
+        matcher = compiler.constraint(spec).matcher
+        reply = f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
+        return (
+            matcher.consume_tokens(qwen.tokenizer.encode(reply, parse_special=True))
+            and matcher.is_accepting()
+        )
+
+    assert accepted("get_weather", '{"city": "Paris", "unit": "c"}')
+    assert not accepted("get_weather", '{"city": "Paris"}')  # the schema is enforced: unit is required
+    assert accepted("f", '{"metadata": {"a": 1}, "other": [true]}')  # its schema does not compile: any object
