@@ -47,12 +47,18 @@ export function newConversation() {
   return { id: newId(), title: "", renamed: false, updated: Date.now(), messages: [] };
 }
 
-/** Stores a conversation (first in the list); an unrenamed one is titled by its first message. */
+/**
+ * Stores a conversation (first in the list). A title given in the sidebar since it was loaded
+ * is kept; an unrenamed conversation is titled by its first message.
+ */
 export function saveConversation(conversation) {
+  const list = read();
+  const before = list.find((c) => c.id === conversation.id);
+  if (before && before.renamed) Object.assign(conversation, { title: before.title, renamed: true });
   if (!conversation.renamed && conversation.messages.length)
     conversation.title = titleFrom(conversation.messages[0].content);
   conversation.updated = Date.now();
-  write([conversation, ...read().filter((c) => c.id !== conversation.id)]);
+  write([conversation, ...list.filter((c) => c.id !== conversation.id)]);
 }
 
 export function renameConversation(id, title) {
