@@ -105,7 +105,10 @@ async function generate() {
     refreshHealth();
   }
   if (failure) {
-    node.classList.add("failed"); // shown until the next render; the user message offers Retry
+    // What streamed before the error is shown (marked failed) until the next render; the user
+    // message offers Retry either way.
+    if (reply.content) node.classList.add("failed");
+    else node.remove();
     showError(describe(failure));
     return;
   }
