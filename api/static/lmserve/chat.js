@@ -1,12 +1,14 @@
 // The chat page: the open conversation, sending a message and streaming its reply, Stop (it
 // aborts the fetch; the server notices the hang-up and frees the worker), Regenerate, editing a
 // user message (it resubmits from there and drops what followed), Copy, and the model's
-// capabilities from /health. Storage, rendering, settings and the sidebar are modules beside it.
+// capabilities from /health. Storage, rendering, settings, the sidebar and the server's state
+// are modules beside it.
 
-import { fetchHealth, fetchModel, streamChat } from "./api.js";
+import { fetchModel, streamChat } from "./api.js";
 import { copyWithFeedback } from "./clipboard.js";
+import { refreshHealth } from "./health.js";
 import { messageNode, openEditor, renderReply } from "./messages.js";
-import { apiKey, initSettings, openSettings, requestSettings, setReasoningAvailable } from "./settings.js";
+import { apiKey, initSettings, openSettings, requestSettings } from "./settings.js";
 import { initSidebar, renderSidebar } from "./sidebar.js";
 import * as store from "./store.js";
 
@@ -167,51 +169,7 @@ function setBusy(busy) {
   document.body.classList.toggle("busy", busy);
 }
 
-// -- the model and the server's state ----------------------------------------------------------
-// /health's capabilities as badges: the true features, the context and the warm KV slots.
-const FEATURE_BADGES = {
-  reasoning: ["reasoning", "a reasoning channel: the Reasoning switch asks for it"],
-  tools: ["tools", "function calling"],
-  grammar: ["grammar", "constrained output: response_format json_schema, regex, lark"],
-  kv_reuse: ["KV reuse", "a follow-up starts from the cached rows of the turn before"],
-  spec: ["spec", "speculative decoding is possible (--spec)"],
-  batch: ["batch", "several requests decode in one batch (--batch)"],
-};
-
-function badge(text, title) {
-  const span = document.createElement("span");
-  span.className = "badge";
-  span.textContent = text;
-  span.title = title;
-  return span;
-}
-
-function showCapabilities(caps) {
-  const badges = [];
-  if (caps.ctx) badges.push(badge("ctx " + caps.ctx, "context length in tokens (--ctx)"));
-  if (caps.kv_slots) badges.push(badge(caps.kv_slots + " KV slot" + (caps.kv_slots === 1 ? "" : "s"), "warm conversations kept (--kv-slots)"));
-  for (const [name, [text, title]] of Object.entries(FEATURE_BADGES)) if (caps[name]) badges.push(badge(text, title));
-  $("caps").replaceChildren(...badges);
-  $("caps").dataset.reasoning = caps.reasoning;
-  $("caps").dataset.tools = caps.tools;
-  setReasoningAvailable(Boolean(caps.reasoning));
-}
-
-async function refreshHealth() {
-  try {
-    const health = await fetchHealth();
-    if (!$("model").dataset.id) $("model").textContent = health.model;
-    if (health.capabilities) showCapabilities(health.capabilities);
-    const status = $("status");
-    status.textContent = health.status + " · " + health.in_flight + " generating · " + health.queued + " queued";
-    status.dataset.inFlight = health.in_flight;
-    status.dataset.queued = health.queued;
-    status.dataset.status = health.status;
-  } catch (_) {
-    $("status").textContent = "unreachable";
-  }
-}
-
+// -- the model ---------------------------------------------------------------------------------
 async function loadModel() {
   try {
     const model = await fetchModel(apiKey());
