@@ -26,6 +26,8 @@ COUNT_RENDERS = """() => {
   new MutationObserver(() => { window.renders += 1; })
     .observe(document.getElementById('messages'), {childList: true, subtree: true, characterData: true});
 }"""
+# The page's Markdown renderer is an ES module: imported, as the page imports it.
+RENDER_MARKDOWN = "async t => (await import('/static/lmserve/markdown.js')).renderMarkdown(t)"
 
 
 def open_page(page, server, model_id: str | None = None) -> None:
@@ -79,9 +81,8 @@ def test_markdown_renders_code_and_never_markup(start_server, chromium_page):  #
     server = start_server("--ctx", "256")
     page = chromium_page
     open_page(page, server)
-    page.wait_for_function("() => typeof window.renderMarkdown === 'function'")
     html = page.evaluate(
-        "t => renderMarkdown(t)",
+        RENDER_MARKDOWN,
         "# Title\n\nSome **bold** and `x < y` code.\n\n```python\nprint('<b>hi</b>')\n```\n\n"
         "- one\n- two\n\n<script>alert(1)</script> [link](https://example.com)",
     )
@@ -91,7 +92,7 @@ def test_markdown_renders_code_and_never_markup(start_server, chromium_page):  #
     assert "<ul><li>one</li><li>two</li></ul>" in html
     assert "<script>" not in html and "&lt;script&gt;" in html
     assert '<a href="https://example.com"' in html
-    streaming = page.evaluate("t => renderMarkdown(t)", "Here:\n```js\nlet a = 1;")
+    streaming = page.evaluate(RENDER_MARKDOWN, "Here:\n```js\nlet a = 1;")
     assert "<pre><code" in streaming, "an unterminated fence (still streaming) is code too"
 
 
