@@ -6,7 +6,10 @@ A non-streamed reply runs through the same machine and answers with its final ob
 two shapes cannot drift apart. Reasoning (ReasoningDelta) is its own output item ahead of the
 message; the message item is present, empty if the reply was, unless the reply made calls.
 Each completed function call (ToolCallDelta) closes the open item and becomes a
-``function_call`` item after it, its arguments sent whole in one delta.
+``function_call`` item after it, its arguments sent whole in one delta. With ``include:
+["message.output_text.logprobs"]`` the message's tokens are reported: each output_text delta
+and done event carries its tokens, the output_text part all of them (OpenAI's shapes: the
+events' entries without ``bytes``); otherwise every ``logprobs`` is ``[]``.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import uuid
 from dataclasses import dataclass, field
 
 from api.errors import ApiError
-from inference.types import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from inference.types import Finish, ReasoningDelta, TextDelta, TokenLogprob, ToolCallDelta, Usage
 
+from ..logprobs import token_entries
 from .request import ResponsesRequest
 from .tools import tools_echo
 
@@ -50,15 +54,16 @@ class OutputItem:
     parts: list[str] = field(default_factory=list)
     status: str = "in_progress"
     call: ToolCallDelta | None = None  # the function_call item's call
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # the message text's tokens
 
     @property
     def text(self) -> str:
         return "".join(self.parts)
 
-    def part(self, text: str) -> dict:
+    def part(self, text: str, logprobs: list[TokenLogprob] = ()) -> dict:
         if self.kind == "reasoning":
             return {"type": "reasoning_text", "text": text}
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": token_entries(logprobs)}
 
     def payload(self, with_content: bool = True) -> dict:
         item = {"id": self.id, "type": self.kind, "status": self.status}
@@ -66,7 +71,7 @@ class OutputItem:
             arguments = self.call.call.arguments if with_content else ""
             call_id = f"call_{self.id[3:27]}"
             return {**item, "call_id": call_id, "name": self.call.call.name, "arguments": arguments}
-        content = [self.part(self.text)] if with_content else []
+        content = [self.part(self.text, self.logprobs)] if with_content else []
         if self.kind == "reasoning":
             return {**item, "summary": [], "content": content}
         return {**item, "role": "assistant", "content": content}
@@ -104,7 +109,10 @@ class ResponsesEncoder:
         item = self.items[-1]
         item.parts.append(event.text)
         name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
-        extra = {} if kind == "reasoning" else {"logprobs": []}
+        extra = {}
+        if kind == "message":
+            item.logprobs += event.logprobs
+            extra = {"logprobs": token_entries(event.logprobs, with_bytes=False)}
         events.append(self._event(name, **self._where(item), delta=event.text, **extra))
         return events
 
@@ -175,10 +183,14 @@ class ResponsesEncoder:
             return []
         item.status = status
         done = "response.reasoning_text.done" if item.kind == "reasoning" else "response.output_text.done"
-        extra = {} if item.kind == "reasoning" else {"logprobs": []}
+        extra = (
+            {} if item.kind == "reasoning" else {"logprobs": token_entries(item.logprobs, with_bytes=False)}
+        )
         return [
             self._event(done, **self._where(item), text=item.text, **extra),
-            self._event("response.content_part.done", **self._where(item), part=item.part(item.text)),
+            self._event(
+                "response.content_part.done", **self._where(item), part=item.part(item.text, item.logprobs)
+            ),
             self._event("response.output_item.done", output_index=item.index, item=item.payload()),
         ]
 
@@ -217,6 +229,7 @@ class ResponsesEncoder:
             "text": {"format": request.text_format or {"type": "text"}},
             "tool_choice": request.tool_choice,
             "tools": tools_echo(request.declared_tools),
+            "top_logprobs": request.top_logprobs,
             "top_p": request.top_p,
             "truncation": "disabled",
             "metadata": {},

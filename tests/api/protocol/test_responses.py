@@ -82,7 +82,6 @@ def test_string_input_is_one_user_message():
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"tools": [{"type": "function", "name": "f"}, {"type": "file_search"}]}, "tools[1].type"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, None),
-        ({"top_logprobs": 2}, "top_logprobs"),
     ],
 )
 def test_stateful_hosted_and_media_fields_are_400_naming_the_parameter(fields, param):
