@@ -65,6 +65,16 @@ class SamplingOverrides:
 
 
 @dataclass(frozen=True)
+class LogprobsRequest:
+    """Log probabilities were asked for: each reported token with its ``top`` most likely
+    alternatives (0..20). ``param`` is the field the dialect asks with (Chat Completions:
+    ``logprobs``; Responses: ``top_logprobs``), for a backend that must refuse them."""
+
+    top: int = 0
+    param: str = "logprobs"
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """What to generate, independent of the dialect it arrived in."""
 
@@ -83,6 +93,7 @@ class GenerationRequest:
     # generation prompt with the turn left open, so the reply is its continuation.
     prefill: str = ""
     stop_param: str = "stop"  # what the dialect calls ``stop`` (Anthropic: stop_sequences)
+    logprobs: LogprobsRequest | None = None  # None: not asked (nothing is computed)
 
     def template_messages(self) -> list[dict]:
         return [m.as_template_dict() for m in self.messages]
@@ -111,10 +122,28 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log probability: ``data`` its bytes (which need not be valid UTF-8 alone: a
+    code point may span tokens), ``top`` the most likely alternatives at its position, most
+    likely first (empty for an alternative itself, or when none were asked for)."""
+
+    data: bytes
+    logprob: float
+    top: tuple[TokenLogprob, ...] = ()
+
+    @property
+    def text(self) -> str:
+        """The token as text, lossy where its bytes are not whole code points (U+FFFD)."""
+        return self.data.decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
 class TextDelta:
-    """Reply text, always whole code points, never part of a stop string."""
+    """Reply text, always whole code points, never part of a stop string. ``logprobs``: the
+    tokens whose first reply character is in this text (when the request asked for them)."""
 
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,11 @@ class ChatCompletionsConsumer(GenerationConsumer):
         encoder = ChatEncoder(self.service.model_id)
         reply = await collect_reply(pipe, first)
         if isinstance(reply.end, Finish):
-            await self.send_json(
-                200,
-                encoder.completion(
-                    reply.text, reply.end.reason, reply.end.usage, reply.reasoning, reply.calls
-                ),
+            end, logprobs = reply.end, reply.logprobs if request.logprobs else None
+            payload = encoder.completion(
+                reply.text, end.reason, end.usage, reply.reasoning, reply.calls, logprobs
             )
+            await self.send_json(200, payload)
         else:
             await self.send_error(failure(reply.end))
 
@@ -49,9 +48,11 @@ class ChatCompletionsConsumer(GenerationConsumer):
         while isinstance(event, (TextDelta, ReasoningDelta, ToolCallDelta)):
             if isinstance(event, ToolCallDelta):
                 await self.send_chunk(data_frame(encoder.tool_call_chunk(event)))
+            elif isinstance(event, TextDelta):
+                logprobs = event.logprobs if request.logprobs else None
+                await self.send_chunk(data_frame(encoder.delta_chunk(event.text, "content", logprobs)))
             else:
-                field = "content" if isinstance(event, TextDelta) else "reasoning_content"
-                await self.send_chunk(data_frame(encoder.delta_chunk(event.text, field)))
+                await self.send_chunk(data_frame(encoder.delta_chunk(event.text, "reasoning_content")))
             event = await self.next_event(request, pipe)
         if not isinstance(event, Finish):
             # Mid-stream failure: in-band, as a data frame with a top-level error key.

@@ -30,7 +30,16 @@ from api.protocol.fields import parse_json_object
 from api.sse import SSE_HEADERS, event_frame
 from inference.runtime.pipe import StreamPipe
 from inference.runtime.queue import Job
-from inference.types import Error, Event, Finish, GenerationRequest, ReasoningDelta, TextDelta, ToolCallDelta
+from inference.types import (
+    Error,
+    Event,
+    Finish,
+    GenerationRequest,
+    ReasoningDelta,
+    TextDelta,
+    TokenLogprob,
+    ToolCallDelta,
+)
 
 from .base import ApiConsumer
 
@@ -43,18 +52,22 @@ class Reply:
     reasoning: str
     end: Finish | Error | None
     calls: tuple[ToolCallDelta, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()  # the reply text's tokens, when they were asked for
 
 
 async def collect_reply(pipe: StreamPipe, event: Event | None) -> Reply:
     """Read the pipe to its end, starting with the already received ``event``."""
-    text, reasoning, calls = [], [], []
+    text, reasoning, calls, logprobs = [], [], [], []
     while isinstance(event, (TextDelta, ReasoningDelta, ToolCallDelta)):
         if isinstance(event, ToolCallDelta):
             calls.append(event)
+        elif isinstance(event, TextDelta):
+            text.append(event.text)
+            logprobs += event.logprobs
         else:
-            (text if isinstance(event, TextDelta) else reasoning).append(event.text)
+            reasoning.append(event.text)
         event = await pipe.get()
-    return Reply("".join(text), "".join(reasoning), event, tuple(calls))
+    return Reply("".join(text), "".join(reasoning), event, tuple(calls), tuple(logprobs))
 
 
 def failure(event: Event | None) -> ApiError:

@@ -10,6 +10,7 @@ from api.protocol.chat import request as chat
 from api.protocol.embeddings import request as embeddings
 from api.protocol.responses import request as responses
 from api.protocol.responses import tools as responses_tools
+from inference.engine.logprobs import MAX_TOP_LOGPROBS
 
 from .shapes import (
     any_of,
@@ -131,8 +132,15 @@ CHAT_COMPLETION_REQUEST = obj(
         "tool_choice": CHAT_TOOL_CHOICE,
         **SAMPLING,
         "n": refused("above 1 is refused: one choice per request", integer(lo=1, hi=1)),
-        "logprobs": refused("true is refused: no log probabilities", enum((False,), nullable=True)),
-        "top_logprobs": refused("above 0 is refused", integer(lo=0, hi=0)),
+        "logprobs": boolean("report each content token's log probability (choices[0].logprobs)"),
+        # x-lmserve-needs: the fields a value above the minimum needs beside it (the request's
+        # if/then below says the same in JSON Schema).
+        "top_logprobs": {
+            **integer(
+                lo=0, hi=MAX_TOP_LOGPROBS, description="alternatives per token; above 0 needs logprobs: true"
+            ),
+            "x-lmserve-needs": {"logprobs": True},
+        },
         "logit_bias": refused(
             "a non-empty object is refused", {"type": ["object", "null"], "maxProperties": 0}
         ),
@@ -145,6 +153,10 @@ CHAT_COMPLETION_REQUEST = obj(
     ("messages",),
     "OpenAI Chat Completions request; unknown fields are accepted and ignored",
 )
+CHAT_COMPLETION_REQUEST |= {  # top_logprobs above 0 without logprobs: true is a 400, as OpenAI's
+    "if": {"properties": {"top_logprobs": {"type": "integer", "minimum": 1}}, "required": ["top_logprobs"]},
+    "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+}
 
 # -- Responses ---------------------------------------------------------------------------------
 RESPONSES_PART = obj(
@@ -275,7 +287,15 @@ RESPONSES_REQUEST = obj(
             "'auto' is refused: a prompt that does not fit is a 400",
             enum(("disabled",), nullable=True),
         ),
-        "top_logprobs": refused("above 0 is refused", integer(lo=0, hi=0)),
+        "include": array(
+            string(nullable=False),
+            "message.output_text.logprobs: the output text's log probabilities; other values are ignored",
+        ),
+        "top_logprobs": integer(
+            lo=0,
+            hi=MAX_TOP_LOGPROBS,
+            description="alternatives per token (with include's message.output_text.logprobs)",
+        ),
     },
     ("input",),
     "OpenAI Responses request (stateless: store false); unknown fields are accepted and ignored",

@@ -11,6 +11,7 @@ import dataclasses
 import json
 
 from api.errors import ApiError, bad_request, unsupported
+from inference.engine.logprobs import MAX_TOP_LOGPROBS
 from inference.generation.toolcall import ToolCall
 from inference.types import SamplingOverrides
 
@@ -97,6 +98,11 @@ def parse_stop_strings(
 def parse_openai_stop(value: object) -> tuple[str, ...]:
     """The OpenAI dialects' ``stop``: a string or up to four non-empty strings."""
     return parse_stop_strings(value, "stop", single=True, limit=MAX_OPENAI_STOP_STRINGS)
+
+
+def parse_top_logprobs(body: dict) -> int | None:
+    """``top_logprobs``: the alternatives reported per token, 0..20 (both OpenAI dialects)."""
+    return f.integer(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
 
 
 def reasoning_unavailable(param: str, effort: str | None) -> ApiError:

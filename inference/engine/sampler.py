@@ -45,6 +45,14 @@ class Sampler:
     ) -> int:
         """Return the next token id given the last position's logits and the tokens so far;
         ``allowed`` (a boolean mask over the logits) restricts the choice, e.g. to a grammar."""
+        return self.choose(self.scores(logits, history, allowed))
+
+    def scores(
+        self, logits: np.ndarray, history: Sequence[int] = (), allowed: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The scores (vocab,) the next token is chosen from: the logits after the penalties
+        over ``history``, tokens outside ``allowed`` at ``-inf``. What log probabilities are
+        computed from (inference.engine.logprobs), so they describe the choice made."""
         p = self.params
         peak = float(np.max(logits))  # NaN if any logit is NaN
         if not np.isfinite(peak):
@@ -54,9 +62,15 @@ class Sampler:
             logits = np.where(allowed, logits, -np.inf)
             if not np.isfinite(np.max(logits)):
                 raise NonFiniteLogits("no token the constraint allows has a finite logit")
+        return logits
+
+    def choose(self, scores: np.ndarray) -> int:
+        """The token drawn from :meth:`scores`' output: argmax when greedy, else top-k, top-p,
+        min-p, temperature and one seeded draw."""
+        p = self.params
         if p.temperature <= 0.0:
-            return int(np.argmax(logits))
-        ids, values = _candidates(logits, p.top_k)  # (k,), (k,) sorted descending
+            return int(np.argmax(scores))
+        ids, values = _candidates(scores, p.top_k)  # (k,), (k,) sorted descending
         probs = _softmax(values)
         keep = _top_p_count(probs, p.top_p)
         ids, values = ids[:keep], values[:keep]

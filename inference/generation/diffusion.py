@@ -53,6 +53,11 @@ def refusal(request: GenerationRequest) -> Error | None:
         return unsupported(
             "ignore_eos", "cannot be honoured: a diffusion model ends at end-of-generation tokens"
         )
+    if request.logprobs is not None:
+        return unsupported(
+            request.logprobs.param,
+            "cannot be honoured: a diffusion model commits whole blocks, not tokens drawn one at a time",
+        )
     return None
 
 

@@ -9,16 +9,26 @@ bytes and releases them as soon as they are known to be plain text.
 understood: decoding, the think head (:class:`ThinkRouter`), function calls
 (:class:`~inference.generation.toolcall.ToolCallScanner`), and last the stop strings, which act on the
 reply text alone.
+
+Log probabilities follow the text they belong to. Each token fed with its
+:class:`~inference.types.TokenLogprob` covers a span of the decoded text (a token ending inside
+a code point covers that code point too); every TextDelta is a contiguous span of the decoded
+text, and carries the tokens whose first reply character it holds. Tokens whose text never
+reaches the reply (a think block, a captured call, a stop string and what followed it) are not
+reported; a token held back with its text (a possible stop-string start, an incomplete code
+point) is reported when that text is sent.
 """
 
 from __future__ import annotations
 
 import codecs
+from collections import deque
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from inference.engine.families import ThinkTags, ToolConvention
 from inference.generation.toolcall import ToolCall, ToolCallScanner
-from inference.types import ReasoningDelta, TextDelta, ToolCallDelta
+from inference.types import ReasoningDelta, TextDelta, TokenLogprob, ToolCallDelta
 
 
 class StopScanner:
@@ -33,6 +43,11 @@ class StopScanner:
     @property
     def stopped(self) -> bool:
         return self.stopped_by is not None
+
+    @property
+    def held(self) -> int:
+        """Characters held back as a possible stop-string start."""
+        return len(self._held)
 
     def feed_text(self, text: str) -> str:
         """Add more text; return the text that can be sent now. After a stop string is found,
@@ -168,6 +183,14 @@ class ThinkRouter:
         return text[: len(text) - keep], ""
 
 
+class _PendingToken(NamedTuple):
+    """A fed token's log probability and the decoded characters ``[start, end)`` it covers."""
+
+    record: TokenLogprob
+    start: int
+    end: int
+
+
 class ReplyEmitter:
     """A reply's token bytes as events, in the order the reply's text is understood: UTF-8
     decoding, then (when the family writes think blocks) the leading think block split off, to
@@ -192,6 +215,9 @@ class ReplyEmitter:
         self.scanner = ToolCallScanner(tools) if tools is not None else None
         self.reasoning_tokens = 0  # tokens fed while inside the think block
         self.calls = 0  # function calls emitted
+        self._decoded = 0  # characters decoded so far: the coordinates of the spans below
+        self._stop_input_end = 0  # where the text fed to the stop scan so far ends
+        self._pending: deque[_PendingToken] = deque()  # fed tokens not yet reported or dropped
 
     @property
     def stopped(self) -> bool:
@@ -206,12 +232,20 @@ class ReplyEmitter:
     def stopped_by(self) -> str | None:
         return self.text.stopped_by
 
-    def feed(self, data: bytes) -> list:
-        """Events for one more token's bytes (none once a stop string ended the reply)."""
+    def feed(self, data: bytes, logprob: TokenLogprob | None = None) -> list:
+        """Events for one more token's bytes (none once a stop string ended the reply);
+        ``logprob``: the token's log probability, reported with the text it belongs to."""
         if self.stopped:
             return []
         was_in_block = self.router is not None and self.router.in_block
-        events = self._route(self._decoder.decode(data), final=False)
+        start = self._decoded
+        text = self._decoder.decode(data)
+        self._decoded += len(text)
+        if logprob is not None:
+            # Bytes of a code point still incomplete belong to the character they will make.
+            incomplete = 1 if self._decoder.getstate()[0] else 0
+            self._pending.append(_PendingToken(logprob, start, max(self._decoded + incomplete, start + 1)))
+        events = self._route(text, final=False)
         if was_in_block or (self.router is not None and self.router.in_block):
             self.reasoning_tokens += 1
         return events
@@ -220,7 +254,9 @@ class ReplyEmitter:
         """Events for everything held back once the reply ended."""
         if self.stopped:
             return []
-        return self._route(self._decoder.decode(b"", final=True), final=True)
+        text = self._decoder.decode(b"", final=True)
+        self._decoded += len(text)
+        return self._route(text, final=True)
 
     def _route(self, text: str, final: bool) -> list:
         reasoning, reply = "", text
@@ -233,26 +269,45 @@ class ReplyEmitter:
         return events + self._reply_events(reply, final)
 
     def _reply_events(self, reply: str, final: bool) -> list:
+        # The reply text is always the decoded text's tail (the think router holds nothing
+        # once the reply has begun), so it ends where the decoded text does.
         if self.scanner is None:
-            items: list = [reply] if reply else []
+            items: list = [(reply, self._decoded)] if reply else []
         else:
-            items = self.scanner.feed(reply) + (self.scanner.flush() if final else [])
+            spans = self.scanner.feed_spans(reply) + (self.scanner.flush_spans() if final else [])
+            shift = self._decoded - self.scanner.fed  # scanner coordinates -> decoded ones
+            items = [(item, end + shift) for item, end in spans]
         events = []
-        for item in items:
+        for item, end in items:
             if isinstance(item, ToolCall):
                 # A call is a boundary: text held as a possible stop-string start is plain text.
-                self._text_event(events, self.text.flush())
+                self._text_event(events, self.text.flush(), self._stop_input_end)
                 events.append(ToolCallDelta(item, self.calls))
                 self.calls += 1
             else:
-                self._text_event(events, self.text.feed_text(item))
+                unsent = self.text.held + len(item)
+                sent = self.text.feed_text(item)
+                self._stop_input_end = end
+                # What was sent is the start of (held + item); the rest is held or cut.
+                self._text_event(events, sent, end - (unsent - len(sent)))
             if self.stopped:
                 return events
         if final:
-            self._text_event(events, self.text.flush())
+            self._text_event(events, self.text.flush(), self._stop_input_end)
         return events
 
-    @staticmethod
-    def _text_event(events: list, text: str) -> None:
+    def _text_event(self, events: list, text: str, end: int) -> None:
+        """A TextDelta of ``text``, the decoded characters ``[end - len(text), end)``, with
+        the tokens whose first reply character is among them."""
         if text:
-            events.append(TextDelta(text))
+            events.append(TextDelta(text, self._claim(end - len(text), end)))
+
+    def _claim(self, start: int, end: int) -> tuple[TokenLogprob, ...]:
+        """Take the pending tokens that begin before ``end``: those reaching into ``[start,
+        end)`` are reported; those wholly before it carried no reply text (dropped)."""
+        pending, claimed = self._pending, []
+        while pending and pending[0].start < end:
+            token = pending.popleft()
+            if token.end > start:
+                claimed.append(token.record)
+        return tuple(claimed)

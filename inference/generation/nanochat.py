@@ -114,6 +114,10 @@ class NanochatBackend:
             param = request.constraint.param
             message = f"'{param}' is not supported: nanochat has no grammar-constrained decoding"
             return Error(400, message, code="unsupported_parameter", param=param)
+        if request.logprobs is not None:
+            param = request.logprobs.param
+            message = f"'{param}' is not supported: the nanochat backend reports no log probabilities"
+            return Error(400, message, code="unsupported_parameter", param=param)
         tokens = self.tokenize(request)
         if isinstance(tokens, Error):
             return tokens

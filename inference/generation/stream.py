@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from inference.engine.engine import PREFILL_CHUNK, GenerationStats
+from inference.engine.logprobs import token_distribution
 from inference.engine.sampler import NonFiniteLogits, Sampler
 from inference.generation.constraints import ConstraintDeadEnd, TokenConstraint
 from inference.generation.emitter import ReplyEmitter
-from inference.types import Error, Finish, GenerationRequest, PreparedPrompt, Usage
+from inference.types import Error, Finish, GenerationRequest, PreparedPrompt, TokenLogprob, Usage
 
 if TYPE_CHECKING:
     from inference.engine.kv_cache import KVCache
@@ -183,7 +184,8 @@ class DecodeStream:
         if stats.generated_tokens >= self.prompt.max_tokens:
             return self._finish()
         allowed = constraint.allowed(logits.shape[0]) if constraint is not None else None
-        token = self.sampler.sample(logits, self.history, allowed)
+        scores = self.sampler.scores(logits, self.history, allowed)
+        token = self.sampler.choose(scores)
         if token in self.engine.stop_ids and not self.request.ignore_eos:
             return self._finish()
         stats.generated_tokens += 1
@@ -195,7 +197,8 @@ class DecodeStream:
             if in_head_marker
             else self.engine.reply_bytes(token)
         )
-        for event in self.emitter.feed(text):
+        logprob = self._logprob(scores, token, text) if self.request.logprobs is not None else None
+        for event in self.emitter.feed(text, logprob):
             self.sink.push(event)
         if self.emitter.stopped or completed or stats.generated_tokens >= self.prompt.max_tokens:
             return self._finish()
@@ -203,6 +206,14 @@ class DecodeStream:
         if rows >= self.cache.n_ctx or self.sink.cancelled:
             return self._finish()
         self.token = token
+
+    def _logprob(self, scores: np.ndarray, token: int, data: bytes) -> TokenLogprob:
+        """The sampled token's log probability and the alternatives asked for, from the very
+        scores it was chosen from (``data``: the bytes it adds to the reply)."""
+        dist = token_distribution(scores, token, self.request.logprobs.top, self.sampler.params.temperature)
+        token_bytes = self.engine.tokenizer.token_bytes
+        top = tuple(TokenLogprob(token_bytes(t.id, special=True), t.logprob) for t in dist.top)
+        return TokenLogprob(data, dist.chosen.logprob, top)
 
     def _finish(self) -> None:
         """Close the sink with the finish reason (nothing is pushed once cancelled)."""

@@ -68,6 +68,10 @@ class ToolCall:
         return {"type": "function", "function": {"name": self.name, "arguments": json.loads(self.arguments)}}
 
 
+# A scanner item and where it ends in the scanner's input (ToolCallScanner.feed_spans).
+Span = tuple[str | ToolCall, int]
+
+
 def parse_call(body: str) -> ToolCall | None:
     """The call a region's JSON describes, or None when it is not a well-formed call."""
     try:
@@ -129,9 +133,22 @@ class ToolCallScanner:
         self._held = ""  # text that may start a call marker
         self._region: list[str] | None = None  # the text inside an open call region
         self._lead: str | None = ""  # the reply's opening while it may be a bare call
+        self.fed = 0  # characters fed so far: the coordinates of the spans' ends
 
     def feed(self, text: str) -> list[str | ToolCall]:
         """Route more text; returns the text pieces and calls that can be sent now, in order."""
+        return [item for item, _ in self.feed_spans(text)]
+
+    def flush(self) -> list[str | ToolCall]:
+        """The reply ended: a held opening is a bare call or plain text; an unclosed region
+        passes through as plain text."""
+        return [item for item, _ in self.flush_spans()]
+
+    def feed_spans(self, text: str) -> list[Span]:
+        """:meth:`feed`, each item with where it ends in the text fed so far (a text piece is
+        that text's characters ``[end - len(piece), end)``; a call ends after its closing
+        marker), so a caller can tell which input characters each piece carries."""
+        self.fed += len(text)
         if self._lead is not None:
             self._lead += text
             verdict = _may_be_bare_call(self._lead)
@@ -140,8 +157,8 @@ class ToolCallScanner:
             text, self._lead = self._lead, None
         return self._scan(text)
 
-    def _scan(self, text: str) -> list[str | ToolCall]:
-        out: list[str | ToolCall] = []
+    def _scan(self, text: str) -> list[Span]:
+        out: list[Span] = []
         text = self._held + text
         self._held = ""
         while text:
@@ -151,20 +168,19 @@ class ToolCallScanner:
                 text = self._scan_region(text, out)
         return out
 
-    def flush(self) -> list[str | ToolCall]:
-        """The reply ended: a held opening is a bare call or plain text; an unclosed region
-        passes through as plain text."""
+    def flush_spans(self) -> list[Span]:
+        """:meth:`flush` with the items' ends (see :meth:`feed_spans`)."""
         if self._lead is not None:
             lead, self._lead = self._lead, None
             call = bare_call(lead)
             if call is not None:
-                return [call]
-            return self._scan(lead) + self.flush()
-        out: list[str | ToolCall] = []
+                return [(call, self.fed)]
+            return self._scan(lead) + self.flush_spans()
+        out: list[Span] = []
         if self._region is not None:
-            out.append(self.open + "".join(self._region) + self._held)
+            out.append((self.open + "".join(self._region) + self._held, self.fed))
         elif self._held:
-            out.append(self._held)
+            out.append((self._held, self.fed))
         self._region, self._held = None, ""
         return out
 
@@ -173,9 +189,9 @@ class ToolCallScanner:
         if at < 0:
             keep = _marker_prefix(text, self.open)
             self._held = text[len(text) - keep :] if keep else ""
-            _emit(out, text[: len(text) - keep])
+            _emit(out, text[: len(text) - keep], self.fed - keep)
             return ""
-        _emit(out, text[:at])
+        _emit(out, text[:at], self.fed - len(text) + at)
         self._region = []
         return text[at + len(self.open) :]
 
@@ -189,13 +205,14 @@ class ToolCallScanner:
         body = "".join(self._region) + text[:at]
         self._region = None
         call = parse_call(body)
-        out.append(call if call is not None else self.open + body + self.close)
+        end = self.fed - len(text) + at + len(self.close)
+        out.append((call if call is not None else self.open + body + self.close, end))
         return text[at + len(self.close) :]
 
 
-def _emit(out: list, text: str) -> None:
+def _emit(out: list, text: str, end: int) -> None:
     if text:
-        out.append(text)
+        out.append((text, end))
 
 
 def _marker_prefix(text: str, marker: str) -> int:

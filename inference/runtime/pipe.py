@@ -86,10 +86,12 @@ class StreamPipe:
         first = self._events.popleft()
         if not isinstance(first, TextDelta) or not self._events or not isinstance(self._events[0], TextDelta):
             return first
-        parts = [first.text]
+        parts, logprobs = [first.text], [*first.logprobs]
         while self._events and isinstance(self._events[0], TextDelta):
-            parts.append(self._events.popleft().text)
-        return TextDelta("".join(parts))
+            event = self._events.popleft()
+            parts.append(event.text)
+            logprobs += event.logprobs
+        return TextDelta("".join(parts), tuple(logprobs))
 
     def _wake(self) -> None:
         try:

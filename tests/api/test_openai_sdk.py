@@ -132,8 +132,8 @@ def test_unicode_survives_streaming(client):
     ("kwargs", "param"),
     [
         ({"n": 2}, "n"),
-        ({"logprobs": True}, "logprobs"),
         ({"top_logprobs": 2, "logprobs": False}, "top_logprobs"),
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
         ({"logit_bias": {"42": 10}}, "logit_bias"),
         ({"temperature": 3.0}, "temperature"),
         ({"extra_body": {"functions": [{"name": "f", "parameters": {}}]}}, "functions"),

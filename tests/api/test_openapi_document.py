@@ -61,7 +61,7 @@ CHAT_SAMPLES = [
         **SAMPLING,
         **EXTENSIONS,
         "n": 1,
-        "logprobs": False,
+        "logprobs": True,
         "top_logprobs": 0,
         "logit_bias": {},
         "modalities": ["text"],
@@ -102,6 +102,7 @@ RESPONSES_SAMPLES = [
         **EXTENSIONS,
         "background": False,
         "truncation": "disabled",
+        "include": ["message.output_text.logprobs"],
         "top_logprobs": 0,
     },
     {"input": "a", "tools": [FLAT_TOOL], "tool_choice": {"type": "function", "name": "f"}},
@@ -370,6 +371,11 @@ def top_level(dialect: str, with_refused: bool):
             yield name, sub
 
 
+def needs(schema: dict, name: str) -> dict:
+    """The fields a field's declaration says its values need beside them (x-lmserve-needs)."""
+    return schema["properties"][name].get("x-lmserve-needs", {})
+
+
 def field_cases(outside: bool) -> list:
     cases = []
     for dialect in DIALECTS:
@@ -382,8 +388,8 @@ def field_cases(outside: bool) -> list:
 
 @pytest.mark.parametrize(("dialect", "name", "value"), field_cases(outside=True))
 def test_a_value_outside_the_declaration_is_refused_naming_the_field(dialect, name, value):
-    _, parse, _, minimal = DIALECTS[dialect]
-    result = parse({**minimal, name: value})
+    schema, parse, _, minimal = DIALECTS[dialect]
+    result = parse({**minimal, **needs(schema, name), name: value})
     assert isinstance(result, ApiError) and result.status == 400, f"{name}={value!r} was accepted"
     assert (result.param or "").startswith(name), (
         f"{name}={value!r} refused as {result.param}: {result.message}"
@@ -392,8 +398,8 @@ def test_a_value_outside_the_declaration_is_refused_naming_the_field(dialect, na
 
 @pytest.mark.parametrize(("dialect", "name", "value"), field_cases(outside=False))
 def test_a_boundary_value_is_accepted(dialect, name, value):
-    _, parse, _, minimal = DIALECTS[dialect]
-    result = parse({**minimal, name: value})
+    schema, parse, _, minimal = DIALECTS[dialect]
+    result = parse({**minimal, **needs(schema, name), name: value})
     if isinstance(result, ApiError):
         assert not (result.param or "").startswith(name), f"{name}={value!r} refused: {result.message}"
 

@@ -5,7 +5,16 @@ from __future__ import annotations
 import time
 import uuid
 
-from inference.types import FinishReason, ToolCallDelta, Usage
+from inference.types import FinishReason, TokenLogprob, ToolCallDelta, Usage
+
+from ..logprobs import token_entries
+
+
+def logprobs_payload(records: tuple[TokenLogprob, ...] | None) -> dict | None:
+    """A choice's ``logprobs``: None when the request did not ask for them."""
+    if records is None:
+        return None
+    return {"content": token_entries(records), "refusal": None}
 
 
 def usage_payload(usage: Usage) -> dict:
@@ -28,14 +37,26 @@ class ChatEncoder:
         self._role_sent = False
 
     def completion(
-        self, text: str, reason: FinishReason, usage: Usage, reasoning: str = "", calls: tuple = ()
+        self,
+        text: str,
+        reason: FinishReason,
+        usage: Usage,
+        reasoning: str = "",
+        calls: tuple = (),
+        logprobs: tuple[TokenLogprob, ...] | None = None,
     ) -> dict:
+        """The chat.completion object; ``logprobs``: the content's tokens (None: not asked)."""
         message = {"role": "assistant", "content": text or (None if calls else ""), "refusal": None}
         if calls:
             message["tool_calls"] = [self._tool_call(call) for call in calls]
         if reasoning:
             message["reasoning_content"] = reasoning
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": logprobs_payload(logprobs),
+            "finish_reason": reason,
+        }
         return self._envelope("chat.completion", [choice], usage=usage_payload(usage))
 
     def role_chunk(self) -> dict:
@@ -43,14 +64,16 @@ class ChatEncoder:
         self._role_sent = True
         return self._chunk({"role": "assistant", "content": ""}, None)
 
-    def delta_chunk(self, text: str, field: str = "content") -> dict:
+    def delta_chunk(
+        self, text: str, field: str = "content", logprobs: tuple[TokenLogprob, ...] | None = None
+    ) -> dict:
         """A content (or reasoning_content) delta; the first one of the stream also carries
-        the role."""
+        the role. ``logprobs``: the tokens of a content delta, when the request asked."""
         delta = {field: text}
         if not self._role_sent:
             delta = {"role": "assistant", **delta}
             self._role_sent = True
-        return self._chunk(delta, None)
+        return self._chunk(delta, None, logprobs_payload(logprobs))
 
     def tool_call_chunk(self, delta: ToolCallDelta) -> dict:
         """A whole function call, sent as soon as it closed."""
@@ -70,8 +93,8 @@ class ChatEncoder:
     def usage_chunk(self, usage: Usage) -> dict:
         return self._envelope("chat.completion.chunk", [], usage=usage_payload(usage))
 
-    def _chunk(self, delta: dict, reason: FinishReason | None) -> dict:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+    def _chunk(self, delta: dict, reason: FinishReason | None, logprobs: dict | None = None) -> dict:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         return self._envelope("chat.completion.chunk", [choice])
 
     def _envelope(self, kind: str, choices: list, **extra) -> dict:

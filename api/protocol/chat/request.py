@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from api.errors import ApiError, bad_request, unsupported
 from inference.generation.constraints import ConstraintSpec
 from inference.generation.toolcall import ToolSpec
-from inference.types import GenerationRequest, Message
+from inference.types import GenerationRequest, LogprobsRequest, Message
 
 from .. import fields as f
 from ..common import (
@@ -22,6 +22,7 @@ from ..common import (
     parse_effort,
     parse_openai_stop,
     parse_sampling,
+    parse_top_logprobs,
     reasoning_unavailable,
     sampling_overrides,
     tools_unavailable,
@@ -53,6 +54,7 @@ class ChatCompletionRequest:
     messages: tuple[Message, ...]
     model: str | None = None  # accepted and ignored: one process serves one model
     frequency_penalty: float | None = None
+    logprobs: bool = False
     max_completion_tokens: int | None = None
     max_tokens: int | None = None
     presence_penalty: float | None = None
@@ -61,6 +63,7 @@ class ChatCompletionRequest:
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage
     temperature: float | None = None
+    top_logprobs: int | None = None  # alternatives per token (0..20), with logprobs only
     top_p: float | None = None
     # Extensions with llama.cpp precedent.
     top_k: int | None = None
@@ -82,7 +85,14 @@ class ChatCompletionRequest:
             _refuse_unsupported(body)
             tools, forced = parse_chat_tool_choice(body, parse_chat_tools(body))
             messages = parse_messages(body.get("messages"))
+            logprobs = bool(f.boolean(body, "logprobs"))
+            top_logprobs = parse_top_logprobs(body)
+            if top_logprobs and not logprobs:  # 0 asks for nothing: clients send it by default
+                message = "'top_logprobs' needs 'logprobs': true"
+                raise Invalid(bad_request(message, "top_logprobs"))
             return cls(
+                logprobs=logprobs,
+                top_logprobs=top_logprobs,
                 tools=tools,
                 tools_param="tools" if f.array(body, "tools") else _tool_history_param(messages),
                 messages=messages,
@@ -125,6 +135,7 @@ class ChatCompletionRequest:
             reasoning=reasoning and self.constraint is None,
             constraint=self.constraint,
             tools=self.tools,
+            logprobs=LogprobsRequest(self.top_logprobs or 0, "logprobs") if self.logprobs else None,
         )
 
 
@@ -133,10 +144,6 @@ def _refuse_unsupported(body: dict) -> None:
     n = f.integer(body, "n", lo=1)
     if n is not None and n > 1:
         raise Invalid(unsupported("n", "> 1 is not supported: this server returns one choice"))
-    if f.boolean(body, "logprobs"):
-        raise Invalid(unsupported("logprobs"))
-    if f.integer(body, "top_logprobs", lo=0):  # 0 asks for nothing, as on Responses
-        raise Invalid(unsupported("top_logprobs"))
     if f.obj(body, "logit_bias"):
         raise Invalid(unsupported("logit_bias"))
     for legacy in ("functions", "function_call"):

@@ -8,7 +8,10 @@ message; the message item is present, empty if the reply was, unless the reply m
 Each completed call (ToolCallDelta) closes the open item and becomes a ``function_call`` or
 ``custom_tool_call`` item after it (named as the client declared it, namespace included), its
 arguments or input sent whole in one delta. When tool_choice forces a custom tool, the reply
-text is that call's input, streamed as ``response.custom_tool_call_input.delta`` events.
+text is that call's input, streamed as ``response.custom_tool_call_input.delta`` events. With
+``include: ["message.output_text.logprobs"]`` the message's tokens are reported: each
+output_text delta and done event carries its tokens, the output_text part all of them (OpenAI's
+shapes: the events' entries without ``bytes``); otherwise every ``logprobs`` is ``[]``.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from dataclasses import dataclass, field
 
 from api.errors import ApiError
 from inference.generation.toolcall import ToolCall
-from inference.types import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from inference.types import Finish, ReasoningDelta, TextDelta, TokenLogprob, ToolCallDelta, Usage
 
+from ..logprobs import token_entries
 from .request import ResponsesRequest
 from .tools import ResponsesTool
 
@@ -58,21 +62,22 @@ class OutputItem:
     status: str = "in_progress"
     call: ToolCall | None = None  # a call item's call (None: a forced custom call's streamed input)
     tool: ResponsesTool | None = None  # the declared tool it calls (None: not declared)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # the message text's tokens
 
     @property
     def text(self) -> str:
         return "".join(self.parts)
 
-    def part(self, text: str) -> dict:
+    def part(self, text: str, logprobs: list[TokenLogprob] = ()) -> dict:
         if self.kind == "reasoning":
             return {"type": "reasoning_text", "text": text}
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": token_entries(logprobs)}
 
     def payload(self, with_content: bool = True) -> dict:
         item = {"id": self.id, "type": self.kind, "status": self.status}
         if self.kind in CALL_KINDS:
             return {**item, "call_id": f"call_{self.id[3:27]}", **self._call_fields(with_content)}
-        content = [self.part(self.text)] if with_content else []
+        content = [self.part(self.text, self.logprobs)] if with_content else []
         if self.kind == "reasoning":
             return {**item, "summary": [], "content": content}
         return {**item, "role": "assistant", "content": content}
@@ -125,7 +130,10 @@ class ResponsesEncoder:
         item = self.items[-1]
         item.parts.append(event.text)
         name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
-        extra = {} if kind == "reasoning" else {"logprobs": []}
+        extra = {}
+        if kind == "message":
+            item.logprobs += event.logprobs
+            extra = {"logprobs": token_entries(event.logprobs, with_bytes=False)}
         events.append(self._event(name, **self._where(item), delta=event.text, **extra))
         return events
 
@@ -246,10 +254,14 @@ class ResponsesEncoder:
                 self._event("response.output_item.done", output_index=item.index, item=item.payload()),
             ]
         done = "response.reasoning_text.done" if item.kind == "reasoning" else "response.output_text.done"
-        extra = {} if item.kind == "reasoning" else {"logprobs": []}
+        extra = (
+            {} if item.kind == "reasoning" else {"logprobs": token_entries(item.logprobs, with_bytes=False)}
+        )
         return [
             self._event(done, **self._where(item), text=item.text, **extra),
-            self._event("response.content_part.done", **self._where(item), part=item.part(item.text)),
+            self._event(
+                "response.content_part.done", **self._where(item), part=item.part(item.text, item.logprobs)
+            ),
             self._event("response.output_item.done", output_index=item.index, item=item.payload()),
         ]
 
@@ -288,6 +300,7 @@ class ResponsesEncoder:
             "text": {"format": request.text_format or {"type": "text"}},
             "tool_choice": request.tool_choice,
             "tools": list(request.declared_tools.echo),
+            "top_logprobs": request.top_logprobs,
             "top_p": request.top_p,
             "truncation": "disabled",
             "metadata": {},

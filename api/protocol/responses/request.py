@@ -4,8 +4,10 @@ Stateless (``store: false`` semantics): every request carries its whole conversa
 anything that points at server-side state (previous_response_id, conversation, item_reference,
 stored prompts, background runs) is refused by name, as are hosted tools and
 ``truncation: "auto"``. Function tools and their history items live in
-:mod:`api.protocol.responses.tools`. Bookkeeping fields (store, metadata, include, user, ...) are
-accepted and ignored. The encoders live in :mod:`api.protocol.responses.encoder`.
+:mod:`api.protocol.responses.tools`. Bookkeeping fields (store, metadata, user, ...) are accepted
+and ignored, as are ``include`` values other than ``message.output_text.logprobs`` (which asks
+for the output text's log probabilities, ``top_logprobs`` alternatives per token). The
+encoders live in :mod:`api.protocol.responses.encoder`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from api.errors import ApiError, bad_request, unsupported
 from inference.generation.constraints import ConstraintSpec
 from inference.generation.toolcall import ToolSpec
-from inference.types import GenerationRequest, Message
+from inference.types import GenerationRequest, LogprobsRequest, Message
 
 from .. import fields as f
 from ..chat.request import OPENAI_SAMPLING
@@ -24,6 +26,7 @@ from ..common import (
     parse_effort,
     parse_openai_stop,
     parse_sampling,
+    parse_top_logprobs,
     reasoning_unavailable,
     sampling_overrides,
     tools_unavailable,
@@ -44,6 +47,7 @@ from .tools import (
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PART_KEYS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
+INCLUDE_LOGPROBS = "message.output_text.logprobs"  # the include value that asks for log probabilities
 STATELESS = "this server is stateless (store: false semantics); send the whole conversation in 'input'"
 
 
@@ -52,12 +56,14 @@ class ResponsesRequest:
     """A validated request; fields in the order of OpenAI's reference, then our extensions."""
 
     input: tuple[Message, ...]
+    include: tuple[str, ...] = ()
     instructions: str | None = None
     max_output_tokens: int | None = None
     model: str | None = None  # accepted and ignored: one process serves one model
     reasoning_effort: str | None = None  # reasoning.effort
     stream: bool = False
     temperature: float | None = None
+    top_logprobs: int | None = None  # alternatives per token (0..20), with include's logprobs
     top_p: float | None = None
     # Extensions (llama.cpp precedent), as on the Chat Completions dialect.
     frequency_penalty: float | None = None
@@ -86,6 +92,8 @@ class ResponsesRequest:
             messages = parse_input(body.get("input"))
             return cls(
                 input=messages,
+                include=_parse_include(body),
+                top_logprobs=parse_top_logprobs(body),
                 tools=choice.tools,
                 declared_tools=declared,
                 tool_choice=body.get("tool_choice") or "auto",
@@ -112,6 +120,18 @@ class ResponsesRequest:
     def wants_reasoning(self) -> bool:
         return wants_reasoning(self.reasoning_effort)
 
+    @property
+    def wants_logprobs(self) -> bool:
+        """Log probabilities are reported only when ``include`` asks, as OpenAI's: a bare
+        ``top_logprobs`` leaves the parts' ``logprobs`` empty."""
+        return INCLUDE_LOGPROBS in self.include
+
+    def logprobs_request(self) -> LogprobsRequest | None:
+        if not self.wants_logprobs:
+            return None
+        param = "include" if self.top_logprobs is None else "top_logprobs"
+        return LogprobsRequest(self.top_logprobs or 0, param)
+
     def to_generation(
         self, reasoning_available: bool, tools_available: bool = False
     ) -> GenerationRequest | ApiError:
@@ -136,6 +156,7 @@ class ResponsesRequest:
             reasoning=self.wants_reasoning and self.constraint is None,
             constraint=self.constraint,
             tools=tools,
+            logprobs=self.logprobs_request(),
         )
 
 
@@ -161,9 +182,17 @@ def _refuse_stateful(body: dict) -> None:
         )
     if truncation not in (None, "disabled"):
         raise f.invalid_value("truncation", truncation)
-    top_logprobs = f.integer(body, "top_logprobs", lo=0)
-    if top_logprobs:
-        raise Invalid(unsupported("top_logprobs"))
+
+
+def _parse_include(body: dict) -> tuple[str, ...]:
+    """``include``: an array of strings; only :data:`INCLUDE_LOGPROBS` changes the reply."""
+    include = f.array(body, "include")
+    if include is None:
+        return ()
+    for i, value in enumerate(include):
+        if not isinstance(value, str):
+            raise f.wrong_type(f"include[{i}]", "a string", value)
+    return tuple(include)
 
 
 def _parse_text_format(body: dict) -> ConstraintSpec | None:

@@ -114,8 +114,10 @@ def test_message_shapes():
     ("fields", "status", "param"),
     [
         ({"n": 2}, 400, "n"),
-        ({"logprobs": True}, 400, "logprobs"),
         ({"top_logprobs": 2}, 400, "top_logprobs"),
+        ({"top_logprobs": 2, "logprobs": False}, 400, "top_logprobs"),
+        ({"top_logprobs": 21, "logprobs": True}, 400, "top_logprobs"),
+        ({"logprobs": "yes"}, 400, "logprobs"),
         ({"logit_bias": {"1": 5}}, 400, "logit_bias"),
         ({"functions": [{"name": "f"}]}, 400, "functions"),
         ({"function_call": "auto"}, 400, "function_call"),

@@ -24,7 +24,16 @@ from api.protocol.chat import ChatEncoder
 from api.protocol.responses import ResponsesRequest
 from api.protocol.responses.encoder import ResponsesEncoder
 from inference.generation.toolcall import ToolCall
-from inference.types import ContextOverflow, Error, Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from inference.types import (
+    ContextOverflow,
+    Error,
+    Finish,
+    ReasoningDelta,
+    TextDelta,
+    TokenLogprob,
+    ToolCallDelta,
+    Usage,
+)
 from tests.api.conftest import encode
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "openai_openapi_schemas.json"
@@ -33,6 +42,9 @@ REGISTRY = Registry().with_resource("urn:openai", Resource.from_contents(DOCUMEN
 USAGE = Usage(prompt_tokens=30, completion_tokens=7, cached_tokens=12, reasoning_tokens=3)
 CALL = ToolCallDelta(ToolCall("get_weather", '{"city": "Paris"}'), 0)
 FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+# A token with two alternatives, and one that is half a code point.
+HEL = TokenLogprob(b"Hel", -0.25, (TokenLogprob(b"Hel", -0.25), TokenLogprob(b"Hi", -1.5)))
+HALF = TokenLogprob(b"\xc3", -3.0, (TokenLogprob(b"\xc3", -3.0),))
 
 
 def validator(component: str) -> jsonschema.Draft202012Validator:
@@ -86,6 +98,27 @@ def test_the_schemas_can_fail():
 def test_chat_completions_validate(text, reason, reasoning, calls):
     completion = ChatEncoder("m").completion(text, reason, USAGE, reasoning, calls)
     assert errors_of("CreateChatCompletionResponse", completion) == []
+    with_logprobs = ChatEncoder("m").completion(text, reason, USAGE, reasoning, calls, (HEL, HALF))
+    assert errors_of("CreateChatCompletionResponse", with_logprobs) == []
+
+
+def test_chat_logprobs_are_openais_entries():
+    choice = ChatEncoder("m").completion("Hel\u00e9", "stop", USAGE, logprobs=(HEL, HALF))["choices"][0]
+    hel, half = choice["logprobs"]["content"]
+    assert choice["logprobs"]["refusal"] is None
+    assert hel == {
+        "token": "Hel",
+        "logprob": -0.25,
+        "bytes": [72, 101, 108],
+        "top_logprobs": [
+            {"token": "Hel", "logprob": -0.25, "bytes": [72, 101, 108]},
+            {"token": "Hi", "logprob": -1.5, "bytes": [72, 105]},
+        ],
+    }
+    assert half["token"] == "\ufffd" and half["bytes"] == [0xC3]  # lossy text, real bytes
+    chunk = ChatEncoder("m").delta_chunk("Hel", "content", (HEL,))
+    assert chunk["choices"][0]["logprobs"]["content"] == [hel]
+    assert ChatEncoder("m").delta_chunk("Hel")["choices"][0]["logprobs"] is None
 
 
 def test_chat_chunks_validate():
@@ -93,6 +126,7 @@ def test_chat_chunks_validate():
     chunks = [
         encoder.role_chunk(),
         encoder.delta_chunk("Hi"),
+        encoder.delta_chunk("Hel", "content", (HEL, HALF)),
         encoder.delta_chunk("hm", "reasoning_content"),
         encoder.tool_call_chunk(CALL),
         encoder.finish_chunk("tool_calls"),
@@ -133,6 +167,10 @@ SCENARIOS = {
     "text-then-call": ([TextDelta("Ok."), CALL, Finish("tool_calls", USAGE)], {"tools": [FUNCTION]}),
     "format": ([TextDelta("{}"), Finish("stop", USAGE)], {"text": {"format": {"type": "json_object"}}}),
     "failed": ([TextDelta("Hel"), Error(500, "boom", code="internal_error")], {"instructions": "be brief"}),
+    "logprobs": (
+        [TextDelta("Hel", (HEL,)), TextDelta("\u00e9", (HALF,)), Finish("stop", USAGE)],
+        {"include": ["message.output_text.logprobs"], "top_logprobs": 2},
+    ),
 }
 
 
@@ -154,3 +192,24 @@ def test_responses_stream_events_validate(name):
     for event in events:
         assert errors_of(STREAM_EVENTS[event["type"]], event) == [], event["type"]
         assert errors_of("ResponseStreamEvent", event) == [], event["type"]
+
+
+def test_responses_logprobs_follow_the_text_in_each_shape():
+    encoder, events = run("logprobs")
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert [e["logprobs"] for e in deltas] == [
+        [
+            {
+                "token": "Hel",
+                "logprob": -0.25,
+                "top_logprobs": [{"token": "Hel", "logprob": -0.25}, {"token": "Hi", "logprob": -1.5}],
+            }
+        ],
+        [{"token": "\ufffd", "logprob": -3.0, "top_logprobs": [{"token": "\ufffd", "logprob": -3.0}]}],
+    ]
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert done["logprobs"] == [entry for e in deltas for entry in e["logprobs"]]
+    part = encoder.final["output"][0]["content"][0]
+    assert [entry["bytes"] for entry in part["logprobs"]] == [[72, 101, 108], [0xC3]]
+    assert part["logprobs"][0]["top_logprobs"][1] == {"token": "Hi", "logprob": -1.5, "bytes": [72, 105]}
+    assert encoder.final["top_logprobs"] == 2

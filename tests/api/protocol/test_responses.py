@@ -81,7 +81,6 @@ def test_string_input_is_one_user_message():
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
         ({"tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}}, "tool_choice.type"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, None),
-        ({"top_logprobs": 2}, "top_logprobs"),
     ],
 )
 def test_stateful_hosted_and_media_fields_are_400_naming_the_parameter(fields, param):

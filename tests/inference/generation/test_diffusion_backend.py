@@ -11,7 +11,15 @@ from inference.engine.engine import Engine
 from inference.generation.backends import BackendSetup, backend_for
 from inference.generation.constraints import ConstraintSpec
 from inference.generation.diffusion import DiffusionBackend
-from inference.types import Error, Finish, GenerationRequest, Message, SamplingOverrides, TextDelta
+from inference.types import (
+    Error,
+    Finish,
+    GenerationRequest,
+    LogprobsRequest,
+    Message,
+    SamplingOverrides,
+    TextDelta,
+)
 from tests.fixtures.synthetic_diffusion_gemma import CANVAS, diffusion_gemma_path
 from tests.inference.generation.test_backend import RecordingSink, run
 
@@ -43,6 +51,8 @@ def test_the_family_picks_the_diffusion_backend(backend):
         (GenerationRequest(HELLO, stop=("\n",)), "stop"),
         (GenerationRequest(HELLO, stop=("\n",), stop_param="stop_sequences"), "stop_sequences"),
         (GenerationRequest(HELLO, ignore_eos=True), "ignore_eos"),
+        (GenerationRequest(HELLO, logprobs=LogprobsRequest(2, "logprobs")), "logprobs"),
+        (GenerationRequest(HELLO, logprobs=LogprobsRequest(0, "include")), "include"),
     ],
 )  # fmt: skip
 def test_what_a_denoiser_cannot_honour_is_a_400_naming_it(backend, request_, param):

@@ -16,7 +16,15 @@ from inference.engine.tokenizer.nanochat_bpe import NanochatTokenizer
 from inference.generation.constraints import ConstraintSpec
 from inference.generation.nanochat import NanochatBackend
 from inference.generation.nanochat_tools import CalculatorState, use_calculator
-from inference.types import Error, Finish, GenerationRequest, Message, SamplingOverrides, TextDelta
+from inference.types import (
+    Error,
+    Finish,
+    GenerationRequest,
+    LogprobsRequest,
+    Message,
+    SamplingOverrides,
+    TextDelta,
+)
 from tests.fixtures.synthetic_nanochat import tokenizer_file
 from tests.inference.generation.test_backend import RecordingSink
 
@@ -143,6 +151,12 @@ def test_a_grammar_is_a_400_naming_it(tok):
     error = make_backend(tok).validate(request)
     assert isinstance(error, Error) and error.status == 400 and error.param == "regex"
     assert "grammar" in error.message
+
+
+def test_logprobs_are_a_400_naming_the_field(tok):
+    request = greedy(Message("user", "Hi"), logprobs=LogprobsRequest(3, "top_logprobs"))
+    error = make_backend(tok).validate(request)
+    assert isinstance(error, Error) and error.status == 400 and error.param == "top_logprobs"
 
 
 def test_a_prompt_filling_the_context_is_a_400(tok):
