@@ -24,7 +24,7 @@ import pytest
 
 from tests.api.conftest import ROOT, start_lmserve
 
-pytestmark = pytest.mark.timeout(3600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 AGENTS_DIR = Path(os.environ.get("LMSERVE_AGENTS_DIR", Path.home() / ".cache" / "lmserve" / "agents"))
 PACKAGES = ("@anthropic-ai/claude-code", "@openai/codex")
