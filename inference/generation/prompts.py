@@ -39,8 +39,11 @@ def fim_token_ids(engine: Engine) -> dict[str, int | None]:
     (None when absent), found as llama.cpp's vocabulary loader finds them: the GGUF key
     (``tokenizer.ggml.fim_pre_token_id``, or its older name), else the lowest id among the
     token texts it knows (``<|fim_prefix|>``, ``<fim-prefix>``, ``<PRE>``...)."""
-    metadata = engine.file.metadata
-    tokenizer = engine.tokenizer
+    return fim_ids_from(engine.file.metadata, engine.tokenizer)
+
+
+def fim_ids_from(metadata: dict, tokenizer: Tokenizer) -> dict[str, int | None]:
+    """``fim_token_ids`` of a GGUF's metadata and its tokenizer."""
     found: dict[str, int | None] = {}
     for key, names in FIM_NAMES.items():
         value = metadata.get(key)
