@@ -177,6 +177,7 @@ class ServiceCollector:
             yield GaugeMetricFamily(name, doc, value=value)
         yield from self._kv_metrics(service)
         yield from self._batch_metrics(service.worker)
+        yield from llamacpp_metrics(service, health)
 
     def _batch_metrics(self, worker):
         stats = worker.batches
@@ -216,6 +217,53 @@ class ServiceCollector:
             "resident KV slots (--kv-slots after the RAM guard)",
             value=len(slots.slots) if slots is not None else 0,
         )
+
+
+def llamacpp_metrics(service, health: dict):
+    """The series llama-server's ``/metrics`` exports, under its names (``llamacpp:``), for
+    dashboards and autoscalers written for it. Token counters count prefilled prompt tokens
+    (not those reused from a KV slot) and generated tokens of every generation once it ends;
+    the throughput gauges are averages over the server's life (llama.cpp's over the time since
+    the previous scrape); the drafted-token counters are exported with ``--spec``."""
+    backend = service.worker.backend
+    totals = getattr(backend, "totals", None)  # a backend with its own loop may keep none
+    counters = {
+        "llamacpp:prompt_tokens": ("Number of prompt tokens processed.", "prompt_tokens"),
+        "llamacpp:prompt_seconds": ("Prompt process time.", "prompt_seconds"),
+        "llamacpp:tokens_predicted": ("Number of generation tokens processed.", "predicted_tokens"),
+        "llamacpp:tokens_predicted_seconds": ("Predict process time.", "predicted_seconds"),
+    }
+    if service.config.spec:
+        counters["llamacpp:tokens_drafted"] = ("Number of speculative tokens drafted.", "drafted_tokens")
+        counters["llamacpp:tokens_drafted_accepted"] = (
+            "Number of speculative drafted tokens accepted.",
+            "accepted_tokens",
+        )
+    for name, (doc, field) in counters.items():
+        yield CounterMetricFamily(name, doc, value=getattr(totals, field, 0) if totals else 0)
+    prompt_rate = predicted_rate = 0.0
+    if totals is not None and totals.prompt_seconds > 0:
+        prompt_rate = totals.prompt_tokens / totals.prompt_seconds
+    if totals is not None and totals.predicted_seconds > 0:
+        predicted_rate = totals.predicted_tokens / totals.predicted_seconds
+    slots = getattr(backend, "slots", None)
+    used = capacity = 0
+    if slots is not None:
+        used = sum(slot["tokens"] + slot["prefix_rows"] for slot in slots.status())
+        capacity = len(slots.slots) * backend.n_ctx
+    gauges = {
+        "llamacpp:prompt_tokens_seconds": ("Average prompt throughput in tokens/s.", prompt_rate),
+        "llamacpp:predicted_tokens_seconds": ("Average generation throughput in tokens/s.", predicted_rate),
+        "llamacpp:kv_cache_usage_ratio": (
+            "KV-cache usage. 1 means 100 percent usage.",
+            used / capacity if capacity else 0.0,
+        ),
+        "llamacpp:kv_cache_tokens": ("KV-cache tokens.", used),
+        "llamacpp:requests_processing": ("Number of requests processing.", health["in_flight"]),
+        "llamacpp:requests_deferred": ("Number of requests deferred.", health["queued"]),
+    }
+    for name, (doc, value) in gauges.items():
+        yield GaugeMetricFamily(name, doc, value=value)
 
 
 REGISTRY.register(ServiceCollector())

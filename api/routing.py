@@ -20,16 +20,20 @@ from inference.runtime import service as services
 
 from .consumers.anthropic import CountTokensConsumer, MessagesConsumer
 from .consumers.chat import ChatCompletionsConsumer
+from .consumers.completions import CompletionsConsumer
 from .consumers.embeddings import EmbeddingsConsumer
+from .consumers.infill import InfillConsumer
 from .consumers.info import HealthConsumer, ModelConsumer, ModelListConsumer, NotFoundConsumer
 from .consumers.metrics import MetricsConsumer
 from .consumers.openapi import OpenApiConsumer
 from .consumers.responses import ResponsesConsumer
+from .consumers.tokenize import DetokenizeConsumer, TokenizerConsumer
 from .errors import ApiError, wants_anthropic_errors
 from .metrics import RequestMetricsMiddleware
 
 api_urlpatterns = [
     re_path(r"^(?:v1/)?chat/completions/?$", ChatCompletionsConsumer.as_asgi()),
+    re_path(r"^(?:v1/)?completions/?$", CompletionsConsumer.as_asgi()),
     re_path(r"^(?:v1/)?responses/?$", ResponsesConsumer.as_asgi()),
     re_path(r"^(?:v1/)?embeddings/?$", EmbeddingsConsumer.as_asgi()),
     re_path(r"^(?:v1/)?messages/?$", MessagesConsumer.as_asgi()),
@@ -37,6 +41,10 @@ api_urlpatterns = [
     re_path(r"^(?:v1/)?models/?$", ModelListConsumer.as_asgi()),
     re_path(r"^(?:v1/)?models/(?P<model_id>.+?)/?$", ModelConsumer.as_asgi()),
     re_path(r"^(?:v1/)?health/?$", HealthConsumer.as_asgi()),
+    # llama.cpp's own endpoints, at llama-server's paths.
+    re_path(r"^infill/?$", InfillConsumer.as_asgi()),
+    re_path(r"^tokenize/?$", TokenizerConsumer.as_asgi()),
+    re_path(r"^detokenize/?$", DetokenizeConsumer.as_asgi()),
     re_path(r"^metrics/?$", MetricsConsumer.as_asgi()),
     re_path(r"^openapi\.json$", OpenApiConsumer.as_asgi()),
 ]

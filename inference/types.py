@@ -75,6 +75,41 @@ class LogprobsRequest:
 
 
 @dataclass(frozen=True)
+class FileContext:
+    """A file of the repository a fill-in-the-middle request edits, given as extra context."""
+
+    filename: str
+    text: str
+
+
+@dataclass(frozen=True)
+class FillInMiddle:
+    """Fill in the middle: the model writes what goes between the raw prompt (the text before
+    the gap) and ``suffix``, in the FIM tokens of its vocabulary (``<|fim_prefix|>`` ...)."""
+
+    suffix: str
+    # Text appended to the prefix before the gap, special-token texts parsed (llama.cpp's
+    # /infill ``prompt``: the part of the line before the cursor, for one).
+    after_prefix: str = ""
+    extra: tuple[FileContext, ...] = ()  # other files, before the prefix (repository-level FIM)
+    # llama.cpp's /infill pattern: a repository header and file separators around the files,
+    # and the prefix and suffix cut to fit one 2048-token batch. Off: the single-file pattern.
+    repository: bool = False
+    param: str = "suffix"  # the field named when the model has no FIM tokens
+
+
+@dataclass(frozen=True)
+class RawPrompt:
+    """A prompt sent as is (legacy completions, /infill): no chat template, special-token texts
+    parsed, BOS as the model's metadata says (as ``manage.py generate --raw``)."""
+
+    text: str = ""
+    tokens: tuple[int, ...] | None = None  # token ids sent instead of text
+    fim: FillInMiddle | None = None  # the prompt is the prefix of a fill-in-the-middle
+    param: str = "prompt"  # the field a problem with the prompt is reported on
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """What to generate, independent of the dialect it arrived in."""
 
@@ -94,6 +129,8 @@ class GenerationRequest:
     prefill: str = ""
     stop_param: str = "stop"  # what the dialect calls ``stop`` (Anthropic: stop_sequences)
     logprobs: LogprobsRequest | None = None  # None: not asked (nothing is computed)
+    # A raw prompt instead of a conversation (``messages`` is then empty): no chat template.
+    raw: RawPrompt | None = None
 
     def template_messages(self) -> list[dict]:
         return [m.as_template_dict() for m in self.messages]

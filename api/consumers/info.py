@@ -11,10 +11,13 @@ from .base import ApiConsumer
 
 def model_object(service) -> dict:
     """The one model this process serves, as OpenAI's model object, plus (once it is loaded)
-    ``capabilities``: which features it has (``families.Features``)."""
+    ``max_model_len`` (vLLM's name for the context served, ``--ctx``) and ``capabilities``:
+    which features it has (``families.Features``)."""
     model = {"id": service.model_id, "object": "model", "created": _created(service), "owned_by": "lmserve"}
     features = service.features()
-    return model if features is None else {**model, "capabilities": features}
+    if features is None:
+        return model
+    return {**model, "max_model_len": service.worker.backend.n_ctx, "capabilities": features}
 
 
 def anthropic_model_object(service) -> dict:

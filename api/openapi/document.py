@@ -11,7 +11,13 @@ from __future__ import annotations
 from inference.engine.families import FEATURE_NAMES
 
 from .anthropic_requests import COUNT_TOKENS_REQUEST, MESSAGES_REQUEST
-from .openai_requests import CHAT_COMPLETION_REQUEST, EMBEDDINGS_REQUEST, RESPONSES_REQUEST
+from .llamacpp_requests import DETOKENIZE_REQUEST, INFILL_REQUEST, TOKENIZE_REQUEST
+from .openai_requests import (
+    CHAT_COMPLETION_REQUEST,
+    COMPLETION_REQUEST,
+    EMBEDDINGS_REQUEST,
+    RESPONSES_REQUEST,
+)
 from .shapes import Schema, boolean, const, enum, obj, string
 
 NULLABLE_STRING = {"type": ["string", "null"]}
@@ -24,6 +30,90 @@ SCHEMAS: dict[str, Schema] = {
     "MessagesRequest": MESSAGES_REQUEST,
     "CountTokensRequest": COUNT_TOKENS_REQUEST,
     "EmbeddingsRequest": EMBEDDINGS_REQUEST,
+    "CompletionRequest": COMPLETION_REQUEST,
+    "InfillRequest": INFILL_REQUEST,
+    "TokenizeRequest": TOKENIZE_REQUEST,
+    "DetokenizeRequest": DETOKENIZE_REQUEST,
+    "TextCompletion": obj(
+        {
+            "id": string(nullable=False),
+            "object": const("text_completion"),
+            "created": INTEGER,
+            "model": string(nullable=False),
+            "choices": {
+                "type": "array",
+                "items": obj(
+                    {
+                        "text": string(nullable=False),
+                        "index": INTEGER,
+                        "logprobs": {"type": "null"},
+                        "finish_reason": enum(("stop", "length")),
+                    },
+                    ("text", "index", "logprobs", "finish_reason"),
+                ),
+            },
+            "usage": obj(
+                {"prompt_tokens": INTEGER, "completion_tokens": INTEGER, "total_tokens": INTEGER},
+                ("prompt_tokens", "completion_tokens", "total_tokens"),
+            ),
+        },
+        ("id", "object", "created", "model", "choices", "usage"),
+    ),
+    "Infill": obj(
+        {
+            "content": string(nullable=False, description="the middle"),
+            "stop": boolean(nullable=False),
+            "model": string(nullable=False),
+            "tokens_predicted": INTEGER,
+            "tokens_evaluated": INTEGER,
+            "tokens_cached": INTEGER,
+            "truncated": boolean(nullable=False),
+            "stop_type": enum(("eos", "limit", "word")),
+            "stopping_word": string(nullable=False),
+            "timings": obj(
+                {
+                    name: {"type": "number"}
+                    for name in (
+                        "prompt_n",
+                        "prompt_ms",
+                        "prompt_per_second",
+                        "predicted_n",
+                        "predicted_ms",
+                        "predicted_per_second",
+                    )
+                },
+                description="milliseconds as the connection saw them (queue wait included in prompt_ms)",
+            ),
+        },
+        ("content", "stop", "tokens_predicted", "tokens_evaluated", "tokens_cached", "timings"),
+        "llama.cpp's completion object, as /infill answers",
+    ),
+    "Tokens": obj(
+        {
+            "tokens": {
+                "type": "array",
+                "items": {
+                    "anyOf": [
+                        INTEGER,
+                        obj(
+                            {
+                                "id": INTEGER,
+                                "piece": {
+                                    "anyOf": [
+                                        string(nullable=False),
+                                        {"type": "array", "items": INTEGER},
+                                    ]
+                                },
+                            },
+                            ("id", "piece"),
+                        ),
+                    ]
+                },
+            }
+        },
+        ("tokens",),
+    ),
+    "Detokenized": obj({"content": string(nullable=False)}, ("content",)),
     "Embeddings": obj(
         {
             "object": const("list"),
@@ -129,6 +219,10 @@ SCHEMAS: dict[str, Schema] = {
             "object": const("model"),
             "created": INTEGER,
             "owned_by": string(nullable=False),
+            "max_model_len": {
+                "type": "integer",
+                "description": "the context served (--ctx), vLLM's name; absent while the model loads",
+            },
             "capabilities": obj(
                 {name: boolean(nullable=False) for name in FEATURE_NAMES},
                 FEATURE_NAMES,
@@ -213,6 +307,18 @@ def _generation(summary: str, request: str, reply: str, envelope: str, stream: s
     }
 
 
+def _post(summary: str, operation: str, request: str, reply: str, description: str) -> dict:
+    """A POST endpoint answered with one JSON object (no stream)."""
+    return {
+        "post": {
+            "summary": summary,
+            "operationId": operation,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+            "responses": {"200": _json(_ref(reply), description), **_errors("OpenAIError")},
+        }
+    }
+
+
 def _get(
     summary: str, operation: str, ok: dict, *, envelope: str = "OpenAIError", public: bool = False
 ) -> dict:
@@ -262,6 +368,28 @@ def _paths() -> dict:
             "OpenAIError",
             "named Responses events",
         ),
+        "/v1/completions": _generation(
+            "OpenAI (legacy) Completions: a raw prompt, no chat template",
+            "CompletionRequest",
+            "TextCompletion",
+            "OpenAIError",
+            "text_completion data frames, then data: [DONE]",
+        ),
+        "/infill": _generation(
+            "llama.cpp's fill-in-the-middle (llama.vscode and other editors)",
+            "InfillRequest",
+            "Infill",
+            "OpenAIError",
+            "data frames {content, stop: false}, then the Infill object with stop: true",
+        ),
+        "/tokenize": _post("llama.cpp's tokenizer", "tokenize", "TokenizeRequest", "Tokens", "the token ids"),
+        "/detokenize": _post(
+            "llama.cpp's detokenizer (ids outside the vocabulary: 400 naming them)",
+            "detokenize",
+            "DetokenizeRequest",
+            "Detokenized",
+            "the text",
+        ),
         "/v1/messages": _generation(
             "Anthropic Messages", "MessagesRequest", "Message", "AnthropicError", "named Messages events"
         ),
@@ -310,7 +438,8 @@ def build_document(version: str = "1") -> dict:
             "title": "lmserve",
             "version": version,
             "description": "A local language-model server speaking OpenAI Chat Completions, OpenAI "
-            "Responses and Anthropic Messages. Every /v1 path also answers without the prefix.",
+            "Responses and Anthropic Messages, with OpenAI's legacy Completions and llama.cpp's "
+            "/infill, /tokenize and /detokenize. Every /v1 path also answers without the prefix.",
         },
         "paths": _paths(),
         "components": {

@@ -321,3 +321,42 @@ EMBEDDINGS_REQUEST = obj(
     ("input",),
     "OpenAI Embeddings request: the final-norm last hidden state, L2-normalised",
 )
+
+# -- Completions (legacy) ----------------------------------------------------------------------
+TOKEN_IDS = array(integer(nullable=False), nullable=False, minItems=1)
+COMPLETION_REQUEST = obj(
+    {
+        "model": string("accepted and ignored: one process serves one model"),
+        "prompt": any_of(
+            string(nullable=False),
+            TOKEN_IDS,
+            array(any_of(string(nullable=False), TOKEN_IDS), nullable=False, minItems=1, maxItems=1),
+            description="raw text (no chat template; special-token texts parsed, BOS as the model's "
+            "metadata says), token ids, or a one-element array of either",
+        ),
+        "best_of": refused("above 1 is refused: one choice per request", integer(lo=1, hi=1)),
+        "echo": boolean("the reply text starts with the prompt"),
+        "frequency_penalty": SAMPLING["frequency_penalty"],
+        "logit_bias": refused(
+            "a non-empty object is refused", {"type": ["object", "null"], "maxProperties": 0}
+        ),
+        "logprobs": refused("above 0 is refused (no log probabilities yet)", integer(lo=0, hi=0)),
+        "max_tokens": integer(lo=1, description="reply budget; default 16, clamped to what --ctx leaves"),
+        "n": refused("above 1 is refused: one choice per request", integer(lo=1, hi=1)),
+        "presence_penalty": SAMPLING["presence_penalty"],
+        "seed": SAMPLING["seed"],
+        "stop": STOP,
+        "stream": boolean("answer as server-sent text_completion chunks, then data: [DONE]"),
+        "stream_options": obj({"include_usage": boolean()}, nullable=True),
+        "suffix": string(
+            "the text after the completion: fill-in-the-middle, on a model with FIM tokens (400 "
+            "naming suffix on others); empty is none"
+        ),
+        "temperature": SAMPLING["temperature"],
+        "top_p": SAMPLING["top_p"],
+        "user": ignored(string()),
+        **{name: SAMPLING[name] for name in ("top_k", "min_p", "repeat_penalty", "ignore_eos")},
+    },
+    ("prompt",),
+    "OpenAI (legacy) Completions request; unknown fields are accepted and ignored",
+)

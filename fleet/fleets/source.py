@@ -122,6 +122,8 @@ class FleetSource:
         users = [m.content for m in request.messages if m.role == "user"]
         if not users:  # nothing a user said: the whole conversation is the query
             users = [m.content for m in request.messages]
+        if request.raw is not None:  # a raw prompt (legacy completions) is its own query
+            users = [request.raw.text or " "]
         identity = hashlib.blake2b(users[0].encode("utf-8", "surrogatepass"), digest_size=16).digest()
         selection = self.conversations.get_fresh(identity)
         if selection is None:

@@ -16,11 +16,12 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
-from inference.engine.engine import Engine
+from inference.engine.engine import Engine, GenerationStats
 from inference.generation.constraints import ConstraintCompiler, ConstraintSpec, bound_number_digits
+from inference.generation.prompts import raw_prompt_tokens
 from inference.generation.speculative import Speculator
 from inference.generation.stream import BatchItem, DecodeStream
 from inference.generation.toolcall import ToolSpec, auto_call_grammar, resolve_forced_call
@@ -52,14 +53,16 @@ def openai_overflow_message(overflow: ContextOverflow) -> str:
     )
 
 
-def budgeted(tokens: list[int], n_ctx: int, max_tokens: int | None) -> PreparedPrompt | Error:
+def budgeted(
+    tokens: list[int], n_ctx: int, max_tokens: int | None, param: str = "messages"
+) -> PreparedPrompt | Error:
     """The prompt with its reply budget (``max_tokens``, else the default, capped by the room
-    left in ``n_ctx``), or a 400 when the prompt leaves no room to reply."""
+    left in ``n_ctx``), or a 400 naming ``param`` when the prompt leaves no room to reply."""
     room = n_ctx - len(tokens)
     if room < 1:
         overflow = ContextOverflow(len(tokens), n_ctx)
         message = openai_overflow_message(overflow)
-        return Error(400, message, code="context_length_exceeded", param="messages", overflow=overflow)
+        return Error(400, message, code="context_length_exceeded", param=param, overflow=overflow)
     wanted = max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
     return PreparedPrompt(tokens, min(wanted, room))
 
@@ -76,6 +79,34 @@ class Sink(Protocol):
 
     def prefix_chosen(self, documents: tuple[str, ...]) -> None:
         """The prefix is chosen (before any event): the fleet documents it composes."""
+
+
+def prompt_param(request: GenerationRequest) -> str:
+    """The field a prompt that does not fit is reported on."""
+    return request.raw.param if request.raw is not None else "messages"
+
+
+@dataclass
+class ServingTotals:
+    """What the generations served so far did, summed as each ends (llama.cpp's /metrics
+    counters): prompt tokens prefilled and the seconds it took, tokens generated and the
+    seconds from the first to the last, speculation's drafted and accepted tokens. Written by
+    the worker thread only; read at scrape time."""
+
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    predicted_tokens: int = 0
+    predicted_seconds: float = 0.0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+
+    def add(self, stats: GenerationStats) -> None:
+        self.prompt_tokens += stats.prefilled_tokens
+        self.prompt_seconds += stats.prefill_seconds
+        self.predicted_tokens += stats.generated_tokens
+        self.predicted_seconds += stats.decode_seconds
+        self.drafted_tokens += stats.spec_drafted
+        self.accepted_tokens += stats.spec_accepted
 
 
 class ConversationBackend:
@@ -105,6 +136,8 @@ class ConversationBackend:
         self.speculator = Speculator(engine) if spec else None
         self._call_grammar_compiles: OrderedDict[str, bool] = OrderedDict()
         self._call_grammar_lock = threading.Lock()  # connections and the worker both ask
+        self.totals = ServingTotals()
+        self._opened: list[DecodeStream] = []  # this job's streams, summed into totals at release
 
     # -- connection side -------------------------------------------------------------------
     @property
@@ -125,9 +158,17 @@ class ConversationBackend:
         return self.family.kv_reuse
 
     def release(self) -> None:
-        """After a job: the slots it used go back to the pool (their rows stay warm). The
-        generate methods release on their way out; calling it again is harmless."""
+        """After a job: the slots it used go back to the pool (their rows stay warm) and its
+        streams' numbers join the totals. The generate methods release on their way out;
+        calling it again is harmless."""
+        self.count_opened()
         self.slots.release()
+
+    def count_opened(self) -> None:
+        """Add the numbers of the streams opened since the last call to the totals."""
+        for stream in self._opened:
+            self.totals.add(stream.stats)
+        self._opened.clear()
 
     def constraint_spec(self, request: GenerationRequest) -> ConstraintSpec | None:
         """The request's constraint, a forced call spelled in this family's call convention;
@@ -172,9 +213,12 @@ class ConversationBackend:
         return verdict
 
     def tokenize(self, request: GenerationRequest) -> list[int] | Error:
-        """The conversation rendered with the chat template and tokenized, whatever its length."""
+        """The conversation rendered with the chat template and tokenized, whatever its length
+        (a raw prompt: as sent, or its fill-in-the-middle prompt)."""
         from inference.engine.chat_template import ChatTemplateError
 
+        if request.raw is not None:
+            return raw_prompt_tokens(self.engine, request.raw, self.n_ctx, request.max_tokens)
         try:
             tools = [tool.template_dict() for tool in request.tools] or None
             # A prefill continues the assistant turn the generation prompt opened (rendering it
@@ -200,7 +244,7 @@ class ConversationBackend:
         tokens = self.tokenize(request)
         if isinstance(tokens, Error):
             return tokens
-        return budgeted(tokens, self.n_ctx, request.max_tokens)
+        return budgeted(tokens, self.n_ctx, request.max_tokens, prompt_param(request))
 
     # -- worker side -----------------------------------------------------------------------
     def open_stream(
@@ -218,6 +262,7 @@ class ConversationBackend:
         if not self.kv_reuse:  # the family's state cannot be cut back to a prefix: start clean
             self.slots.reset(cache)
         stream = DecodeStream(self, request, prompt, sink, cache)
+        self._opened.append(stream)
         stream.begin()
         return stream
 
@@ -240,7 +285,8 @@ class ConversationBackend:
         if room < 1:
             overflow = ContextOverflow(len(prompt.tokens), max(limit, 0))
             message = openai_overflow_message(overflow)
-            return Error(400, message, code="context_length_exceeded", param="messages", overflow=overflow)
+            param = prompt_param(request)
+            return Error(400, message, code="context_length_exceeded", param=param, overflow=overflow)
         return choice, PreparedPrompt(prompt.tokens, min(prompt.max_tokens, room))
 
     def generate(self, request: GenerationRequest, prompt: PreparedPrompt, sink: Sink) -> int:

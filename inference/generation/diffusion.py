@@ -85,7 +85,10 @@ class DiffusionBackend:
         """The conversation through the chat template, tokenized (an assistant prefill
         continues the opened turn)."""
         from inference.engine.chat_template import ChatTemplateError
+        from inference.generation.prompts import raw_prompt_tokens
 
+        if request.raw is not None:
+            return raw_prompt_tokens(self.engine, request.raw, self.n_ctx, request.max_tokens)
         try:
             return self.engine.encode_chat(request.template_messages(), continuation=request.prefill)
         except ChatTemplateError as exc:
@@ -105,7 +108,8 @@ class DiffusionBackend:
             overflow = ContextOverflow(len(tokens), self.n_ctx - self.canvas)
             needs = f" (a diffusion reply needs room for a {self.canvas}-token canvas)"
             message = openai_overflow_message(overflow) + needs
-            return Error(400, message, code="context_length_exceeded", param="messages", overflow=overflow)
+            param = request.raw.param if request.raw is not None else "messages"
+            return Error(400, message, code="context_length_exceeded", param=param, overflow=overflow)
         wanted = request.max_tokens if request.max_tokens is not None else DEFAULT_MAX_TOKENS
         return PreparedPrompt(tokens, min(wanted, blocks * self.canvas))
 

@@ -85,7 +85,12 @@ class NanochatBackend:
     # -- connection side ------------------------------------------------------------------
     def tokenize(self, request: GenerationRequest) -> list[int] | Error:
         """The conversation in nanochat's protocol, ending with the opened assistant turn
-        (and the client's prefill, if any, which the reply continues)."""
+        (and the client's prefill, if any, which the reply continues). A raw prompt is refused:
+        the checkpoint is served as a chat model only."""
+        if request.raw is not None:
+            param = request.raw.param
+            message = f"'{param}' is not supported: a nanochat checkpoint is served for chat only"
+            return Error(400, message, code="unsupported_parameter", param=param)
         tokens = [self.bos]
         for index, message in enumerate(request.messages):
             refused = _refuse_role(message, index)

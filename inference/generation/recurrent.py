@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from inference.engine.engine import Engine
 from inference.generation.backend import ConversationBackend, Sink
+from inference.generation.prompts import raw_prompt_tokens
 from inference.generation.stream import DecodeStream
 from inference.kv.prefix_source import PrefixSource
 from inference.types import Error, GenerationRequest, Message, PreparedPrompt
@@ -44,7 +45,9 @@ class RecurrentBackend(ConversationBackend):
         return False
 
     def release(self) -> None:
-        """Nothing to give back: each request's cache is dropped with its stream."""
+        """Nothing to give back: each request's cache is dropped with its stream (its numbers
+        join the totals)."""
+        self.count_opened()
 
     def thinking(self, request: GenerationRequest) -> bool:
         """Whether the prompt opens the think block: reasoning asked for, and neither a grammar
@@ -54,6 +57,8 @@ class RecurrentBackend(ConversationBackend):
     def tokenize(self, request: GenerationRequest) -> list[int] | Error:
         from inference.engine.chat_template import ChatTemplateError
 
+        if request.raw is not None:
+            return raw_prompt_tokens(self.engine, request.raw, self.n_ctx, request.max_tokens)
         try:
             tools = [tool.template_dict() for tool in request.tools] or None
             return self.engine.encode_chat(
@@ -69,6 +74,7 @@ class RecurrentBackend(ConversationBackend):
         """The request's decoding state on a fresh cache, prefilled, its first token taken."""
         capacity = min(self.n_ctx, len(prompt.tokens) + prompt.max_tokens + 1)
         stream = DecodeStream(self, request, prompt, sink, self.engine.new_cache(capacity))
+        self._opened.append(stream)
         router = stream.emitter.router
         if self.family.think_prefilled and self.thinking(request) and router is not None:
             router.feed(self.family.think.open)  # the block the prompt opened

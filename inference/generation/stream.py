@@ -90,9 +90,11 @@ class DecodeStream:
             request.stop,
             reasoning=request.reasoning,
             tools=family.tools if request.tools else None,
-            # A constrained reply is the grammar's from token 0, and a prefilled one starts with
-            # the client's text: neither has a think head.
-            think=family.think if request.constraint is None and not request.prefill else None,
+            # A constrained reply is the grammar's from token 0, a prefilled one starts with the
+            # client's text, and a raw prompt's is the model's text as written: no think head.
+            think=family.think
+            if request.constraint is None and not request.prefill and request.raw is None
+            else None,
         )
         # Control tokens the think markers are made of: rendered while the think head is open.
         think = family.think

@@ -17,11 +17,20 @@ from jsonschema import Draft202012Validator
 from api.errors import ApiError
 from api.openapi.anthropic_requests import COUNT_TOKENS_REQUEST, MESSAGES_REQUEST
 from api.openapi.document import build_document
-from api.openapi.openai_requests import CHAT_COMPLETION_REQUEST, EMBEDDINGS_REQUEST, RESPONSES_REQUEST
+from api.openapi.llamacpp_requests import DETOKENIZE_REQUEST, INFILL_REQUEST, TOKENIZE_REQUEST
+from api.openapi.openai_requests import (
+    CHAT_COMPLETION_REQUEST,
+    COMPLETION_REQUEST,
+    EMBEDDINGS_REQUEST,
+    RESPONSES_REQUEST,
+)
 from api.protocol.anthropic.request import MessagesRequest
 from api.protocol.chat.request import ChatCompletionRequest
+from api.protocol.completions import CompletionRequest
 from api.protocol.embeddings import EmbeddingsRequest
+from api.protocol.infill import InfillRequest
 from api.protocol.responses.request import ResponsesRequest
+from api.protocol.tokenize import DetokenizeRequest, TokenizeRequest
 
 TOOL = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {}, "strict": False}}
 FLAT_TOOL = {"type": "function", "name": "f", "description": "d", "parameters": {}, "strict": False}
@@ -206,6 +215,55 @@ MESSAGES_SAMPLES = [
 ]
 
 
+COMPLETION_SAMPLES = [
+    {
+        "model": "m",
+        "prompt": "p",
+        "best_of": 1,
+        "echo": True,
+        "logit_bias": {},
+        "logprobs": 0,
+        "max_tokens": 5,
+        "n": 1,
+        "stop": ["x"],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "suffix": "s",
+        "user": "u",
+        **SAMPLING,
+        "top_k": 5,
+        "min_p": 0.1,
+        "repeat_penalty": 1.1,
+        "ignore_eos": False,
+    },
+    {"prompt": [[1, 2]]},
+]
+INFILL_SAMPLES = [
+    {
+        "input_prefix": "a",
+        "input_suffix": "b",
+        "input_extra": [{"filename": "f.py", "text": "t"}],
+        "prompt": "p",
+        "n_predict": 4,
+        "stream": True,
+        "stop": ["x"],
+        **SAMPLING,
+        "top_k": 5,
+        "min_p": 0.1,
+        "repeat_penalty": 1.1,
+        "ignore_eos": False,
+        "cache_prompt": True,
+        "samplers": ["top_k"],
+        "t_max_prompt_ms": 500,
+        "t_max_predict_ms": 500,
+        "n_indent": 4,
+        "id_slot": 0,
+        "response_fields": ["content"],
+    },
+    {"input_prefix": "a", "max_tokens": 4},
+]
+
+
 def parse_chat(body):
     return ChatCompletionRequest.parse(body)
 
@@ -246,6 +304,15 @@ DIALECTS = {
         count_samples(),
         {"messages": [{"role": "user", "content": "hi"}]},
     ),
+    "completions": (COMPLETION_REQUEST, CompletionRequest.parse, COMPLETION_SAMPLES, {"prompt": "hi"}),
+    "infill": (INFILL_REQUEST, InfillRequest.parse, INFILL_SAMPLES, {}),
+    "tokenize": (
+        TOKENIZE_REQUEST,
+        TokenizeRequest.parse,
+        [{"content": "a", "add_special": True, "parse_special": False, "with_pieces": True}],
+        {"content": "hi"},
+    ),
+    "detokenize": (DETOKENIZE_REQUEST, DetokenizeRequest.parse, [{"tokens": [1, 2]}], {"tokens": [1]}),
     "embeddings": (
         EMBEDDINGS_REQUEST,
         EmbeddingsRequest.parse,
@@ -431,7 +498,7 @@ def test_generation_replies_declare_the_fleet_documents_header():
     from api.consumers.generation import DOCUMENTS_HEADER
 
     paths = build_document()["paths"]
-    for path in ("/v1/chat/completions", "/v1/responses", "/v1/messages"):
+    for path in ("/v1/chat/completions", "/v1/completions", "/infill", "/v1/responses", "/v1/messages"):
         headers = paths[path]["post"]["responses"]["200"]["headers"]
         assert DOCUMENTS_HEADER.decode() in headers, path
         assert headers[DOCUMENTS_HEADER.decode()]["schema"] == {"type": "string"}

@@ -62,9 +62,11 @@ the prefix:
   OpenAI Responses          POST /v1/responses          (stateless: send the whole conversation)
   Anthropic Messages        POST /v1/messages, /v1/messages/count_tokens
                             (Anthropic SDKs, Claude Code: base URL http://HOST:PORT)
-and around them: GET /v1/models, GET /health (readiness, load; never needs the key),
-GET /metrics (Prometheus, see --metrics), GET /openapi.json (OpenAPI 3.1), a chat page at /
-and the admin at /admin/. SIGINT/SIGTERM drain in-flight work and exit 0."""
+and around them: POST /v1/completions (legacy: a raw prompt, suffix FIM), llama.cpp's POST
+/infill, /tokenize and /detokenize, POST /v1/embeddings, GET /v1/models, GET /health
+(readiness, load; never needs the key), GET /metrics (Prometheus, see --metrics),
+GET /openapi.json (OpenAPI 3.1), a chat page at / and the admin at /admin/. SIGINT/SIGTERM
+drain in-flight work and exit 0."""
 
 EPILOG = """\
 environment: LMSERVE_MODEL, LMSERVE_MODELS_DIR, LMSERVE_API_KEY, LMSERVE_ALLOWED_HOSTS,
