@@ -144,12 +144,10 @@ def test_claude_code_answers_then_reads_a_file_from_the_warm_cache(agents, model
     home.mkdir()
     before = answered(model_server)
     started = time.monotonic()
-    first, _ = claude_prompt(
-        agents, model_server, workdir, home, "What is 17 + 25? Answer with the number only."
-    )
+    first, _ = claude_prompt(agents, model_server, workdir, home, "What is the capital of France? One word.")
     first_seconds = time.monotonic() - started
     assert not first["is_error"], first
-    assert "42" in first["result"], first["result"]
+    assert "paris" in first["result"].lower(), first["result"]
 
     second, events = claude_prompt(
         agents,
