@@ -37,8 +37,12 @@ class CompletionsConsumer(GenerationConsumer):
     async def complete(self, request: CompletionRequest, pipe: StreamPipe, first: Event | None) -> None:
         reply = await collect_reply(pipe, first)
         if isinstance(reply.end, Finish):
-            text = self.echoed(request) + reply.text
-            await self.send_json(200, self.encoder.completion(text, reply.end.reason, reply.end.usage))
+            echoed = self.echoed(request)
+            logprobs = reply.logprobs if request.logprobs is not None else None
+            body = self.encoder.completion(
+                echoed + reply.text, reply.end.reason, reply.end.usage, logprobs, len(echoed)
+            )
+            await self.send_json(200, body)
         else:
             await self.send_error(failure(reply.end))
 
@@ -50,8 +54,11 @@ class CompletionsConsumer(GenerationConsumer):
     async def stream(self, request: CompletionRequest, pipe: StreamPipe, event: Event | None) -> None:
         encoder = self.encoder
         await self.open_stream(request)
+        offset = len(self.echoed(request))  # the text_offset of the reply's first token
         while isinstance(event, TextDelta):
-            await self.send_chunk(data_frame(encoder.chunk(event.text)))
+            logprobs = event.logprobs if request.logprobs is not None else None
+            await self.send_chunk(data_frame(encoder.chunk(event.text, logprobs=logprobs, offset=offset)))
+            offset += sum(len(record.text) for record in event.logprobs)
             event = await self.next_event(request, pipe)
         if not isinstance(event, Finish):
             # Mid-stream failure: in-band, as a data frame with a top-level error key.

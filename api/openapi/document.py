@@ -46,7 +46,16 @@ SCHEMAS: dict[str, Schema] = {
                     {
                         "text": string(nullable=False),
                         "index": INTEGER,
-                        "logprobs": {"type": "null"},
+                        "logprobs": obj(
+                            {
+                                "tokens": {"type": "array", "items": {"type": "string"}},
+                                "token_logprobs": {"type": "array", "items": {"type": "number"}},
+                                "top_logprobs": {"type": "array", "items": {"type": "object"}},
+                                "text_offset": {"type": "array", "items": {"type": "integer"}},
+                            },
+                            ("tokens", "token_logprobs", "top_logprobs", "text_offset"),
+                            nullable=True,
+                        ),
                         "finish_reason": enum(("stop", "length")),
                     },
                     ("text", "index", "logprobs", "finish_reason"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from api.protocol import common
 from api.protocol.chat import request as chat
+from api.protocol.completions import request as completions
 from api.protocol.embeddings import request as embeddings
 from api.protocol.responses import request as responses
 from api.protocol.responses import tools as responses_tools
@@ -340,7 +341,11 @@ COMPLETION_REQUEST = obj(
         "logit_bias": refused(
             "a non-empty object is refused", {"type": ["object", "null"], "maxProperties": 0}
         ),
-        "logprobs": refused("above 0 is refused (no log probabilities yet)", integer(lo=0, hi=0)),
+        "logprobs": integer(
+            lo=0,
+            hi=completions.MAX_LOGPROBS,
+            description="each token's log probability, with this many alternatives (choices[0].logprobs)",
+        ),
         "max_tokens": integer(lo=1, description="reply budget; default 16, clamped to what --ctx leaves"),
         "n": refused("above 1 is refused: one choice per request", integer(lo=1, hi=1)),
         "presence_penalty": SAMPLING["presence_penalty"],

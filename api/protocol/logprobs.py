@@ -30,3 +30,18 @@ def _entry(record: TokenLogprob, with_bytes: bool) -> dict:
     if with_bytes:
         entry["bytes"] = list(record.data)
     return entry
+
+
+def legacy_logprobs(records: Iterable[TokenLogprob], offset: int = 0) -> dict:
+    """Legacy Completions' shape (``choices[0].logprobs``): parallel lists of the tokens, their
+    log probabilities, one ``{token: logprob}`` object of alternatives per token, and each
+    token's character offset in the choice's text (``offset``: the text before them, an
+    echoed prompt)."""
+    tokens, logprobs, tops, offsets = [], [], [], []
+    for record in records:
+        offsets.append(offset)
+        tokens.append(record.text)
+        logprobs.append(record.logprob)
+        tops.append({alternative.text: alternative.logprob for alternative in record.top})
+        offset += len(record.text)
+    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}

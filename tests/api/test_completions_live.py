@@ -90,6 +90,35 @@ def test_echo_prepends_the_prompt_streamed_or_not(client):
     assert "".join(c.choices[0].text for c in stream if c.choices) == echoed.choices[0].text
 
 
+def test_logprobs_are_the_chat_dialects_numbers_in_the_legacy_shape(client):
+    """``logprobs: N``: the greedy token is the most likely of N alternatives, the tokens spell
+    the reply, offsets count from the echoed prompt, and a stream reports the same numbers."""
+    whole = client.completions.create(
+        model="m", prompt=PROMPT, max_tokens=8, temperature=0, logprobs=3, echo=True
+    )
+    choice = whole.choices[0]
+    reported = choice.logprobs
+    assert "".join(reported.tokens) == choice.text[len(PROMPT) :]
+    assert reported.text_offset[0] == len(PROMPT) and reported.text_offset == sorted(reported.text_offset)
+    for token, logprob, top in zip(
+        reported.tokens, reported.token_logprobs, reported.top_logprobs, strict=True
+    ):
+        assert len(top) == 3 and logprob <= 0 and max(top.values()) == pytest.approx(logprob)
+        assert top[token] == pytest.approx(logprob)
+    stream = client.completions.create(
+        model="m", prompt=PROMPT, max_tokens=8, temperature=0, logprobs=3, stream=True
+    )
+    streamed = [
+        lp
+        for c in stream
+        if c.choices and c.choices[0].logprobs
+        for lp in c.choices[0].logprobs.token_logprobs
+    ]
+    assert streamed == reported.token_logprobs
+    plain = client.completions.create(model="m", prompt=PROMPT, max_tokens=8, temperature=0)
+    assert plain.choices[0].logprobs is None
+
+
 def test_token_id_prompt_is_the_same_prompt(client, idle_server):
     ids = post(idle_server, "/tokenize", {"content": PROMPT, "add_special": True}).json()["tokens"]
     by_text = client.completions.create(model="m", prompt=PROMPT, max_tokens=8, temperature=0)
@@ -110,7 +139,7 @@ def test_stop_ends_the_completion_before_the_stop_string(client):
     ("extra", "param"),
     [
         ({"suffix": "\nreturn x"}, "suffix"),  # SmolLM2 has no FIM tokens
-        ({"logprobs": 2}, "logprobs"),
+        ({"logprobs": 6}, "logprobs"),
         ({"n": 2}, "n"),
         ({"best_of": 3}, "best_of"),
         ({"logit_bias": {"1": 5}}, "logit_bias"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from api.errors import ApiError, bad_request, unsupported
-from inference.types import FillInMiddle, GenerationRequest, RawPrompt
+from inference.types import FillInMiddle, GenerationRequest, LogprobsRequest, RawPrompt
 
 from .. import fields as f
 from ..common import parse_openai_stop, parse_sampling, sampling_overrides
@@ -30,19 +30,19 @@ COMPLETION_SAMPLING = (
     "repeat_penalty",
 )
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint (Chat's is the server's)
+MAX_LOGPROBS = 5  # OpenAI's bound on this endpoint's alternatives per token
 
 
 @dataclass(frozen=True)
 class CompletionRequest:
-    """A validated request; fields in the order of OpenAI's reference, then our extensions.
-
-    # logprobs: wired by the logprobs work (a positive ``logprobs`` is refused until then)."""
+    """A validated request; fields in the order of OpenAI's reference, then our extensions."""
 
     model: str | None = None  # accepted and ignored: one process serves one model
     prompt: str = ""  # the prompt text ("" when it was sent as token ids)
     prompt_tokens: tuple[int, ...] | None = None  # the prompt as token ids, when sent so
     echo: bool = False  # the reply starts with the prompt
     frequency_penalty: float | None = None
+    logprobs: int | None = None  # alternatives per token (0..5); None: no log probabilities
     max_tokens: int = DEFAULT_MAX_TOKENS
     presence_penalty: float | None = None
     seed: int | None = None
@@ -70,6 +70,7 @@ class CompletionRequest:
                 prompt=text,
                 prompt_tokens=tokens,
                 echo=bool(f.boolean(body, "echo")),
+                logprobs=f.integer(body, "logprobs", lo=0, hi=MAX_LOGPROBS),
                 max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
                 **parse_sampling(body, COMPLETION_SAMPLING),
                 stop=parse_openai_stop(body.get("stop")),
@@ -86,8 +87,15 @@ class CompletionRequest:
         """The dialect-free request: the raw prompt, with the FIM suffix if one was sent."""
         fim = FillInMiddle(self.suffix) if self.suffix is not None else None
         raw = RawPrompt(self.prompt, self.prompt_tokens, fim)
+        logprobs = LogprobsRequest(self.logprobs, "logprobs") if self.logprobs is not None else None
         return GenerationRequest(
-            (), sampling_overrides(self), self.max_tokens, self.stop, self.ignore_eos, raw=raw
+            (),
+            sampling_overrides(self),
+            self.max_tokens,
+            self.stop,
+            self.ignore_eos,
+            raw=raw,
+            logprobs=logprobs,
         )
 
 
@@ -120,8 +128,6 @@ def _refuse_unsupported(body: dict) -> None:
         count = f.integer(body, name, lo=1)
         if count is not None and count > 1:
             raise Invalid(unsupported(name, "> 1 is not supported: this server returns one choice"))
-    if f.integer(body, "logprobs", lo=0, hi=5):
-        raise Invalid(unsupported("logprobs", "is not supported yet: log probabilities are not returned"))
     if f.obj(body, "logit_bias"):
         raise Invalid(unsupported("logit_bias"))
 

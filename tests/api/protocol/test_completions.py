@@ -73,7 +73,6 @@ def test_fields_map_onto_the_generation():
     [
         ({"n": 2}, "n"),
         ({"best_of": 2}, "best_of"),
-        ({"logprobs": 1}, "logprobs"),
         ({"logprobs": 6}, "logprobs"),
         ({"logprobs": True}, "logprobs"),
         ({"logit_bias": {"5": 1}}, "logit_bias"),
