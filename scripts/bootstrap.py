@@ -84,6 +84,19 @@ def ensure_redis() -> None:
     run("apt-get", "install", "-y", "--no-install-recommends", "redis-server", env=apt_env)
 
 
+def ensure_npm() -> None:
+    """Node.js and npm for the coding-agent test (tests/api/test_coding_agents_live.py, which
+    installs Claude Code and Codex CLI from the npm registry), installed with apt-get when
+    missing and this runs as root."""
+    if shutil.which("npm"):
+        return
+    if not shutil.which("apt-get") or os.geteuid() != 0:
+        sys.exit("the coding-agent test needs Node.js and npm: 'sudo apt-get install -y npm', then retry")
+    apt_env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run("apt-get", "update", env=apt_env)
+    run("apt-get", "install", "-y", "--no-install-recommends", "npm", env=apt_env)
+
+
 def environment() -> dict[str, str]:
     env = dict(os.environ)
     # numba's compiled kernels survive restarts and fresh clones in one per-user cache.
