@@ -111,6 +111,13 @@ def test_stop_extension_cuts_before_the_stop(client):
     assert cut.output_text == full[: full.index(word)] and cut.status == "completed"
 
 
+def test_a_hosted_tool_is_left_out_and_echoed(client):
+    """Codex CLI declares web_search with every request: the reply is made without it."""
+    hosted = {"type": "web_search", "external_web_access": False}
+    response = client.responses.create(**{**ASK, "max_output_tokens": 4}, tools=[hosted])
+    assert response.status in ("completed", "incomplete") and response.tools[0].type == "web_search"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [
@@ -119,7 +126,8 @@ def test_stop_extension_cuts_before_the_stop(client):
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
         ({"background": True}, "background"),
         ({"truncation": "auto"}, "truncation"),
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}}, "tool_choice.type"),
+        ({"tools": [{"type": "teleport"}]}, "tools[0].type"),
         ({"reasoning": {"effort": "high"}}, "reasoning.effort"),  # the model has no reasoning channel
         (
             {
