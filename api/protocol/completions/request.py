@@ -15,20 +15,10 @@ from api.errors import ApiError, bad_request, unsupported
 from inference.types import FillInMiddle, GenerationRequest, LogprobsRequest, RawPrompt
 
 from .. import fields as f
+from ..chat.request import OPENAI_SAMPLING
 from ..common import parse_openai_stop, parse_sampling, sampling_overrides
 from ..fields import Invalid
 
-# The sampling fields this dialect takes: OpenAI's, then llama.cpp's extensions.
-COMPLETION_SAMPLING = (
-    "frequency_penalty",
-    "presence_penalty",
-    "seed",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repeat_penalty",
-)
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint (Chat's is the server's)
 MAX_LOGPROBS = 5  # OpenAI's bound on this endpoint's alternatives per token
 
@@ -72,7 +62,7 @@ class CompletionRequest:
                 echo=bool(f.boolean(body, "echo")),
                 logprobs=f.integer(body, "logprobs", lo=0, hi=MAX_LOGPROBS),
                 max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-                **parse_sampling(body, COMPLETION_SAMPLING),
+                **parse_sampling(body, OPENAI_SAMPLING),
                 stop=parse_openai_stop(body.get("stop")),
                 stream=bool(f.boolean(body, "stream")),
                 include_usage=_parse_stream_options(body),
