@@ -11,7 +11,7 @@ import pytest
 from inference.engine.gguf_file import GGUFFile
 from inference.engine.tokenizer import load_tokenizer
 from inference.generation.prompts import FIM_BATCH, fim_ids_from, fim_tokens
-from inference.model_files import ModelFileError, default_model_path, resolve_model
+from inference.model_files import default_model_path, resolve_model
 from inference.types import Error, FileContext, FillInMiddle, RawPrompt
 
 
@@ -23,10 +23,7 @@ def vocabulary(path: Path):
 
 @pytest.fixture(scope="module")
 def qwen():
-    try:
-        return vocabulary(resolve_model("qwen2.5-coder-0.5b"))
-    except ModelFileError:
-        pytest.skip("Qwen2.5-Coder is not installed (manage.py fetch_models qwen2.5-coder-0.5b)")
+    return vocabulary(resolve_model("qwen2.5-coder-0.5b"))  # fetched by the test command
 
 
 def test_qwen_fim_tokens_are_found(qwen):
