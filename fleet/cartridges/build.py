@@ -10,7 +10,7 @@ job row for Celery), so the function knows nothing about either.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -19,7 +19,14 @@ from inference.engine.engine import Engine
 from .file import Cartridge, save_cartridge
 from .init import initial_cartridge
 from .selfstudy import SelfStudyConfig
-from .train import TrainConfig, TrainingCancelled, train_cartridge
+from .train import (
+    ConversationPool,
+    TrainConfig,
+    TrainingCancelled,
+    TrainResult,
+    held_out_pool,
+    train_cartridge,
+)
 
 
 class BuildCancelled(Exception):
@@ -57,13 +64,17 @@ class CartridgeBuildSpec:
     out: Path  # the cartridge file to write
     model: Path  # the GGUF the cartridge is for
     prefix_tokens: int = 256  # p: rows of the cartridge
-    steps: int = 0  # optimizer steps; 0 writes the untrained initialisation
+    steps: int = 0  # optimizer steps; 0 (and no minutes) writes the untrained initialisation
+    minutes: float = 0.0  # a time budget for synthesis and training together (0: none)
+    dataset: Path | None = None  # a self-study dataset directory to read, resume and extend
     lr: float = 2e-3  # the paper's 2e-2 assumes far larger steps (train.TrainConfig)
     seed: int = 0
     frozen_rows: int = 1  # leading rows excluded from training (the attention sink)
     accum: int = 4  # self-study conversations per optimizer step
     checkpoint: bool = False  # recompute per layer in the backward: less memory, more time
     selfstudy: SelfStudyConfig = field(default_factory=SelfStudyConfig)  # span and reply lengths
+    synthesis_share: float = 0.4  # of a time budget, the part spent synthesising conversations
+    eval_every: int = 8  # steps between held-out evaluations (the best one is saved)
 
 
 @dataclass(frozen=True)
@@ -74,8 +85,11 @@ class CartridgeBuildResult:
     rows: int
     steps: int
     loss_first: float | None  # held-out distillation loss before training
-    loss_last: float | None  # ... and after
+    loss_last: float | None  # ... of the checkpoint saved (the lowest seen)
     seconds: float
+    best_step: int = 0  # the step the saved checkpoint is from (0: the initialisation)
+    conversations: int = 0  # distinct training conversations
+    coverage: float = 0.0  # supervised span tokens of those conversations / corpus tokens
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -105,30 +119,108 @@ def build_cartridge(
         )
     provenance = {"corpus": spec.corpus.name, "corpus_tokens": len(tokens), "seed": spec.seed, "lr": spec.lr}
     cartridge = initial_cartridge(engine, tokens[: spec.prefix_tokens], spec.frozen_rows, provenance)
-    loss_first = loss_last = None
     if spec.steps < 0:
         raise ValueError(f"--steps {spec.steps} must be 0 or more")
-    if spec.steps > 0:
-        cartridge, loss_first, loss_last = _train(engine, spec, cartridge, tokens, progress)
+    if spec.minutes < 0:
+        raise ValueError(f"--minutes {spec.minutes} must be 0 or more")
+    deadline = t0 + 60.0 * spec.minutes if spec.minutes else None
+    trained = None
+    if spec.steps > 0 or deadline is not None:
+        trained = _train(engine, spec, cartridge, tokens, progress, t0, deadline)
+        cartridge = trained.result.cartridge
     if progress.cancelled():
         raise BuildCancelled("cancelled before writing")
     save_cartridge(spec.out, cartridge)
+    seconds = time.perf_counter() - t0
+    if trained is None:
+        return CartridgeBuildResult(str(spec.out), cartridge.rows, 0, None, None, seconds)
+    result = trained.result
     return CartridgeBuildResult(
-        str(spec.out), cartridge.rows, spec.steps, loss_first, loss_last, time.perf_counter() - t0
+        str(spec.out),
+        cartridge.rows,
+        result.steps,
+        result.loss_first,
+        result.loss_last,
+        seconds,
+        result.best_step,
+        trained.conversations,
+        trained.coverage,
     )
+
+
+@dataclass(frozen=True)
+class _Trained:
+    result: TrainResult
+    conversations: int
+    coverage: float
+
+
+def _coverage(pool: ConversationPool, count: int, corpus_tokens: int) -> float:
+    """How many times ``count`` conversations' spans cover the corpus."""
+    return sum(pool[i].span[1] - pool[i].span[0] for i in range(count)) / corpus_tokens
 
 
 def _train(
-    engine: Engine, spec: CartridgeBuildSpec, cartridge: Cartridge, tokens: list[int], progress: BuildProgress
-) -> tuple[Cartridge, float, float]:
-    """Self-study training of the initial cartridge; the held-out losses before and after."""
+    engine: Engine,
+    spec: CartridgeBuildSpec,
+    cartridge: Cartridge,
+    tokens: list[int],
+    progress: BuildProgress,
+    t0: float,
+    deadline: float | None,
+) -> _Trained:
+    """Self-study training of the initial cartridge. With a deadline: the held-out set first,
+    then training conversations until the synthesis share of the budget is spent, then epochs
+    over them until the deadline."""
     config = TrainConfig(
-        spec.steps, spec.lr, spec.accum, seed=spec.seed, checkpoint=spec.checkpoint, selfstudy=spec.selfstudy
+        spec.steps,
+        spec.lr,
+        spec.accum,
+        seed=spec.seed,
+        eval_every=spec.eval_every,
+        checkpoint=spec.checkpoint,
+        selfstudy=spec.selfstudy,
     )
-    progress.on_log(f"training {spec.steps} steps of {config.accum} self-study conversations (lr {spec.lr})")
+    pool = ConversationPool(engine, tokens, spec.seed, spec.selfstudy, directory=spec.dataset)
+    held = held_out_pool(engine, tokens, config, spec.dataset)
+    if deadline is not None:
+        held.make(0, config.held_out)
+        made = [len(pool)]
+
+        def on_batch(n: int) -> None:
+            made[0] += n
+            progress.on_log(f"synthesised {made[0]} conversations")
+            if progress.cancelled():
+                raise BuildCancelled(f"cancelled after {made[0]} conversations")
+
+        budget = deadline - t0
+        count = pool.make_until(t0 + spec.synthesis_share * budget, on_batch)
+        if spec.steps == 0 or count < spec.steps * config.accum:
+            config = replace(config, conversations=count)
+    count = config.conversations or spec.steps * config.accum
+    pool.make(0, count)
+    coverage = _coverage(pool, count, len(tokens))
+    progress.on_log(
+        f"training on {count} conversations (coverage {coverage:.1f}x), {config.accum} a step, lr {spec.lr}"
+    )
+    step_times: list[float] = []
+
+    def on_step(step: int, total: int, loss: float) -> None:
+        step_times.append(time.perf_counter())
+        if deadline is not None and total == 0:  # an estimate, for the bar's ETA
+            pace = (step_times[-1] - step_times[0]) / max(1, step - 1) if step > 1 else 0.0
+            total = step + int((deadline - step_times[-1]) / pace) if pace else step
+        progress.on_step(step, max(total, step), loss)
+
+    def on_eval(step: int, loss: float) -> None:
+        progress.on_log(f"step {step}: held-out loss {loss:.4f}")
+
     try:
-        result = train_cartridge(engine, cartridge, tokens, config, progress.on_step, progress.cancelled)
+        result = train_cartridge(
+            engine, cartridge, tokens, config, on_step, progress.cancelled, pool, held, deadline, on_eval
+        )
     except TrainingCancelled as exc:
         raise BuildCancelled(str(exc)) from exc
-    progress.on_log(f"held-out loss {result.loss_first:.4f} -> {result.loss_last:.4f}")
-    return result.cartridge, result.loss_first, result.loss_last
+    kept = f"step {result.best_step} of {result.steps} kept"
+    progress.on_log(f"held-out loss {result.loss_first:.4f} -> {result.loss_last:.4f} ({kept})")
+    return _Trained(result, count, coverage)

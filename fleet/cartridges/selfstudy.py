@@ -4,9 +4,14 @@ One conversation (the Cartridges paper's Algorithm 1 with one turn): sample a sp
 corpus (256-512 tokens) and a seed prompt type; bot A (the model, temperature 0.6) sees the
 span and writes a message about it; bot B (the model, greedy) answers that message with the
 span in its context. The teacher is the model with the span in context: its top-20 next-token
-probabilities (to 0.99 cumulative mass) on B's answer are the distillation targets. The
-student sees the same conversation without the span (the cartridge stands in for it), so its
-tokens are what serving will see: the chat template's rendering of the one user message.
+probabilities (to 0.99 cumulative mass) on B's answer are the distillation targets, taken from
+the very rows that chose B's tokens. The student sees the same conversation without the span
+(the cartridge stands in for it), so its tokens are what serving will see: the chat template's
+rendering of the one user message.
+
+Both bots' prompts open with the same system message (the excerpt), so the span is prefilled
+once per conversation; the seed prompt and B's question are the user turns that follow it.
+Conversations are synthesised in batches whose replies decode in lockstep (``replies.py``).
 
 Seed prompts carry only the form of a question, never content: the span is the only content
 selector, so bot B can answer from what it sees rather than from guesses.
@@ -20,8 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from inference.engine.engine import Engine
-from inference.engine.sampler import SamplingParams
-from inference.engine.training.distill import TeacherTargets, teacher_targets
+from inference.engine.kv_cache import KVCache
+from inference.engine.sampler import Sampler, SamplingParams
+from inference.engine.training.distill import TeacherTargets
+
+from .replies import Reply, decode_replies
 
 SEED_PROMPTS = {
     "structuring": (
@@ -40,6 +48,14 @@ SEED_PROMPTS = {
     "creative": (
         "Ask for something creative (a short poem, a slogan, a story) grounded in the excerpt's facts."
     ),
+    "mechanism": (
+        "Ask why or how something described in the excerpt works or happens, so that the answer "
+        "must explain it from the excerpt."
+    ),
+    "verbatim": (
+        "Ask for the exact wording, number or name the excerpt gives for one specific thing, "
+        "quoted precisely."
+    ),
 }
 SEED_TYPES = tuple(SEED_PROMPTS)
 GENERIC_QUESTION = "What does the document say?"
@@ -56,6 +72,7 @@ class SelfStudyConfig:
     temperature_a: float = 0.6
     top_k: int = 20
     top_mass: float = 0.99
+    per_span: int = 4  # conversations about one span: its prefill is shared by all of them
 
 
 @dataclass(frozen=True)
@@ -81,13 +98,19 @@ class Conversation:
         return np.arange(len(self.prompt) - 1, len(self.prompt) + len(self.answer))
 
 
-def _excerpt_system(span_text: str, role: str) -> str:
-    return f"You are {role}. Here is an excerpt of a document:\n\n<excerpt>\n{span_text}\n</excerpt>"
+EXCERPT_SYSTEM = "Here is an excerpt of a document:\n\n<excerpt>\n{span}\n</excerpt>"
+ASK_SUFFIX = " Reply with your message only."
 
 
-def _generate(engine: Engine, prompt: list[int], params: SamplingParams, max_tokens: int, n_ctx: int):
-    cache = engine.new_cache(n_ctx)
-    return cache, list(engine.generate(cache, prompt, params, max_tokens))
+@dataclass(frozen=True)
+class ConversationPlan:
+    """What a conversation's seed decides before the model runs: the span, the seed prompt's
+    type and bot A's sampling seed."""
+
+    index: int
+    span: tuple[int, int]
+    seed_type: str
+    sampler_seed: int
 
 
 def sample_span(rng: np.random.Generator, n_tokens: int, config: SelfStudyConfig) -> tuple[int, int]:
@@ -97,66 +120,121 @@ def sample_span(rng: np.random.Generator, n_tokens: int, config: SelfStudyConfig
     return start, start + length
 
 
-def synthesize(
+def plan_conversation(seed: int, index: int, n_tokens: int, config: SelfStudyConfig) -> ConversationPlan:
+    """Conversation ``index`` of the run seeded ``seed``: consecutive groups of ``per_span``
+    conversations share a span (drawn from the group's seed), and each draws its own seed type
+    and sampler seed. The plan depends on nothing else, so any worker makes the same one."""
+    span = sample_span(np.random.default_rng([seed, index // config.per_span]), n_tokens, config)
+    own = np.random.default_rng([seed, index, 1])
+    seed_type = SEED_TYPES[int(own.integers(len(SEED_TYPES)))]
+    return ConversationPlan(index, span, seed_type, int(own.integers(2**31)))
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class _Pending:
+    """A conversation between its two bots."""
+
+    plan: ConversationPlan
+    system: dict  # the excerpt message both bots' prompts open with
+    prompt_a: list[int]
+    base: KVCache | None = None  # the rows every prompt about this span shares
+    ask: Reply | None = None
+
+
+def excerpt_message(engine: Engine, corpus: Sequence[int], span: tuple[int, int]) -> dict:
+    """The system message both bots' prompts open with: the span of ``corpus`` as text."""
+    tok = engine.tokenizer
+    text = tok.decode([t for t in corpus[span[0] : span[1]] if t != tok.bos_id])
+    return {"role": "system", "content": EXCERPT_SYSTEM.format(span=text)}
+
+
+def _pending(engine: Engine, corpus: Sequence[int], plan: ConversationPlan) -> _Pending:
+    system = excerpt_message(engine, corpus, plan.span)
+    ask = [system, {"role": "user", "content": SEED_PROMPTS[plan.seed_type] + ASK_SUFFIX}]
+    return _Pending(plan, system, engine.encode_chat(ask))
+
+
+def _open_asks(engine: Engine, group: list[_Pending], config: SelfStudyConfig) -> None:
+    """Prefill the rows a span's prompts share once, then each of bot A's prompts behind a
+    copy of them."""
+    first = group[0].prompt_a
+    shared = min([len(first) - 1] + [_common_prefix(first, p.prompt_a) for p in group[1:]])
+    base = engine.new_cache(shared + 1)
+    if shared:
+        engine.prefill(base, first[:shared])
+    for p in group:
+        cache = engine.new_cache(len(p.prompt_a) + config.max_question)
+        cache.copy_rows_from(base, shared)
+        logits = engine.prefill(cache, p.prompt_a[shared:])
+        params = SamplingParams(temperature=config.temperature_a, seed=p.plan.sampler_seed)
+        p.base, p.ask = base, Reply(cache, logits, Sampler(params), list(p.prompt_a), config.max_question)
+
+
+def _open_answer(engine: Engine, p: _Pending, question: str, config: SelfStudyConfig) -> Reply:
+    """Bot B's reply to ``question``, its prompt prefilled behind the span's shared rows."""
+    prompt_b = engine.encode_chat([p.system, {"role": "user", "content": question}])
+    shared = min(p.base.common_prefix(prompt_b), len(prompt_b) - 1)
+    cache = engine.new_cache(len(prompt_b) + config.max_answer + 1)
+    cache.copy_rows_from(p.base, shared)
+    logits = engine.prefill(cache, prompt_b[shared:])
+    greedy = Sampler(SamplingParams())
+    return Reply(
+        cache, logits, greedy, list(prompt_b), config.max_answer, top_k=config.top_k, top_mass=config.top_mass
+    )
+
+
+def synthesize_batch(
     engine: Engine,
     corpus: Sequence[int],
-    rng: np.random.Generator,
+    plans: Sequence[ConversationPlan],
     config: SelfStudyConfig | None = None,
-) -> Conversation:
-    """One conversation about a random span of ``corpus`` (token ids); the same ``rng`` state
-    gives the same conversation."""
+) -> list[Conversation]:
+    """The planned conversations, decoded together: bot A's messages in one lockstep batch,
+    then bot B's answers in another. Both bots' prompts open with the same excerpt message, so
+    the conversations about one span prefill it once. A conversation depends only on its plan,
+    never on the others in the batch."""
     config = config or SelfStudyConfig()
-    start, end = sample_span(rng, len(corpus), config)
-    seed_type = SEED_TYPES[int(rng.integers(len(SEED_TYPES)))]
-    sampler_seed = int(rng.integers(2**31))
-    text = engine.tokenizer.decode([t for t in corpus[start:end] if t != engine.tokenizer.bos_id])
-    ask = [
-        {"role": "system", "content": _excerpt_system(text, "a curious reader")},
-        {"role": "user", "content": SEED_PROMPTS[seed_type] + " Reply with your message only."},
-    ]
-    prompt_a = engine.encode_chat(ask)
-    params_a = SamplingParams(temperature=config.temperature_a, seed=sampler_seed)
-    _, question_ids = _generate(
-        engine, prompt_a, params_a, config.max_question, len(prompt_a) + config.max_question
-    )
-    question = engine.tokenizer.decode(question_ids).strip() or GENERIC_QUESTION
-    teach = [
-        {
-            "role": "system",
-            "content": _excerpt_system(text, "a helpful assistant answering from the excerpt"),
-        },
-        {"role": "user", "content": question},
-    ]
-    prompt_b = engine.encode_chat(teach)
-    cache, answer = _generate(
-        engine, prompt_b, SamplingParams(), config.max_answer, len(prompt_b) + config.max_answer + 1
-    )
-    logits = _teacher_logits(engine, cache, prompt_b, answer)
-    targets = teacher_targets(logits, config.top_k, config.top_mass)
-    student_prompt = engine.encode_chat([{"role": "user", "content": question}])
-    return Conversation(seed_type, (start, end), question, tuple(student_prompt), tuple(answer), targets)
-
-
-def _teacher_logits(engine: Engine, cache, prompt: list[int], answer: list[int]) -> np.ndarray:
-    """The teacher's logits predicting each answer token and the token after the answer
-    (len(answer) + 1, vocab), teacher-forced on the cache generation left behind (it holds the
-    prompt's rows and the logits after it)."""
-    cache.truncate(len(prompt))
-    saved = cache.prefill_logits
-    if saved is None or saved[0] != len(prompt):
-        cache.truncate(0)
-        first = engine.prefill(cache, prompt)
-    else:
-        first = saved[1]
-    rows = [first[None]]
-    if answer:
-        rows.append(engine.model.forward(list(answer), cache, all_logits=True))
-    return np.concatenate(rows).astype(np.float32)
+    pending = [_pending(engine, corpus, plan) for plan in plans]
+    groups: dict[tuple[int, int], list[_Pending]] = {}
+    for p in pending:
+        groups.setdefault(p.plan.span, []).append(p)
+    for group in groups.values():
+        _open_asks(engine, group, config)
+    decode_replies(engine, [p.ask for p in pending])
+    questions = [engine.tokenizer.decode(p.ask.tokens).strip() or GENERIC_QUESTION for p in pending]
+    answers = []
+    for p, question in zip(pending, questions, strict=True):
+        p.ask = None  # A's cache is no longer needed
+        answers.append(_open_answer(engine, p, question, config))
+    decode_replies(engine, answers)
+    conversations = []
+    for p, question, answer in zip(pending, questions, answers, strict=True):
+        prompt = tuple(engine.encode_chat([{"role": "user", "content": question}]))
+        plan = p.plan
+        conversations.append(
+            Conversation(plan.seed_type, plan.span, question, prompt, tuple(answer.tokens), answer.targets)
+        )
+    return conversations
 
 
 def synthesize_many(
-    engine: Engine, corpus: Sequence[int], seed: int, count: int, config: SelfStudyConfig | None = None
+    engine: Engine,
+    corpus: Sequence[int],
+    seed: int,
+    count: int,
+    config: SelfStudyConfig | None = None,
+    first: int = 0,
 ) -> list[Conversation]:
-    """``count`` conversations from one seed (deterministic)."""
-    rng = np.random.default_rng(seed)
-    return [synthesize(engine, corpus, rng, config) for _ in range(count)]
+    """Conversations ``first .. first + count`` of the run seeded ``seed``, in one batch."""
+    config = config or SelfStudyConfig()
+    plans = [plan_conversation(seed, i, len(corpus), config) for i in range(first, first + count)]
+    return synthesize_batch(engine, corpus, plans, config)

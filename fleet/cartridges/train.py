@@ -11,8 +11,10 @@ after training compare.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -20,10 +22,9 @@ from inference.engine.engine import Engine
 from inference.engine.training import PrefixForward
 from inference.engine.training.distill import distill_loss
 
+from .dataset import BatchCallback, DatasetHeader, load_split, write_shard
 from .file import Cartridge
-from .selfstudy import Conversation, SelfStudyConfig, synthesize
-
-HELD_OUT_SEED_OFFSET = 1_000_003  # held-out conversations come from a seed no step uses
+from .selfstudy import Conversation, SelfStudyConfig, plan_conversation, synthesize_batch
 
 
 class TrainingCancelled(Exception):
@@ -35,11 +36,13 @@ class TrainConfig:
     """Optimisation knobs. lr 2e-3 with 4 conversations a step is what the reference measured
     to train cleanly at small budgets (the paper's 2e-2 assumes ~65k supervised tokens a step)."""
 
-    steps: int
+    steps: int  # optimizer steps; 0 with a deadline: as many as fit before it
     lr: float = 2e-3
     accum: int = 4  # conversations per optimizer step
     held_out: int = 4  # conversations in the held-out set
     seed: int = 0
+    conversations: int = 0  # distinct training conversations, cycled as epochs; 0: a new one each time
+    eval_every: int = 0  # steps between held-out evaluations (0: only at the end)
     checkpoint: bool = False  # recompute per layer in the backward (bounded memory)
     beta1: float = 0.9
     beta2: float = 0.999
@@ -85,27 +88,82 @@ class Adam:
 
 
 class ConversationPool:
-    """Self-study conversations about one corpus, synthesised on demand and kept: conversation
-    i is the same whoever asks for it first (each has its own seed), so several cartridges (or
-    a rerun) can train on one pool."""
+    """Self-study conversations of one split about one corpus, synthesised on demand (each
+    request's missing ones in lockstep batches) and kept: conversation i is the same whoever
+    asks for it first (its plan depends only on the seed and i), so several cartridges (or a
+    rerun) can train on one pool. With a ``directory`` the pool is a dataset on disk
+    (``dataset.py``): what is there is read, not made again, and what is made is written."""
 
-    def __init__(self, engine: Engine, corpus: list[int], seed: int, config: SelfStudyConfig):
-        self.engine, self.corpus, self.seed, self.config = engine, corpus, seed, config
-        self._made: dict[int, Conversation] = {}
+    def __init__(
+        self,
+        engine: Engine,
+        corpus: list[int],
+        seed: int,
+        config: SelfStudyConfig,
+        split: str = "train",
+        directory: Path | None = None,
+        batch: int = 16,
+    ):
+        self.engine, self.corpus, self.config, self.split, self.batch = engine, corpus, config, split, batch
+        self.header = DatasetHeader.describe(engine, corpus, seed, config)
+        self.directory = directory
+        self._made = load_split(directory, self.header, split) if directory is not None else {}
+
+    def __len__(self) -> int:
+        return len(self._made)
 
     def __getitem__(self, i: int) -> Conversation:
-        if i not in self._made:
-            rng = np.random.default_rng([self.seed, i])
-            self._made[i] = synthesize(self.engine, self.corpus, rng, self.config)
-        return self._made[i]
+        return self.take(i, 1)[0]
 
     def take(self, start: int, count: int) -> list[Conversation]:
-        return [self[i] for i in range(start, start + count)]
+        """Conversations ``start .. start + count - 1``."""
+        self.make(start, count)
+        return [self._made[i] for i in range(start, start + count)]
+
+    def make(self, start: int, count: int, on_batch: BatchCallback | None = None) -> None:
+        """Synthesise whichever of conversations ``start .. start + count - 1`` are missing."""
+        missing = [i for i in range(start, start + count) if i not in self._made]
+        if not missing:
+            return
+        first, end = missing[0], missing[-1] + 1
+        if self.directory is not None:
+            write_shard(
+                self.engine,
+                self.corpus,
+                self.directory,
+                self.header,
+                self.split,
+                first,
+                end - first,
+                self.batch,
+                on_batch,
+            )
+            self._made.update(load_split(self.directory, self.header, self.split))
+            return
+        seed = self.header.split_seed(self.split)
+        for at in range(0, len(missing), self.batch):
+            indices = missing[at : at + self.batch]
+            plans = [plan_conversation(seed, i, len(self.corpus), self.config) for i in indices]
+            made = synthesize_batch(self.engine, self.corpus, plans, self.config)
+            self._made.update(zip(indices, made, strict=True))
+            if on_batch is not None:
+                on_batch(len(indices))
+
+    def make_until(self, deadline: float, on_batch: BatchCallback | None = None) -> int:
+        """Synthesise the next conversations a batch at a time until ``deadline``
+        (``time.perf_counter()``) has passed, one batch at least; the number the pool then
+        holds."""
+        self.make(len(self._made), self.batch, on_batch)
+        while time.perf_counter() < deadline:
+            self.make(len(self._made), self.batch, on_batch)
+        return len(self._made)
 
 
-def held_out_pool(engine: Engine, corpus: list[int], config: TrainConfig) -> ConversationPool:
+def held_out_pool(
+    engine: Engine, corpus: list[int], config: TrainConfig, directory: Path | None = None
+) -> ConversationPool:
     """The held-out conversations of a training run (a seed no training step uses)."""
-    return ConversationPool(engine, corpus, config.seed + HELD_OUT_SEED_OFFSET, config.selfstudy)
+    return ConversationPool(engine, corpus, config.seed, config.selfstudy, "held_out", directory)
 
 
 def conversation_grad(
@@ -129,15 +187,20 @@ def mean_loss(fw: PrefixForward, convs: list[Conversation], k: np.ndarray, v: np
 
 @dataclass
 class TrainResult:
-    """A trained cartridge with its held-out losses and the per-step training losses."""
+    """A trained cartridge (the checkpoint with the lowest held-out loss, the initialisation
+    included), its held-out losses and the per-step training losses."""
 
     cartridge: Cartridge
-    loss_first: float
-    loss_last: float
+    loss_first: float  # held-out loss of the initialisation
+    loss_last: float  # held-out loss of the returned checkpoint
     history: list[float]
+    best_step: int = 0  # the step the returned checkpoint is from (0: the initialisation)
+    steps: int = 0  # steps taken
+    held_history: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out loss)
 
 
 StepCallback = Callable[[int, int, float], None]
+EvalCallback = Callable[[int, float], None]
 
 
 def train_cartridge(
@@ -149,40 +212,94 @@ def train_cartridge(
     cancelled: Callable[[], bool] | None = None,
     pool: ConversationPool | None = None,
     held: ConversationPool | None = None,
+    deadline: float | None = None,
+    on_eval: EvalCallback | None = None,
 ) -> TrainResult:
-    """Train a copy of ``cartridge`` for ``config.steps`` steps; raises TrainingCancelled
-    between steps when ``cancelled()`` turns true. ``pool`` and ``held`` (training and
-    held-out conversations) default to pools of the config's seed; pass them to share."""
+    """Train a copy of ``cartridge`` for ``config.steps`` steps, or until ``deadline``
+    (``time.perf_counter()``) has passed, whichever comes first; raises TrainingCancelled
+    between steps when ``cancelled()`` turns true. The held-out loss is measured before the
+    first step, every ``config.eval_every`` steps and after the last; the checkpoint where it
+    was lowest is the result, so training longer never returns a worse cartridge. ``pool`` and
+    ``held`` (training and held-out conversations) default to pools of the config's seed."""
+    if config.steps <= 0 and deadline is None:
+        raise ValueError("training needs steps > 0 or a deadline")
     fw = PrefixForward(engine.model)
     pool = pool or ConversationPool(engine, corpus, config.seed, config.selfstudy)
     held = held or held_out_pool(engine, corpus, config)
     held_out = held.take(0, config.held_out)
     k, v, frozen = cartridge.k.copy(), cartridge.v.copy(), cartridge.frozen_rows
     loss_first = mean_loss(fw, held_out, k, v)
+    best = _Best(0, loss_first, k.copy(), v.copy())
+    held_history = [(0, loss_first)]
     adam = Adam.zeros(k[:, :, frozen:], v[:, :, frozen:])
     history: list[float] = []
-    for step in range(config.steps):
+    total = config.steps if config.steps > 0 else 0
+    step = 0
+    while (config.steps <= 0 or step < config.steps) and (deadline is None or time.perf_counter() < deadline):
         if cancelled is not None and cancelled():
-            raise TrainingCancelled(f"cancelled after {step} of {config.steps} steps")
-        loss, dk, dv = accumulate(fw, pool.take(step * config.accum, config.accum), k, v, config.checkpoint)
+            raise TrainingCancelled(f"cancelled after {step} of {config.steps or 'timed'} steps")
+        convs = [pool[i] for i in _step_indices(step, config)]
+        loss, dk, dv = accumulate(fw, convs, k, v, config.checkpoint)
         trainable = (k[:, :, frozen:], v[:, :, frozen:])  # views: Adam updates k, v in place
         adam.step(trainable, (dk[:, :, frozen:], dv[:, :, frozen:]), config)
         history.append(loss)
+        step += 1
         if on_step is not None:
-            on_step(step + 1, config.steps, loss)
-    loss_last = mean_loss(fw, held_out, k, v)
+            on_step(step, total, loss)
+        if config.eval_every and step % config.eval_every == 0:
+            best = _evaluate(fw, held_out, k, v, step, best, held_history, on_eval)
+    if held_history[-1][0] != step:
+        best = _evaluate(fw, held_out, k, v, step, best, held_history, on_eval)
     training = {
         **cartridge.training,
         "method": "self-study",
-        "steps": config.steps,
+        "steps": step,
+        "best_step": best.step,
         "lr": config.lr,
         "accum": config.accum,
         "seed": config.seed,
+        "conversations": config.conversations or step * config.accum,
         "loss_first": loss_first,
-        "loss_last": loss_last,
+        "loss_last": best.loss,
+        "held_out": [list(point) for point in held_history],
     }
-    trained = Cartridge(k, v, cartridge.fingerprint, frozen, training)
-    return TrainResult(trained, loss_first, loss_last, history)
+    trained = Cartridge(best.k, best.v, cartridge.fingerprint, frozen, training)
+    return TrainResult(trained, loss_first, best.loss, history, best.step, step, held_history)
+
+
+def _step_indices(step: int, config: TrainConfig) -> range | list[int]:
+    """The training conversations of ``step``: the next ``accum``, cycling over the first
+    ``config.conversations`` when that is set (epochs)."""
+    first = step * config.accum
+    if not config.conversations:
+        return range(first, first + config.accum)
+    return [(first + j) % config.conversations for j in range(config.accum)]
+
+
+@dataclass
+class _Best:
+    step: int
+    loss: float
+    k: np.ndarray
+    v: np.ndarray
+
+
+def _evaluate(
+    fw: PrefixForward,
+    held_out: list[Conversation],
+    k: np.ndarray,
+    v: np.ndarray,
+    step: int,
+    best: _Best,
+    held_history: list[tuple[int, float]],
+    on_eval: EvalCallback | None,
+) -> _Best:
+    """Measure the held-out loss of ``k, v`` at ``step``; the better of it and ``best``."""
+    loss = mean_loss(fw, held_out, k, v)
+    held_history.append((step, loss))
+    if on_eval is not None:
+        on_eval(step, loss)
+    return _Best(step, loss, k.copy(), v.copy()) if loss < best.loss else best
 
 
 def accumulate(

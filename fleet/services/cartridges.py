@@ -14,7 +14,19 @@ from fleet.models import BuildJob, Cartridge
 from . import jobs
 from .progress import JobProgress
 
-SPEC_FIELDS = ("corpus", "out", "model", "prefix_tokens", "steps", "lr", "seed", "frozen_rows")
+SPEC_FIELDS = (
+    "corpus",
+    "out",
+    "model",
+    "prefix_tokens",
+    "steps",
+    "minutes",
+    "dataset",
+    "lr",
+    "seed",
+    "frozen_rows",
+)
+PATH_FIELDS = ("corpus", "out", "model", "dataset")
 
 
 def cartridge_parameters(spec: CartridgeBuildSpec) -> dict:
@@ -28,8 +40,9 @@ def spec_from_parameters(parameters: dict) -> CartridgeBuildSpec:
     if unknown:
         raise ValueError(f"unknown cartridge build parameters: {', '.join(sorted(unknown))}")
     values = dict(parameters)
-    for name in ("corpus", "out", "model"):
-        values[name] = Path(values[name])
+    for name in PATH_FIELDS:
+        if values.get(name) is not None:
+            values[name] = Path(values[name])
     return CartridgeBuildSpec(**values)
 
 
@@ -46,7 +59,8 @@ def run_cartridge_job(job_id: int, echo=None) -> BuildJob:
 
 def _build(job: BuildJob, progress: JobProgress) -> dict:
     spec = spec_from_parameters(job.parameters)
-    progress.on_log(f"building {spec.out} from {spec.corpus} ({spec.steps} steps, p={spec.prefix_tokens})")
+    budget = f"{spec.minutes:g} minutes" if spec.minutes else f"{spec.steps} steps"
+    progress.on_log(f"building {spec.out} from {spec.corpus} ({budget}, p={spec.prefix_tokens})")
     result = build_cartridge(spec, progress)
     record_cartridge(spec, result.as_dict(), progress.losses, job)
     return result.as_dict()

@@ -170,7 +170,17 @@ def test_build_cartridge_command_prints_the_summary_and_records_the_job(corpus, 
     args = [str(corpus), "--out", str(out), "--model", str(model), "--prefix-tokens", "8"]
     call_command("build_cartridge", *args)
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(summary) == {"path", "rows", "steps", "loss_first", "loss_last", "seconds"}
+    assert set(summary) == {
+        "path",
+        "rows",
+        "steps",
+        "loss_first",
+        "loss_last",
+        "seconds",
+        "best_step",
+        "conversations",
+        "coverage",
+    }
     assert summary["rows"] == 8 and summary["steps"] == 0 and Path(summary["path"]) == out
     job = BuildJob.objects.get()
     assert job.state == "succeeded" and job.runner == "in-process" and job.result == summary

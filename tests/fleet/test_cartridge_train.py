@@ -3,15 +3,20 @@ model (random weights, the real SmolLM2 tokenizer)."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from fleet.cartridges.build import BuildCancelled, CartridgeBuildSpec, build_cartridge, corpus_tokens
+from fleet.cartridges.dataset import DatasetHeader, load_split
 from fleet.cartridges.file import load_cartridge
 from fleet.cartridges.init import initial_cartridge
 from fleet.cartridges.selfstudy import SelfStudyConfig, synthesize_many
-from fleet.cartridges.train import TrainConfig, train_cartridge
+from fleet.cartridges.train import TrainConfig, held_out_pool, mean_loss, train_cartridge
 from inference.engine.engine import Engine
+from inference.engine.training import PrefixForward
 from tests.fixtures.synthetic_gguf import synthetic_path
 
 CORPUS = (
@@ -121,3 +126,50 @@ def test_negative_steps_are_refused(engine, corpus, tmp_path):
         build_cartridge(
             CartridgeBuildSpec(corpus, tmp_path / "c", engine.path, prefix_tokens=4, steps=-1), None, engine
         )
+
+
+def test_the_saved_cartridge_is_the_best_held_out_checkpoint(engine, corpus):
+    tokens = corpus_tokens(engine, corpus)
+    start = initial_cartridge(engine, tokens[:8], frozen_rows=1)
+    held = []
+    config = TrainConfig(
+        steps=6, lr=2e-2, accum=1, held_out=2, seed=1, eval_every=2, conversations=3, selfstudy=SMALL
+    )
+    result = train_cartridge(engine, start, tokens, config, on_eval=lambda *a: held.append(a))
+    assert [s for s, _ in result.held_history] == [0, 2, 4, 6] and held == result.held_history[1:]
+    best_step, best_loss = min(result.held_history, key=lambda point: point[1])
+    assert (result.best_step, result.loss_last) == (
+        best_step,
+        best_loss,
+    ) and result.loss_last < result.loss_first
+    fw = PrefixForward(engine.model)
+    held_out = held_out_pool(engine, tokens, config).take(0, 2)
+    assert mean_loss(fw, held_out, result.cartridge.k, result.cartridge.v) == result.loss_last
+    # Gradient ascent (a negative rate) only makes things worse: the initialisation is kept.
+    wild = train_cartridge(engine, start, tokens, replace(config, lr=-2e-2, steps=2, eval_every=1))
+    assert wild.best_step == 0 and all(loss > wild.loss_first for _, loss in wild.held_history[1:])
+    assert np.array_equal(wild.cartridge.k, start.k) and np.array_equal(wild.cartridge.v, start.v)
+
+
+def test_a_timed_build_synthesises_then_trains_within_its_budget(engine, corpus, tmp_path):
+    out, dataset = tmp_path / "c.safetensors", tmp_path / "dataset"
+    minutes = 0.1
+    spec = CartridgeBuildSpec(
+        corpus, out, engine.path, prefix_tokens=8, minutes=minutes, dataset=dataset, accum=2, selfstudy=SMALL
+    )
+    progress = Recorder()
+    t0 = time.perf_counter()
+    result = build_cartridge(spec, progress, engine)
+    elapsed = time.perf_counter() - t0
+    step_seconds = elapsed / max(1, result.steps)
+    # Steps stop at the first boundary past the deadline; one step and the last evaluation may follow it.
+    assert elapsed < 60 * minutes + 3 * step_seconds + 5, (elapsed, result)
+    assert result.steps > 0 and result.conversations > 0 and result.coverage > 0
+    assert result.steps * 2 > result.conversations  # epochs: conversations were seen again
+    assert any("synthesised" in line for line in progress.logs)
+    assert len(
+        load_split(dataset, DatasetHeader.describe(engine, corpus_tokens(engine, corpus), 0, SMALL), "train")
+    ) == (result.conversations)
+    loaded = load_cartridge(out)
+    assert loaded.training["loss_last"] == result.loss_last <= result.loss_first
+    assert loaded.training["best_step"] == result.best_step

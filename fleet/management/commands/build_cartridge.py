@@ -27,7 +27,16 @@ class Command(BaseCommand):
         parser.add_argument("--model", default="", help="GGUF path or model name (default: SmolLM2)")
         parser.add_argument("--prefix-tokens", type=int, default=256, help="p, the cartridge's rows (256)")
         parser.add_argument("--steps", type=int, default=0, help="training steps; 0 = untrained (0)")
-        parser.add_argument("--lr", type=float, default=2e-2, help="learning rate (0.02)")
+        parser.add_argument(
+            "--minutes",
+            type=float,
+            default=0.0,
+            help="time budget for synthesis and training; the best held-out checkpoint is saved (0 = none)",
+        )
+        parser.add_argument(
+            "--dataset", default="", help="self-study dataset directory to read, resume and extend (none)"
+        )
+        parser.add_argument("--lr", type=float, default=2e-3, help="learning rate (0.002)")
         parser.add_argument("--seed", type=int, default=0, help="seed of the self-study sampling (0)")
         parser.add_argument("--frozen-rows", type=int, default=1, help="leading rows kept frozen (1)")
         parser.add_argument(
@@ -42,6 +51,11 @@ class Command(BaseCommand):
             raise CommandError(f"{out.parent}: the output's directory does not exist")
         if opts["prefix_tokens"] < 1 or opts["steps"] < 0 or opts["frozen_rows"] < 0 or opts["lr"] <= 0:
             raise CommandError("--prefix-tokens must be >= 1, --steps and --frozen-rows >= 0, --lr > 0")
+        if opts["minutes"] < 0:
+            raise CommandError(f"--minutes {opts['minutes']:g} must be 0 or more")
+        dataset = Path(opts["dataset"]).resolve() if opts["dataset"] else None
+        if dataset is not None and dataset.exists() and not dataset.is_dir():
+            raise CommandError(f"{opts['dataset']}: --dataset must be a directory")
         try:
             model = resolve_model(opts["model"])
         except ModelFileError as exc:
@@ -52,6 +66,8 @@ class Command(BaseCommand):
             model=Path(model).resolve(),
             prefix_tokens=opts["prefix_tokens"],
             steps=opts["steps"],
+            minutes=opts["minutes"],
+            dataset=dataset,
             lr=opts["lr"],
             seed=opts["seed"],
             frozen_rows=opts["frozen_rows"],

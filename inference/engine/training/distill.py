@@ -32,9 +32,13 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def teacher_targets(logits: np.ndarray, k: int = TOP_K, mass: float = TOP_MASS) -> TeacherTargets:
     """The top-``k`` tokens of each row of ``logits`` (rows, vocab) and their probabilities,
-    keeping the smallest prefix of them whose probabilities reach ``mass`` (at least one)."""
+    keeping the smallest prefix of them whose probabilities reach ``mass`` (at least one).
+    A partition, not a sort of the vocabulary: only the k chosen entries are ordered."""
     logp = log_softmax(logits)
-    ids = np.argsort(-logp, axis=-1, kind="stable")[:, :k]  # (rows, k) most likely first
+    k = min(k, logp.shape[-1])
+    chosen = np.argpartition(-logp, k - 1, axis=-1)[:, :k]  # (rows, k) unordered
+    order = np.argsort(-np.take_along_axis(logp, chosen, axis=-1), axis=-1, kind="stable")
+    ids = np.take_along_axis(chosen, order, axis=-1)  # (rows, k) most likely first
     probs = np.exp(np.take_along_axis(logp, ids, axis=-1))
     before = np.cumsum(probs, axis=-1) - probs  # mass of the entries ahead of each one
     probs = np.where(before < mass, probs, 0.0)
