@@ -15,7 +15,8 @@ into one directory; the same index written twice is the same conversation.
 
 Writing is resumable: a shard is appended a batch at a time and flushed, an interrupted write
 leaves at most one torn last line (dropped on reading), and writing a shard again synthesises
-only the conversations it lacks.
+only the conversations it lacks. One shard has one writer at a time: two processes appending to
+the same file can interleave their lines (give each worker its own range).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from .selfstudy import Conversation, SelfStudyConfig, plan_conversation, synthes
 FORMAT = "lmserve-selfstudy/1"
 SPLITS = ("train", "held_out")
 HELD_OUT_SEED_OFFSET = 1_000_003  # held-out conversations come from a seed training never uses
-SHARD_NAME = re.compile(r"^(train|held_out)-(\d{6})-(\d{6})\.jsonl$")
+SHARD_NAME = re.compile(r"^(train|held_out)-(\d{6,})-(\d{6,})\.jsonl$")
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,8 @@ def _read_shard(path: Path, header: DatasetHeader) -> tuple[list[Record], int]:
     """The shard's complete records and the bytes they end at (a torn last line is left out);
     ValueError when its header is not ``header``."""
     data = path.read_bytes()
+    if b"\n" not in data:
+        return [], 0  # killed before its header was whole: a shard with nothing in it yet
     lines = data.split(b"\n")
     try:
         found = DatasetHeader(**json.loads(lines[0]))
@@ -184,11 +187,12 @@ def write_shard(
     directory.mkdir(parents=True, exist_ok=True)
     path = shard_path(directory, split, first, first + count)
     have: set[int] = set()
+    whole = 0
     if path.exists():
         records, whole = _read_shard(path, header)
         have = {r.index for r in records}
         os.truncate(path, whole)  # drop a torn tail, so appends start on a line of their own
-    else:
+    if not whole:
         path.write_text(json.dumps(asdict(header)) + "\n", encoding="utf-8")
     missing = [i for i in range(first, first + count) if i not in have]
     seed = header.split_seed(split)

@@ -153,9 +153,17 @@ def test_the_saved_cartridge_is_the_best_held_out_checkpoint(engine, corpus):
 
 def test_a_timed_build_synthesises_then_trains_within_its_budget(engine, corpus, tmp_path):
     out, dataset = tmp_path / "c.safetensors", tmp_path / "dataset"
-    minutes = 0.1
+    minutes = 0.15
     spec = CartridgeBuildSpec(
-        corpus, out, engine.path, prefix_tokens=8, minutes=minutes, dataset=dataset, accum=2, selfstudy=SMALL
+        corpus,
+        out,
+        engine.path,
+        prefix_tokens=8,
+        minutes=minutes,
+        dataset=dataset,
+        accum=8,
+        selfstudy=SMALL,
+        synthesis_share=0.2,
     )
     progress = Recorder()
     t0 = time.perf_counter()
@@ -165,7 +173,7 @@ def test_a_timed_build_synthesises_then_trains_within_its_budget(engine, corpus,
     # Steps stop at the first boundary past the deadline; one step and the last evaluation may follow it.
     assert elapsed < 60 * minutes + 3 * step_seconds + 5, (elapsed, result)
     assert result.steps > 0 and result.conversations > 0 and result.coverage > 0
-    assert result.steps * 2 > result.conversations  # epochs: conversations were seen again
+    assert result.steps * 8 > result.conversations  # epochs: conversations were seen again
     assert any("synthesised" in line for line in progress.logs)
     assert len(
         load_split(dataset, DatasetHeader.describe(engine, corpus_tokens(engine, corpus), 0, SMALL), "train")

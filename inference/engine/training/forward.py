@@ -166,9 +166,27 @@ class PrefixForward:
             normed, inv_post_ffn = ops.rms_norm(f, p.post_ffn_norm, eps)
             y = x1 + normed
         saved = LayerSaved(
-            x, h, inv_attn, q, k, inv_q, inv_k, q_rot, keys, values, probs, o, inv_post_attn,
-            x1, h2, inv_ffn, gate, up, f, inv_post_ffn,
-        )  # fmt: skip
+            x=x,
+            h=h,
+            inv_attn=inv_attn,
+            q=q,
+            k=k,
+            inv_q=inv_q,
+            inv_k=inv_k,
+            q_rot=q_rot,
+            keys=keys,
+            values=values,
+            probs=probs,
+            o=o,
+            inv_post_attn=inv_post_attn,
+            x1=x1,
+            h2=h2,
+            inv_ffn=inv_ffn,
+            gate=gate,
+            up=up,
+            f=f,
+            inv_post_ffn=inv_post_ffn,
+        )
         return y, saved
 
     def layer_backward(self, p: LayerParams, s: LayerSaved, dy: np.ndarray, tape: Tape):
