@@ -15,8 +15,17 @@ class CartridgeBuildForm(forms.Form):
     name = forms.CharField(max_length=100, help_text="the cartridge's file name, without .safetensors")
     model = forms.CharField(required=False, help_text="GGUF path or model name; empty: the default model")
     prefix_tokens = forms.IntegerField(min_value=1, max_value=65536, initial=256, label="Prefix tokens (p)")
-    steps = forms.IntegerField(min_value=0, initial=0, help_text="0 writes the untrained initialisation")
-    lr = forms.FloatField(min_value=1e-8, initial=2e-2, label="Learning rate")
+    steps = forms.IntegerField(
+        min_value=0,
+        initial=0,
+        help_text="optimizer steps (with minutes: at most this many); 0 and no minutes: untrained",
+    )
+    minutes = forms.FloatField(
+        min_value=0,
+        initial=0,
+        help_text="time budget for synthesis and training; the best held-out checkpoint is saved (0: none)",
+    )
+    lr = forms.FloatField(min_value=1e-8, initial=2e-3, label="Learning rate")
     seed = forms.IntegerField(min_value=0, initial=0)
 
     def clean_name(self) -> str:

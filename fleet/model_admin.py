@@ -54,6 +54,8 @@ class BuildJobAdmin(ReadOnlyMixin, admin.ModelAdmin):
         "progress_bar",
         "steps_done",
         "loss",
+        "held_out_loss",
+        "conversations",
         "runner",
         "created",
         "duration",
@@ -64,6 +66,7 @@ class BuildJobAdmin(ReadOnlyMixin, admin.ModelAdmin):
         ("kind", "state", "runner"),
         "progress_bar",
         ("step", "total", "loss"),
+        ("conversations", "coverage", "held_out_loss"),
         "error",
         "parameters",
         "result",
@@ -168,7 +171,8 @@ class CartridgeAdmin(ReadOnlyMixin, admin.ModelAdmin):
     @admin.display(description="loss curve")
     def loss_curve(self, cartridge: Cartridge) -> str:
         # Server-drawn from numbers only (the title is escaped): safe to inline.
-        return mark_safe(loss_curve_svg(cartridge.loss_history, title=f"{cartridge} loss"))
+        svg = loss_curve_svg(cartridge.loss_history, f"{cartridge} loss", cartridge.held_out_history)
+        return mark_safe(svg)
 
     @admin.display(description="file")
     def download(self, cartridge: Cartridge) -> str:
@@ -200,7 +204,7 @@ class CartridgeAdmin(ReadOnlyMixin, admin.ModelAdmin):
         form = CartridgeBuildForm(request.POST or None, request.FILES or None)
         if request.method == "POST" and form.is_valid():
             data = form.cleaned_data
-            options = {k: data[k] for k in ("prefix_tokens", "steps", "lr", "seed")}
+            options = {k: data[k] for k in ("prefix_tokens", "steps", "minutes", "lr", "seed")}
             try:
                 job = start_cartridge_build(data["corpus"], data["name"], data["model"], **options)
             except BuildRequestError as exc:

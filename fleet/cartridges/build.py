@@ -16,6 +16,7 @@ from typing import Protocol
 
 from inference.engine.engine import Engine
 
+from .dataset import stored_settings
 from .file import Cartridge, save_cartridge
 from .init import initial_cartridge
 from .selfstudy import SelfStudyConfig
@@ -38,6 +39,13 @@ class BuildProgress(Protocol):
 
     def on_step(self, step: int, total: int, loss: float | None) -> None: ...
 
+    def on_conversations(self, count: int, coverage: float) -> None:
+        """Self-study conversations synthesised so far and how many times their supervised
+        spans cover the corpus."""
+
+    def on_held_out(self, step: int, loss: float) -> None:
+        """The held-out distillation loss measured after ``step`` steps (0: the initialisation)."""
+
     def on_log(self, message: str) -> None: ...
 
     def cancelled(self) -> bool: ...
@@ -47,6 +55,12 @@ class SilentProgress:
     """Reports nowhere and never cancels."""
 
     def on_step(self, step: int, total: int, loss: float | None) -> None:
+        pass
+
+    def on_conversations(self, count: int, coverage: float) -> None:
+        pass
+
+    def on_held_out(self, step: int, loss: float) -> None:
         pass
 
     def on_log(self, message: str) -> None:
@@ -67,6 +81,7 @@ class CartridgeBuildSpec:
     steps: int = 0  # optimizer steps; 0 (and no minutes) writes the untrained initialisation
     minutes: float = 0.0  # a time budget for synthesis and training together (0: none)
     dataset: Path | None = None  # a self-study dataset directory to read, resume and extend
+    # (its shards' self-study settings are used when ``selfstudy`` is left at the defaults)
     lr: float = 2e-3  # the paper's 2e-2 assumes far larger steps (train.TrainConfig)
     seed: int = 0
     frozen_rows: int = 1  # leading rows excluded from training (the attention sink)
@@ -111,6 +126,7 @@ def build_cartridge(
     BuildCancelled when ``progress.cancelled()`` turns true (the output is then not written)."""
     progress = progress or SilentProgress()
     t0 = time.perf_counter()
+    spec = _with_dataset_settings(spec)
     engine = engine or Engine.load(spec.model)
     tokens = corpus_tokens(engine, spec.corpus)
     if spec.prefix_tokens < 1 or spec.prefix_tokens > len(tokens):
@@ -148,16 +164,28 @@ def build_cartridge(
     )
 
 
+def _with_dataset_settings(spec: CartridgeBuildSpec) -> CartridgeBuildSpec:
+    """``spec`` with the self-study settings of its dataset's shards, so a dataset synthesised
+    with other lengths (``synthesize_selfstudy --max-answer``) trains as it is; ValueError when
+    the spec asks for settings of its own that differ from them."""
+    stored = stored_settings(spec.dataset) if spec.dataset is not None else None
+    if stored is None or stored == spec.selfstudy:
+        return spec
+    if spec.selfstudy != SelfStudyConfig():
+        ours, theirs = asdict(spec.selfstudy), asdict(stored)
+        name = next(k for k in ours if ours[k] != theirs[k])
+        raise ValueError(
+            f"{spec.dataset}: its conversations have {name} {theirs[name]!r}, "
+            f"this build asks for {ours[name]!r}"
+        )
+    return replace(spec, selfstudy=stored)
+
+
 @dataclass(frozen=True)
 class _Trained:
     result: TrainResult
     conversations: int
     coverage: float
-
-
-def _coverage(pool: ConversationPool, count: int, corpus_tokens: int) -> float:
-    """How many times ``count`` conversations' spans cover the corpus."""
-    return sum(pool[i].span[1] - pool[i].span[0] for i in range(count)) / corpus_tokens
 
 
 def _train(
@@ -189,7 +217,7 @@ def _train(
 
         def on_batch(n: int) -> None:
             made[0] += n
-            progress.on_log(f"synthesised {made[0]} conversations")
+            progress.on_conversations(made[0], pool.coverage(made[0]))
             if progress.cancelled():
                 raise BuildCancelled(f"cancelled after {made[0]} conversations")
 
@@ -199,7 +227,8 @@ def _train(
             config = replace(config, conversations=count)
     count = config.conversations or spec.steps * config.accum
     pool.make(0, count)
-    coverage = _coverage(pool, count, len(tokens))
+    coverage = pool.coverage(count)
+    progress.on_conversations(count, coverage)
     progress.on_log(
         f"training on {count} conversations (coverage {coverage:.1f}x), {config.accum} a step, lr {spec.lr}"
     )
@@ -213,6 +242,7 @@ def _train(
         progress.on_step(step, max(total, step), loss)
 
     def on_eval(step: int, loss: float) -> None:
+        progress.on_held_out(step, loss)
         progress.on_log(f"step {step}: held-out loss {loss:.4f}")
 
     try:

@@ -164,6 +164,22 @@ def load_split(directory: Path, header: DatasetHeader, split: str) -> dict[int, 
     return made
 
 
+def stored_settings(directory: Path) -> SelfStudyConfig | None:
+    """The self-study settings a dataset's shards were synthesised with (read from the first
+    shard's header line only), or None when the directory holds no shard with a header yet."""
+    for path in sorted(directory.glob("*.jsonl")) if directory.is_dir() else ():
+        if not SHARD_NAME.match(path.name):
+            continue
+        with path.open("rb") as fh:
+            first = fh.readline()
+        if first.endswith(b"\n"):
+            try:
+                return SelfStudyConfig(**json.loads(first)["selfstudy"])
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path.name}: not a self-study shard (no {FORMAT} header)") from exc
+    return None
+
+
 BatchCallback = Callable[[int], None]
 
 

@@ -149,6 +149,13 @@ class ConversationPool:
             if on_batch is not None:
                 on_batch(len(indices))
 
+    def coverage(self, count: int) -> float:
+        """How many times the supervised spans of conversations ``0 .. count - 1`` cover the
+        corpus (from their plans: nothing is synthesised)."""
+        seed = self.header.split_seed(self.split)
+        plans = (plan_conversation(seed, i, len(self.corpus), self.config) for i in range(count))
+        return sum(plan.span[1] - plan.span[0] for plan in plans) / len(self.corpus)
+
     def make_until(self, deadline: float, on_batch: BatchCallback | None = None) -> int:
         """Synthesise the next conversations a batch at a time until ``deadline``
         (``time.perf_counter()``) has passed, one batch at least; the number the pool then
@@ -224,11 +231,15 @@ def train_cartridge(
     if config.steps <= 0 and deadline is None:
         raise ValueError("training needs steps > 0 or a deadline")
     fw = PrefixForward(engine.model)
-    pool = pool or ConversationPool(engine, corpus, config.seed, config.selfstudy)
-    held = held or held_out_pool(engine, corpus, config)
+    if pool is None:  # not ``pool or``: an empty pool is falsy, and it may be a dataset to fill
+        pool = ConversationPool(engine, corpus, config.seed, config.selfstudy)
+    if held is None:
+        held = held_out_pool(engine, corpus, config)
     held_out = held.take(0, config.held_out)
     k, v, frozen = cartridge.k.copy(), cartridge.v.copy(), cartridge.frozen_rows
     loss_first = mean_loss(fw, held_out, k, v)
+    if on_eval is not None:
+        on_eval(0, loss_first)
     best = _Best(0, loss_first, k.copy(), v.copy())
     held_history = [(0, loss_first)]
     adam = Adam.zeros(k[:, :, frozen:], v[:, :, frozen:])

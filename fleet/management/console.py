@@ -17,24 +17,36 @@ WATCH_SECONDS = 0.5
 
 
 class TqdmProgress:
-    """A BuildProgress drawing a tqdm bar (stderr) with the running loss."""
+    """A BuildProgress drawing a tqdm bar (stderr): steps with their ETA, and after them the
+    conversations synthesised, their coverage of the corpus, the running and held-out loss."""
 
     def __init__(self, description: str):
         self.bar = tqdm(desc=description, unit="step", file=sys.stderr, dynamic_ncols=True)
+        self.status: dict[str, str] = {}
 
     def on_step(self, step: int, total: int, loss: float | None) -> None:
         if self.bar.total != total:
             self.bar.reset(total=total)
         self.bar.n = step
         if loss is not None:
-            self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            self._show(loss=f"{loss:.4f}")
         self.bar.refresh()
+
+    def on_conversations(self, count: int, coverage: float) -> None:
+        self._show(conversations=str(count), coverage=f"{coverage:.1f}x")
+
+    def on_held_out(self, step: int, loss: float) -> None:
+        self._show(held_out=f"{loss:.4f}")
 
     def on_log(self, message: str) -> None:
         self.bar.write(message, file=sys.stderr)
 
     def cancelled(self) -> bool:
         return False
+
+    def _show(self, **fields: str) -> None:
+        self.status.update(fields)
+        self.bar.set_postfix(self.status)
 
     def close(self) -> None:
         self.bar.close()
@@ -67,6 +79,10 @@ def _watch(job_id: int, progress: TqdmProgress) -> BuildJob:
         job = BuildJob.objects.get(pk=job_id)
         if job.total:
             progress.on_step(job.step, job.total, job.loss)
+        if job.conversations:
+            progress.on_conversations(job.conversations, job.coverage)
+        if job.held_out_loss is not None:
+            progress.on_held_out(job.step, job.held_out_loss)
         lines = job.log.splitlines()
         for line in lines[seen_log:]:
             progress.on_log(line)

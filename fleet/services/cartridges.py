@@ -62,13 +62,16 @@ def _build(job: BuildJob, progress: JobProgress) -> dict:
     budget = f"{spec.minutes:g} minutes" if spec.minutes else f"{spec.steps} steps"
     progress.on_log(f"building {spec.out} from {spec.corpus} ({budget}, p={spec.prefix_tokens})")
     result = build_cartridge(spec, progress)
-    record_cartridge(spec, result.as_dict(), progress.losses, job)
+    record_cartridge(spec, result.as_dict(), progress.losses, job, progress.held_out)
     return result.as_dict()
 
 
-def record_cartridge(spec: CartridgeBuildSpec, result: dict, losses: list, job: BuildJob | None) -> Cartridge:
+def record_cartridge(
+    spec: CartridgeBuildSpec, result: dict, losses: list, job: BuildJob | None, held_out: list
+) -> Cartridge:
     """Create or update the Cartridge row of the file a build wrote (fingerprint and rows read
-    from the file's own metadata)."""
+    from the file's own metadata); ``losses`` and ``held_out`` are its ``[[step, loss], ...]``
+    training and held-out curves."""
     with safe_open(result["path"], framework="numpy") as f:
         meta = f.metadata() or {}
     digest = hashlib.sha256(spec.corpus.read_bytes()).hexdigest()
@@ -83,6 +86,7 @@ def record_cartridge(spec: CartridgeBuildSpec, result: dict, losses: list, job: 
             "status": Cartridge.Status.READY,
             "steps": result["steps"],
             "loss_history": losses,
+            "held_out_history": held_out,
             "loss_first": result.get("loss_first"),
             "loss_last": result.get("loss_last"),
             "job": job,

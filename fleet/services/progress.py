@@ -14,7 +14,8 @@ from fleet.models import BuildJob
 
 
 class JobProgress:
-    """Progress of one build job: step, total, running loss, the loss history and the log."""
+    """Progress of one build job: step, total, running loss, the self-study conversations and
+    their coverage, the latest held-out loss, both loss histories and the log."""
 
     def __init__(self, job: BuildJob, interval: float = 0.5, echo=None, clock=time.monotonic):
         """``echo``: another BuildProgress told everything too (the command's tqdm bar)."""
@@ -25,6 +26,9 @@ class JobProgress:
         self.step = self.total = 0
         self.loss: float | None = None
         self.losses: list[list[float]] = []  # [[step, loss], ...]: the cartridge's loss curve
+        self.held_out: list[list[float]] = []  # [[step, held-out loss], ...]
+        self.conversations = 0
+        self.coverage = 0.0
         self.lines: list[str] = [job.log] if job.log else []
         self._last_write = self._last_poll = float("-inf")
         self._cancel = False
@@ -37,6 +41,18 @@ class JobProgress:
         if self.echo is not None:
             self.echo.on_step(step, total, loss)
         self._write(force=step >= total)
+
+    def on_conversations(self, count: int, coverage: float) -> None:
+        self.conversations, self.coverage = count, float(coverage)
+        if self.echo is not None:
+            self.echo.on_conversations(count, coverage)
+        self._write()
+
+    def on_held_out(self, step: int, loss: float) -> None:
+        self.held_out.append([step, float(loss)])
+        if self.echo is not None:
+            self.echo.on_held_out(step, loss)
+        self._write(force=True)
 
     def on_log(self, message: str) -> None:
         self.lines.append(f"{datetime.now(UTC):%H:%M:%S} {message}")
@@ -66,5 +82,12 @@ class JobProgress:
         self._last_write = now
         fraction = min(1.0, self.step / self.total) if self.total else 0.0
         BuildJob.objects.filter(pk=self.job_id).update(
-            step=self.step, total=self.total, progress=fraction, loss=self.loss, log=self.log_text
+            step=self.step,
+            total=self.total,
+            progress=fraction,
+            loss=self.loss,
+            conversations=self.conversations,
+            coverage=self.coverage,
+            held_out_loss=self.held_out[-1][1] if self.held_out else None,
+            log=self.log_text,
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,18 @@ def test_a_cartridge_job_succeeds_and_records_the_cartridge(corpus, model, tmp_p
     assert load_cartridge(row.path).rows == 16
     # a second run of the same job (a redelivered message) does nothing
     assert run_cartridge_job(job.pk).finished == job.finished
+
+
+def test_a_trained_job_keeps_conversations_coverage_and_both_loss_curves(corpus, model, tmp_path):
+    spec = replace(_spec(corpus, model, tmp_path, p=8), steps=2)
+    job = run_cartridge_job(create_cartridge_job(spec).pk)
+    assert job.state == "succeeded", job.error
+    assert job.conversations == 2 * spec.accum and job.coverage == job.result["coverage"] > 0
+    row = Cartridge.objects.get()
+    assert [step for step, _ in row.loss_history] == [1, 2]
+    assert [step for step, _ in row.held_out_history] == [0, 2]
+    assert row.held_out_history[0][1] == job.result["loss_first"]
+    assert job.held_out_loss == row.held_out_history[-1][1]
 
 
 def test_a_bad_build_fails_with_the_reason_and_leaves_no_cartridge(corpus, model, tmp_path):
@@ -121,6 +134,22 @@ def test_progress_writes_are_throttled_and_the_last_step_is_always_written():
     assert progress.losses == [[1, 2.5], [2, 2.0], [3, 1.5], [10, 1.0]]
 
 
+def test_progress_records_conversations_coverage_and_every_held_out_loss():
+    job = jobs.create_job("cartridge", {})
+    now = [0.0]
+    progress = JobProgress(job, interval=1.0, clock=lambda: now[0])
+    progress.on_conversations(16, 2.5)  # first write goes through
+    progress.on_held_out(0, 3.25)  # held-out points are rare: always written
+    row = BuildJob.objects.get(pk=job.pk)
+    assert (row.conversations, row.coverage, row.held_out_loss) == (16, 2.5, 3.25)
+    progress.on_conversations(32, 5.0)  # within the interval: kept in memory only
+    assert BuildJob.objects.get(pk=job.pk).conversations == 16
+    progress.on_held_out(8, 3.0)
+    row = BuildJob.objects.get(pk=job.pk)
+    assert (row.conversations, row.coverage, row.held_out_loss) == (32, 5.0, 3.0)
+    assert progress.held_out == [[0, 3.25], [8, 3.0]]
+
+
 def test_fanout_runs_in_process_by_default_and_through_an_installed_mapper():
     items = [{"n": n} for n in range(5)]
     done = []
@@ -161,6 +190,20 @@ def test_loss_curve_is_an_svg_with_one_point_per_step():
     assert points[0][1] < points[2][1]  # higher loss is drawn higher (smaller y)
     assert root.find(ns + "title").text == "c <1>"
     assert "no loss recorded" in loss_curve_svg([])
+
+
+def test_loss_curve_draws_the_held_out_loss_on_the_same_axes_with_a_legend():
+    svg = loss_curve_svg([[1, 3.0], [2, 2.0], [8, 1.0]], held_out=[[0, 3.5], [8, 2.5]])
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    train, held = root.iter(ns + "polyline")
+    assert (train.get("class"), held.get("class")) == ("loss", "held-out")
+    train_x = [float(p.split(",")[0]) for p in train.get("points").split()]
+    held_x = [float(p.split(",")[0]) for p in held.get("points").split()]
+    assert held_x[0] < train_x[0] and held_x[-1] == train_x[-1]  # step 0 .. 8 on one axis
+    legend = [t.text for t in root.iter(ns + "text") if t.get("class") == "legend"]
+    assert legend == ["loss", "held-out"]
+    assert len(list(ET.fromstring(loss_curve_svg([[1, 3.0]])).iter(ns + "polyline"))) == 1
 
 
 def test_build_cartridge_command_prints_the_summary_and_records_the_job(corpus, model, tmp_path, capsys):

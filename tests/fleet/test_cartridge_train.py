@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from fleet.cartridges.build import BuildCancelled, CartridgeBuildSpec, build_cartridge, corpus_tokens
-from fleet.cartridges.dataset import DatasetHeader, load_split
+from fleet.cartridges.dataset import DatasetHeader, load_split, write_shard
 from fleet.cartridges.file import load_cartridge
 from fleet.cartridges.init import initial_cartridge
 from fleet.cartridges.selfstudy import SelfStudyConfig, synthesize_many
-from fleet.cartridges.train import TrainConfig, held_out_pool, mean_loss, train_cartridge
+from fleet.cartridges.train import ConversationPool, TrainConfig, held_out_pool, mean_loss, train_cartridge
 from inference.engine.engine import Engine
 from inference.engine.training import PrefixForward
 from tests.fixtures.synthetic_gguf import synthetic_path
@@ -79,9 +79,16 @@ def test_training_lowers_the_held_out_loss_and_keeps_the_sink(engine, corpus):
 class Recorder:
     def __init__(self, cancel_after: int | None = None):
         self.steps, self.logs, self.cancel_after = [], [], cancel_after
+        self.conversations, self.held_out = [], []
 
     def on_step(self, step, total, loss):
         self.steps.append((step, total, loss))
+
+    def on_conversations(self, count, coverage):
+        self.conversations.append((count, coverage))
+
+    def on_held_out(self, step, loss):
+        self.held_out.append((step, loss))
 
     def on_log(self, message):
         self.logs.append(message)
@@ -135,8 +142,10 @@ def test_the_saved_cartridge_is_the_best_held_out_checkpoint(engine, corpus):
     config = TrainConfig(
         steps=6, lr=2e-2, accum=1, held_out=2, seed=1, eval_every=2, conversations=3, selfstudy=SMALL
     )
-    result = train_cartridge(engine, start, tokens, config, on_eval=lambda *a: held.append(a))
-    assert [s for s, _ in result.held_history] == [0, 2, 4, 6] and held == result.held_history[1:]
+    pool = ConversationPool(engine, tokens, config.seed, SMALL)
+    result = train_cartridge(engine, start, tokens, config, pool=pool, on_eval=lambda *a: held.append(a))
+    assert [s for s, _ in result.held_history] == [0, 2, 4, 6] and held == result.held_history
+    assert len(pool) == 3  # six steps cycled over three conversations: epochs, nothing new made
     best_step, best_loss = min(result.held_history, key=lambda point: point[1])
     assert (result.best_step, result.loss_last) == (
         best_step,
@@ -173,11 +182,45 @@ def test_a_timed_build_synthesises_then_trains_within_its_budget(engine, corpus,
     # Steps stop at the first boundary past the deadline; one step and the last evaluation may follow it.
     assert elapsed < 60 * minutes + 3 * step_seconds + 5, (elapsed, result)
     assert result.steps > 0 and result.conversations > 0 and result.coverage > 0
-    assert result.steps * 8 > result.conversations  # epochs: conversations were seen again
-    assert any("synthesised" in line for line in progress.logs)
+    counts = [count for count, _ in progress.conversations]
+    assert counts == sorted(counts) and counts[-1] == result.conversations
+    assert progress.conversations[-1][1] == pytest.approx(result.coverage)
+    assert (
+        progress.held_out[0] == (0, result.loss_first)
+        and min(h for _, h in progress.held_out) == result.loss_last
+    )
     assert len(
         load_split(dataset, DatasetHeader.describe(engine, corpus_tokens(engine, corpus), 0, SMALL), "train")
     ) == (result.conversations)
     loaded = load_cartridge(out)
     assert loaded.training["loss_last"] == result.loss_last <= result.loss_first
     assert loaded.training["best_step"] == result.best_step
+
+
+def test_a_build_trains_on_a_dataset_with_the_settings_it_was_made_with(engine, corpus, tmp_path):
+    dataset = tmp_path / "dataset"
+    tokens = corpus_tokens(engine, corpus)
+    write_shard(engine, tokens, dataset, DatasetHeader.describe(engine, tokens, 0, SMALL), "train", 0, 2)
+    write_shard(engine, tokens, dataset, DatasetHeader.describe(engine, tokens, 0, SMALL), "held_out", 0, 4)
+    shards = {p.name: p.read_bytes() for p in dataset.iterdir()}
+    spec = CartridgeBuildSpec(
+        corpus, tmp_path / "c.safetensors", engine.path, prefix_tokens=8, steps=1, accum=2
+    )
+    result = build_cartridge(replace(spec, dataset=dataset), None, engine)  # defaults: the dataset's settings
+    assert result.steps == 1 and {p.name: p.read_bytes() for p in dataset.iterdir()} == shards  # nothing new
+    other = replace(spec, dataset=dataset, selfstudy=replace(SMALL, max_answer=SMALL.max_answer + 1))
+    with pytest.raises(
+        ValueError, match=f"its conversations have max_answer {SMALL.max_answer}, this build asks"
+    ):
+        build_cartridge(other, None, engine)
+
+
+def test_a_step_counted_build_writes_its_conversations_to_a_new_dataset(engine, corpus, tmp_path):
+    dataset = tmp_path / "new"
+    spec = CartridgeBuildSpec(
+        corpus, tmp_path / "c.safetensors", engine.path, prefix_tokens=8, steps=1, accum=2, dataset=dataset
+    )
+    build_cartridge(replace(spec, selfstudy=SMALL), None, engine)
+    header = DatasetHeader.describe(engine, corpus_tokens(engine, corpus), 0, SMALL)
+    assert sorted(load_split(dataset, header, "train")) == [0, 1]
+    assert sorted(load_split(dataset, header, "held_out")) == [0, 1, 2, 3]

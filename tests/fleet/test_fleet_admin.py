@@ -26,7 +26,13 @@ def cartridge(tmp_path) -> Cartridge:
     path.write_bytes(b"\x00" * 4096)  # the admin serves bytes; it does not parse them
     history = [[1, 2.5], [2, 2.0], [3, 1.6], [4, 1.2]]
     return Cartridge.objects.create(
-        path=str(path), rows=16, steps=4, status="ready", loss_history=history, model_fingerprint="ab" * 16
+        path=str(path),
+        rows=16,
+        steps=4,
+        status="ready",
+        loss_history=history,
+        held_out_history=[[0, 2.75], [4, 1.5]],
+        model_fingerprint="ab" * 16,
     )
 
 
@@ -39,11 +45,22 @@ def test_the_fleet_pages_need_a_staff_login(client, cartridge):
 
 def test_jobs_are_listed_with_state_and_progress(admin_client):
     job = jobs.create_job("cartridge", {"out": "/tmp/x.safetensors"})
-    BuildJob.objects.filter(pk=job.pk).update(state="running", step=3, total=12, progress=0.25, loss=1.5)
+    BuildJob.objects.filter(pk=job.pk).update(
+        state="running",
+        step=3,
+        total=12,
+        progress=0.25,
+        loss=1.5,
+        conversations=96,
+        coverage=7.25,
+        held_out_loss=2.125,
+    )
     page = admin_client.get("/admin/fleet/buildjob/").content.decode()
     assert '<progress value="0.250" max="1"></progress> 25%' in page and "3/12" in page and "running" in page
+    assert "2.125" in page and "96" in page
     detail = admin_client.get(f"/admin/fleet/buildjob/{job.pk}/change/").content.decode()
     assert 'http-equiv="refresh"' in detail and "Cancel this job" in detail
+    assert "7.25" in detail and "2.125" in detail and "96" in detail
 
 
 def test_cancel_from_the_job_page_and_as_a_list_action(admin_client):
@@ -69,8 +86,8 @@ def test_a_cartridge_page_draws_its_loss_curve_and_offers_the_file(admin_client,
     page = admin_client.get(f"/admin/fleet/cartridge/{cartridge.pk}/change/").content.decode()
     start = page.index('<svg xmlns="http://www.w3.org/2000/svg" class="loss-curve"')
     svg = page[start : page.index("</svg>", start) + 6]
-    (line,) = ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}polyline")
-    assert len(line.get("points").split()) == 4
+    train, held = ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}polyline")
+    assert len(train.get("points").split()) == 4 and len(held.get("points").split()) == 2
     assert f"/admin/fleet/cartridge/{cartridge.pk}/download/" in page
     response = admin_client.get(f"/admin/fleet/cartridge/{cartridge.pk}/download/")
     assert response.status_code == 200 and b"".join(response.streaming_content) == b"\x00" * 4096
@@ -94,7 +111,15 @@ def test_a_build_started_from_an_uploaded_corpus_runs_and_leaves_a_cartridge(
     settings.LMSERVE_BUILD_DIR = tmp_path / "builds"
     settings.CELERY_BROKER_URL = ""
     model = synthetic_path("llama", synthetic_dir)
-    form = {"name": "kettle", "model": str(model), "prefix_tokens": 16, "steps": 0, "lr": 0.02, "seed": 0}
+    form = {
+        "name": "kettle",
+        "model": str(model),
+        "prefix_tokens": 16,
+        "steps": 0,
+        "minutes": 0,
+        "lr": 0.002,
+        "seed": 0,
+    }
     response = admin_client.post("/admin/fleet/cartridge/build/", {**form, "corpus": _upload()})
     job = BuildJob.objects.get()
     assert response.status_code == 302 and response["Location"] == f"/admin/fleet/buildjob/{job.pk}/change/"
@@ -121,11 +146,20 @@ def test_a_build_started_from_an_uploaded_corpus_runs_and_leaves_a_cartridge(
         ({"name": "../escape"}, "letters, digits"),
         ({"model": "no-such-model"}, "no-such-model"),
         ({"prefix_tokens": 0}, "greater than or equal to 1"),
+        ({"minutes": -1}, "greater than or equal to 0"),
     ],
 )
 def test_a_bad_build_request_is_refused_on_the_form(admin_client, settings, tmp_path, change, message):
     settings.LMSERVE_BUILD_DIR = tmp_path / "builds"
-    form = {"name": "kettle", "model": "", "prefix_tokens": 16, "steps": 0, "lr": 0.02, "seed": 0}
+    form = {
+        "name": "kettle",
+        "model": "",
+        "prefix_tokens": 16,
+        "steps": 0,
+        "minutes": 0,
+        "lr": 0.002,
+        "seed": 0,
+    }
     form["corpus"] = _upload()
     page = admin_client.post("/admin/fleet/cartridge/build/", {**form, **change}).content.decode()
     assert message in page and not BuildJob.objects.exists()

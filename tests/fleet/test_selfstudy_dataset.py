@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fleet.cartridges.build import corpus_tokens
-from fleet.cartridges.dataset import DatasetHeader, load_split, shard_path, write_shard
+from fleet.cartridges.dataset import DatasetHeader, load_split, shard_path, stored_settings, write_shard
 from fleet.cartridges.selfstudy import SelfStudyConfig, synthesize_many
 from inference.engine.engine import Engine
 from tests.fixtures.synthetic_gguf import synthetic_path
@@ -110,3 +110,11 @@ def test_a_shard_of_another_dataset_is_refused_by_field(engine, tokens, header, 
         load_split(tmp_path, header, "train")
     with pytest.raises(ValueError, match="split 'test'"):
         write_shard(engine, tokens, tmp_path, header, "test", 0, 1)
+
+
+def test_a_dataset_tells_its_own_settings_from_its_first_header(engine, tokens, header, tmp_path):
+    assert stored_settings(tmp_path / "absent") is None and stored_settings(tmp_path) is None
+    shard_path(tmp_path, "train", 0, 1).write_bytes(b'{"format": "lmserve-sel')  # torn header: nothing yet
+    assert stored_settings(tmp_path) is None
+    write_shard(engine, tokens, tmp_path, header, "train", 4, 1)
+    assert stored_settings(tmp_path) == CONFIG
