@@ -161,6 +161,7 @@ def quality(args: argparse.Namespace, engine: Engine, model: Path) -> None:
             accum=args.accum,
             selfstudy=selfstudy,
             eval_every=args.eval_every,
+            synthesis_share=args.synthesis_share,
         )
         built = build_cartridge(spec, None, engine)
         trained = load_cartridge(out)
@@ -175,6 +176,7 @@ def quality(args: argparse.Namespace, engine: Engine, model: Path) -> None:
             "best_step": built.best_step,
             "accum": args.accum,
             "lr": args.lr,
+            "synthesis_share": args.synthesis_share,
             "loss_held_out_first": built.loss_first,
             "loss_held_out_best": built.loss_last,
             "held_out_curve": trained.training["held_out"],
@@ -310,6 +312,9 @@ def main() -> None:
     ap.add_argument("--accum", type=int, default=4)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--eval-every", type=int, default=8)
+    ap.add_argument(
+        "--synthesis-share", type=float, default=0.4, help="of --minutes, the part spent synthesising (0.4)"
+    )
     ap.add_argument("--max-answer", type=int, default=96, help="bot B's answer length in self-study")
     ap.add_argument("--max-tokens", type=int, default=40, help="reply length in the evaluation")
     ap.add_argument("--questions", type=int, default=20)

@@ -139,6 +139,8 @@ def build_cartridge(
         raise ValueError(f"--steps {spec.steps} must be 0 or more")
     if spec.minutes < 0:
         raise ValueError(f"--minutes {spec.minutes} must be 0 or more")
+    if not 0 <= spec.synthesis_share < 1:
+        raise ValueError(f"--synthesis-share {spec.synthesis_share} must be within [0, 1)")
     deadline = t0 + 60.0 * spec.minutes if spec.minutes else None
     trained = None
     if spec.steps > 0 or deadline is not None:

@@ -158,9 +158,10 @@ class ConversationPool:
 
     def make_until(self, deadline: float, on_batch: BatchCallback | None = None) -> int:
         """Synthesise the next conversations a batch at a time until ``deadline``
-        (``time.perf_counter()``) has passed, one batch at least; the number the pool then
-        holds."""
-        self.make(len(self._made), self.batch, on_batch)
+        (``time.perf_counter()``) has passed (one batch at least into an empty pool); the number
+        the pool then holds."""
+        if not self._made:
+            self.make(0, self.batch, on_batch)
         while time.perf_counter() < deadline:
             self.make(len(self._made), self.batch, on_batch)
         return len(self._made)

@@ -22,6 +22,7 @@ SPEC_FIELDS = (
     "steps",
     "minutes",
     "dataset",
+    "synthesis_share",
     "lr",
     "seed",
     "frozen_rows",

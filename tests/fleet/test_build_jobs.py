@@ -235,6 +235,7 @@ def test_build_cartridge_command_prints_the_summary_and_records_the_job(corpus, 
     [
         (["missing.txt", "--out", "x.safetensors"], "no such corpus file"),
         (["{corpus}", "--out", "x.safetensors", "--prefix-tokens", "0"], "--prefix-tokens must be >= 1"),
+        (["{corpus}", "--out", "x.safetensors", "--synthesis-share", "1"], "--synthesis-share 1 must be"),
         (["{corpus}", "--out", "x.safetensors", "--model", "no-such-model"], "no-such-model"),
         (["{corpus}", "--out", "x.safetensors", "--model", "{model}", "--celery"], "CELERY_BROKER_URL"),
         (["{corpus}", "--out", "x.safetensors", "--model", "{model}", "--prefix-tokens", "9999"], "9999"),

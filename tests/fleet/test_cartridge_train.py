@@ -208,6 +208,10 @@ def test_a_build_trains_on_a_dataset_with_the_settings_it_was_made_with(engine, 
     )
     result = build_cartridge(replace(spec, dataset=dataset), None, engine)  # defaults: the dataset's settings
     assert result.steps == 1 and {p.name: p.read_bytes() for p in dataset.iterdir()} == shards  # nothing new
+    timed = replace(spec, dataset=dataset, steps=0, minutes=0.02, synthesis_share=0.0)
+    result = build_cartridge(timed, None, engine)  # no synthesis share: epochs over what is there
+    assert result.conversations == 2  # the steps that fit depend on the machine
+    assert {p.name: p.read_bytes() for p in dataset.iterdir()} == shards
     other = replace(spec, dataset=dataset, selfstudy=replace(SMALL, max_answer=SMALL.max_answer + 1))
     with pytest.raises(
         ValueError, match=f"its conversations have max_answer {SMALL.max_answer}, this build asks"

@@ -36,6 +36,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--dataset", default="", help="self-study dataset directory to read, resume and extend (none)"
         )
+        parser.add_argument(
+            "--synthesis-share",
+            type=float,
+            default=0.4,
+            help="of --minutes, the part spent synthesising; 0: train on what --dataset holds (0.4)",
+        )
         parser.add_argument("--lr", type=float, default=2e-3, help="learning rate (0.002)")
         parser.add_argument("--seed", type=int, default=0, help="seed of the self-study sampling (0)")
         parser.add_argument("--frozen-rows", type=int, default=1, help="leading rows kept frozen (1)")
@@ -53,6 +59,8 @@ class Command(BaseCommand):
             raise CommandError("--prefix-tokens must be >= 1, --steps and --frozen-rows >= 0, --lr > 0")
         if opts["minutes"] < 0:
             raise CommandError(f"--minutes {opts['minutes']:g} must be 0 or more")
+        if not 0 <= opts["synthesis_share"] < 1:
+            raise CommandError(f"--synthesis-share {opts['synthesis_share']:g} must be within [0, 1)")
         dataset = Path(opts["dataset"]).resolve() if opts["dataset"] else None
         if dataset is not None and dataset.exists() and not dataset.is_dir():
             raise CommandError(f"{opts['dataset']}: --dataset must be a directory")
@@ -69,6 +77,7 @@ class Command(BaseCommand):
             minutes=opts["minutes"],
             dataset=dataset,
             lr=opts["lr"],
+            synthesis_share=opts["synthesis_share"],
             seed=opts["seed"],
             frozen_rows=opts["frozen_rows"],
         )
