@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from playwright.sync_api import Error as PlaywrightError
 
 from tests.fixtures.synthetic_gguf import synthetic_path
 
@@ -23,8 +24,11 @@ def _wait_for_text(page, text: str, timeout: float) -> None:
     """The job page reloads itself every 2 s while the job runs; look after each reload."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if text in page.content():
-            return
+        try:
+            if text in page.content():
+                return
+        except PlaywrightError:  # caught mid-reload: look again once it has loaded
+            page.wait_for_load_state()
         page.wait_for_timeout(500)
     raise AssertionError(f"{text!r} never appeared:\n{page.inner_text('#content')}")
 
@@ -50,6 +54,7 @@ def test_a_browser_builds_a_cartridge_and_downloads_it(start_server, tmp_path, c
     page.fill("#id_name", "kettle")
     page.fill("#id_model", str(synthetic_path("llama", synthetic_dir)))
     page.fill("#id_prefix_tokens", "16")
+    page.fill("#id_steps", "2")
     page.click("#build-form input[type=submit]")
     page.wait_for_url("**/admin/fleet/buildjob/*/change/")
     _wait_for_text(page, "succeeded", 300)
@@ -61,6 +66,7 @@ def test_a_browser_builds_a_cartridge_and_downloads_it(start_server, tmp_path, c
     curve = page.locator("svg.loss-curve")
     box = curve.bounding_box()
     assert curve.is_visible() and (box["width"], box["height"]) == (480, 200)
+    assert curve.locator("polyline.loss").count() == 1 and curve.locator("polyline.held-out").count() == 1
     page.screenshot(path=str(artifacts_dir() / "admin-cartridge.png"), full_page=True)
     with page.expect_download() as download:
         page.click("a.download")
