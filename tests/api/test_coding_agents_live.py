@@ -24,8 +24,10 @@ import pytest
 
 from tests.api.conftest import ROOT, start_lmserve
 
-# Opt-in until a run on a clean machine has passed end to end (see docs/DEVELOPMENT.md): the
-# agents and the 0.5B model's choices move, and one failing run would hold back a whole landing.
+# Opt-in (see docs/DEVELOPMENT.md): Claude Code's cold ~27k-token first prompt takes 4-20 minutes
+# to prefill on a 2-core machine, past the client's own watchdog, and the 0.5B model's choices
+# under Codex's ~9k-token prompt are sampled (it repeats a call, or calls write_stdin instead);
+# one such run would hold back a whole landing.
 OPTED_IN = os.environ.get("LMSERVE_AGENT_TESTS") == "1"
 pytestmark = [
     pytest.mark.slow,
@@ -201,15 +203,17 @@ wire_api = "responses"
 
 
 def codex_exec(agents: Path, server, workdir: Path, home: Path, prompt: str) -> list[dict]:
-    """One ``codex exec --json`` turn; its JSONL events."""
+    """One ``codex exec --json`` turn; its JSONL events. Approvals and the sandbox are off (the
+    workdir is a scratch repository): under ``exec``'s approval policy ``never`` a call that
+    asks for escalated permissions is refused, and the 0.5B model fills that optional argument
+    at random from its description."""
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "CODEX_HOME": str(home / ".codex")}
     args = [
         str(agents / "codex"),
         "exec",
         "--json",
         "--skip-git-repo-check",
-        "--sandbox",
-        "workspace-write",
+        "--dangerously-bypass-approvals-and-sandbox",
         prompt,
     ]
     done = subprocess.run(args, cwd=workdir, env=env, capture_output=True, text=True, timeout=3000)
@@ -218,6 +222,7 @@ def codex_exec(agents: Path, server, workdir: Path, home: Path, prompt: str) -> 
         f"codex exited {done.returncode}:\n{done.stderr[-3000:]}\n{done.stdout[-3000:]}"
     )
     assert not [e for e in events if e.get("type") in ("turn.failed", "error")], events
+    assert [e for e in events if e.get("type") == "turn.completed"], events
     return events
 
 
@@ -225,23 +230,46 @@ def items_of(events: list[dict], kind: str) -> list[dict]:
     return [e["item"] for e in events if e.get("type") == "item.completed" and e["item"].get("type") == kind]
 
 
+def ran(events: list[dict], command: str) -> list[dict]:
+    """The turn's completed executions of ``command`` (Codex wraps it in a shell)."""
+    return [item for item in items_of(events, "command_execution") if command in item["command"]]
+
+
 def test_codex_exec_reads_a_file_then_runs_a_command(agents, model_server, workdir, tmp_path):
+    """Codex's first request carries a ~9k-token prompt and tools of every type (function,
+    namespace, web_search); each turn must call exec_command through the call grammar, get the
+    command's output back and finish. What the 0.5B model then says is its own: after a tool
+    result it tends to repeat the call before it stops, so only the calls are checked."""
     home = tmp_path / "home"
     (home / ".codex").mkdir(parents=True)
     (home / ".codex" / "config.toml").write_text(CODEX_CONFIG.format(url=model_server.url))
     before = answered(model_server)
     started = time.monotonic()
-    read = codex_exec(agents, model_server, workdir, home, "What is the launch code written in notes.txt?")
+    read = codex_exec(
+        agents,
+        model_server,
+        workdir,
+        home,
+        "Run the shell command `cat notes.txt` and tell me the launch code it contains.",
+    )
     read_seconds = time.monotonic() - started
-    messages = " ".join(item.get("text", "") for item in items_of(read, "agent_message"))
-    assert FACT in messages, read
+    cats = ran(read, "cat notes.txt")
+    assert cats and FACT in cats[0]["aggregated_output"], read
 
-    ran = codex_exec(
+    listed = codex_exec(
         agents, model_server, workdir, home, "Run the shell command `ls` and tell me which files it lists."
     )
-    commands = items_of(ran, "command_execution")
-    assert commands and "notes.txt" in commands[0].get("aggregated_output", ""), ran
+    runs = ran(listed, "ls")
+    assert runs and "notes.txt" in runs[0]["aggregated_output"], listed
 
     statuses = made_since(before, answered(model_server), "/v1/responses")
     assert statuses and all(status.startswith("2") for status in statuses), statuses
-    record("codex", {"read_turn_seconds": round(read_seconds, 1), "requests": statuses})
+    record(
+        "codex",
+        {
+            "read_turn_seconds": round(read_seconds, 1),
+            "read_turn_commands": len(items_of(read, "command_execution")),
+            "answers": [item.get("text", "") for item in items_of(read + listed, "agent_message")],
+            "requests": statuses,
+        },
+    )
