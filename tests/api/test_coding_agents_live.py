@@ -3,7 +3,8 @@ and with their default timeouts, against a live server for Qwen2.5-Coder with a 
 
 Each agent works in a directory holding one file with a fact in it; a turn passes when the
 agent exits 0, every request it made was answered 2xx (the server's own request counter), and,
-where the turn is a tool task, the agent ran the tool and reported the fact. The second Claude
+where the turn is a tool task, the agent ran the tool (Claude Code must also report the fact
+from it; what Codex's model says after its commands is not checked). The second Claude
 Code prompt of a session is served from the warm KV slot (``cache_read_input_tokens``). The
 agents' versions are the newest on npm at test time: clients move, and these tests are how we
 learn it. Timings go to ``test-artifacts/coding_agents.json``.
