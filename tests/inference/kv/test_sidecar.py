@@ -254,3 +254,36 @@ def test_the_disk_tier_matches_a_prompt_only_behind_the_same_prefix_key(tmp_path
     assert store.best_match([1, 2, 3], "beta") == (None, 0)
     again = SidecarStore(tmp_path, 4, GEOMETRY, MODEL)  # found again after a restart
     assert sorted(s.prefix_key for s in again.files) == ["", "alpha"]
+
+
+# -- rows that are not finite --------------------------------------------------------------------
+def with_non_finite(tokens: list[int], record: int, layer: int, value: float) -> KVCache:
+    """A cache whose row ``record`` holds ``value`` (NaN, inf) in one key of ``layer``."""
+    cache = cache_with(tokens, seed=3)
+    k = cache.k[layer, :, record : record + 1].transpose(1, 0, 2).astype(np.float32)  # (1, kvh, hd)
+    v = cache.v[layer, :, record : record + 1].transpose(1, 0, 2).astype(np.float32)
+    k[0, 1, 5] = value
+    cache.write(layer, record, k, v)
+    return cache
+
+
+def test_rows_that_are_not_finite_behind_valid_checksums_are_dropped_like_damaged_rows(tmp_path, caplog):
+    """Checksums hold over rows written so (a cache behind a NaN cartridge, a forged file): the
+    restore refuses them as it refuses damaged rows, and the request prefills instead."""
+    store = SidecarStore(tmp_path, 4, GEOMETRY, MODEL)
+    slots = SlotPool(lambda: KVCache(GEOMETRY, 64), 1, disk=store)
+    path = store.spill(with_non_finite(list(range(1, 21)), record=6, layer=1, value=np.nan))
+    with caplog.at_level(logging.WARNING, logger="lmserve.kv_disk"):
+        cache = slots.acquire(list(range(1, 21)) + [99])
+    refused = f"cannot restore KV sidecar {path.name}: record 6 of 20 holds a NaN or infinite value (layer 1)"
+    assert refused in caplog.text
+    assert cache.n_tokens == 0 and slots.stats.disk_hits == 0 and slots.stats.misses == 1
+    assert store.files == [] and not path.exists()
+    q8 = tmp_path / "q8.kv"  # q8_0: an infinity makes its block's f16 scale infinite
+    with np.errstate(invalid="ignore"):  # the infinity's own block quantizes to garbage codes
+        write_sidecar(q8, with_non_finite(list(range(1, 9)), record=2, layer=0, value=np.inf), MODEL, Q8_0)
+    header, records = open_sidecar(q8)
+    target = KVCache(GEOMETRY, 64)
+    with pytest.raises(SidecarError, match=r"record 2 of 8 holds a NaN or infinite value \(layer 0\)"):
+        load_into(records, header, target)
+    assert target.n_tokens == 0 and not target.k.any()  # the cache untouched
