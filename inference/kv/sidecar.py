@@ -19,9 +19,10 @@ count, so a corrupted header is told apart from a foreign one; the fingerprint
 (``inference.engine.fingerprint``) tells the model that wrote the rows, since another model of
 the same shape (a fine-tune) would read them as garbage; the record CRCs catch rows damaged
 after writing, checked when a file is loaded, and so is every value being finite (checksums
-hold over NaN rows written so, and a restore would poison every reply behind them). Rows are a
-(kv heads x head dim) slice of the cache in f16 (lossless for a cache holding f16-rounded
-values) or q8_0 (blocks of 32 values: an f16 scale, then 32 int8).
+hold over NaN rows written so, and a restore would poison every reply behind them). A file is
+written under a temporary name (:func:`temporary_path`) and renamed into place; a failed write
+removes its temporary. Rows are a (kv heads x head dim) slice of the cache in f16 (lossless for
+a cache holding f16-rounded values) or q8_0 (blocks of 32 values: an f16 scale, then 32 int8).
 """
 
 from __future__ import annotations
@@ -221,19 +222,29 @@ def first_damaged(records: np.ndarray) -> int | None:
 
 
 # -- writing -------------------------------------------------------------------------------
+def temporary_path(path: Path) -> Path:
+    """The name ``path`` is written under before it is renamed into place (``.NAME.tmp``)."""
+    return path.with_name(f".{path.name}.tmp")
+
+
 def write_sidecar(path: Path, cache: KVCache, fingerprint: bytes, dtype: int = F16) -> None:
     """Store every committed position of ``cache`` (its prefix rows and its tokens, rows of the
     model ``fingerprint`` names) at ``path``. Written under a temporary name and renamed into
-    place, so no half-written file ever carries a loadable name."""
+    place, so no half-written file ever carries a loadable name; a write that fails (a full
+    disk) removes its temporary before the error propagates."""
     n = cache.n_positions
     header = SidecarHeader(cache.geometry, dtype, n, fingerprint, cache.prefix_rows, cache.prefix_key)
-    temp = path.with_name(f".{path.name}.tmp")
-    with temp.open("wb") as f:
-        f.write(header.encode())
-        f.write(_records(cache, 0, n, header).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temp, path)
+    temp = temporary_path(path)
+    try:
+        with temp.open("wb") as f:
+            f.write(header.encode())
+            f.write(_records(cache, 0, n, header).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
 
 
 def append_sidecar(path: Path, cache: KVCache) -> int:
