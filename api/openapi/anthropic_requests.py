@@ -4,10 +4,11 @@ tests/api/test_openapi_document.py)."""
 
 from __future__ import annotations
 
+from api.protocol import common
 from api.protocol.anthropic import request as anthropic
 from api.protocol.anthropic import tools as anthropic_tools
 
-from .openai_requests import reply_format
+from .openai_requests import SAMPLING, reply_format
 from .shapes import (
     any_of,
     array,
@@ -100,6 +101,8 @@ def _prompt_fields() -> dict:
         "tool_choice": TOOL_CHOICE,
         "output_config": obj({"format": reply_format()}, nullable=True),
         "output_format": reply_format(),
+        "regex": SAMPLING["regex"],
+        "lark": SAMPLING["lark"],
         "thinking": THINKING,
         "thread": THREAD,
         "mcp_servers": refused("server-side MCP tools are refused", array({}, maxItems=0)),
@@ -111,7 +114,11 @@ MESSAGES_REQUEST = obj(
     {
         "max_tokens": integer(lo=1, nullable=False),
         **_prompt_fields(),
-        "stop_sequences": array(string(nullable=False, minLength=1)),
+        "stop_sequences": array(
+            string(nullable=False, minLength=1),
+            f"up to {common.MAX_ANTHROPIC_STOP_SEQUENCES} non-empty strings that end the reply (not sent)",
+            maxItems=common.MAX_ANTHROPIC_STOP_SEQUENCES,
+        ),
         "stream": boolean("answer as server-sent Messages events"),
         "temperature": number(0.0, 1.0),
         "top_k": integer(lo=0),

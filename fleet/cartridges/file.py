@@ -9,6 +9,9 @@ keys stored normed and rotated at positions ``0 .. p-1``.
 Metadata (safetensors keeps str -> str): ``format``, ``model_fingerprint`` (hex of the model's
 16-byte fingerprint), ``rows``, ``frozen_rows``, the geometry, and ``training`` (JSON: how the
 cartridge was made — steps, learning rate, seed, corpus digest, losses).
+
+Every value must be finite: a NaN or an infinity in one row poisons every attention score that
+row takes part in, so a reader refuses the file naming the tensor.
 """
 
 from __future__ import annotations
@@ -99,7 +102,8 @@ def save_cartridge(path: str | os.PathLike, cartridge: Cartridge) -> Path:
 
 
 def load_cartridge(path: str | os.PathLike) -> Cartridge:
-    """Read a cartridge file; CartridgeFormatError names the file and what is wrong."""
+    """Read a cartridge file; CartridgeFormatError names the file and what is wrong (not a
+    safetensors file, not a cartridge, a tensor missing, a value that is NaN or infinite)."""
     path = Path(path)
     if not path.is_file():
         raise CartridgeFormatError(f"{path}: no such cartridge file")
@@ -133,4 +137,17 @@ def load_cartridge(path: str | os.PathLike) -> Cartridge:
         raise CartridgeFormatError(
             f"{path}: metadata says {meta.get('rows')} rows, tensors hold {k.shape[2]}"
         )
+    _refuse_non_finite(path, tensors, n_layers, frozen)
     return Cartridge(k, v, fingerprint, frozen, training)
+
+
+def _refuse_non_finite(path: Path, tensors: dict[str, np.ndarray], n_layers: int, frozen: int) -> None:
+    """Raise CartridgeFormatError naming the first tensor that holds a NaN or an infinity. One
+    such value poisons every attention score its row takes part in: served, the replies come
+    out empty, so the file is refused instead."""
+    kinds = ("k_sink", "v_sink", "k", "v") if frozen else ("k", "v")
+    for name in (f"layers.{i}.{kind}" for i in range(n_layers) for kind in kinds):
+        bad = tensors[name].size - int(np.count_nonzero(np.isfinite(tensors[name])))
+        if bad:
+            values = "value" if bad == 1 else "values"
+            raise CartridgeFormatError(f"{path}: {bad} non-finite {values} (NaN or infinity) in {name}")

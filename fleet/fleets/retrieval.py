@@ -16,7 +16,7 @@ change of subject does.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,11 +87,15 @@ class Retriever:
         """Cosine of the (raw, unit) query against every chunk (n,)."""
         return self.index.embeddings @ self.centred(query)
 
-    def select(self, query: np.ndarray, rag_chunks: int, rag_docs: int) -> Selection:
+    def select(
+        self, query: np.ndarray, rag_chunks: int, rag_docs: int, exclude: Collection[int] = ()
+    ) -> Selection:
         """The top ``rag_chunks`` chunks (ties: lower chunk first), deduplicated to at most
-        ``rag_docs`` documents in best-chunk order."""
+        ``rag_docs`` documents in best-chunk order. The chunks of the documents in ``exclude``
+        (ones whose cartridges cannot be read) are not candidates."""
         scores = self.scores(query)
-        order = np.argsort(-scores, kind="stable")[: max(1, rag_chunks)]
+        candidates = np.flatnonzero(~np.isin(self.index.chunk_doc, list(exclude)))  # (m,) chunk rows
+        order = candidates[np.argsort(-scores[candidates], kind="stable")[: max(1, rag_chunks)]]
         hits = tuple(ChunkHit(int(c), int(self.index.chunk_doc[c]), float(scores[c])) for c in order)
         documents: list[int] = []
         for hit in hits:

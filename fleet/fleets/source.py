@@ -10,21 +10,32 @@ and switches documents only by the margin rule (retrieval.should_switch).
 Parsed cartridges sit in a small LRU (their files are read through safetensors' memory map);
 a composition concatenates the selected documents' rows in selection order. The choice's key
 names the selection, so the worker reuses a slot's rows only behind the same documents.
+
+Every document's cartridge is read once on construction (format, finite rows, the manifest's
+model fingerprint and row count, one geometry for all), so a fleet with a bad file is refused
+at start-up naming it. A file that fails to read later (changed on disk while serving) is
+skipped: one log line, the reply composed from the rest of the selection, and the document
+left out of retrieval until the server restarts.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from fleet.cartridges.file import CartridgeFormatError, load_cartridge
 from inference.engine.gguf_file import GGUFFile
+from inference.engine.kv_cache import KVGeometry
 from inference.engine.prefix import KVPrefix, PrefixMismatchError
 from inference.kv.prefix_source import PrefixChoice
 
+from .format import FleetFormatError
 from .retrieval import LoadedFleet, Retriever, embed_text, query_text, should_switch
 
 if TYPE_CHECKING:
@@ -33,6 +44,13 @@ if TYPE_CHECKING:
 
 QUERY_MAX_TOKENS = 1024  # a long conversation's query keeps its last tokens
 REMEMBERED_CONVERSATIONS = 4096
+
+logger = logging.getLogger("lmserve.fleet")
+
+
+class FleetDocumentError(FleetFormatError):
+    """A document's cartridge cannot be served: unreadable, not finite, made for another model,
+    or not what the manifest says (the message names the document and its file)."""
 
 
 class LRU(OrderedDict):
@@ -57,7 +75,8 @@ class LRU(OrderedDict):
 
 class FleetSource:
     """Implements inference.kv.prefix_source.PrefixSource over a fleet directory. Raises
-    FleetFormatError when the directory is not a readable fleet."""
+    FleetFormatError when the directory is not a readable fleet, and FleetDocumentError
+    (naming the file) when one of its documents' cartridges is not servable."""
 
     def __init__(
         self,
@@ -81,6 +100,17 @@ class FleetSource:
         self.conversations = LRU(REMEMBERED_CONVERSATIONS)  # identity digest -> selection
         self.retrievals = 0  # retrieval passes run (first turns and adaptive re-embeddings)
         self.switches = 0
+        self.unreadable: set[int] = set()  # documents whose file failed to read while serving
+        self.geometry = self._verify_documents()
+
+    def _verify_documents(self) -> KVGeometry:
+        """Read every document's cartridge once (then let it go: the LRU fills as conversations
+        ask), so that a bad file stops the start-up instead of failing every request that
+        retrieves it. Returns the KV geometry they share."""
+        geometry = self._read(0).geometry
+        for doc in range(1, len(self.names)):
+            self._read(doc, geometry, f"document {self.names[0]!r}'s")
+        return geometry
 
     # -- start-up ----------------------------------------------------------------------------
     def composed_rows_max(self) -> int:
@@ -105,7 +135,11 @@ class FleetSource:
                 f"--fleet {self.directory}: its index holds {manifest.embed_dim}-dimensional embeddings, "
                 f"the model's hidden size is {engine.config.n_embd}"
             )
-        self._cartridge(engine, 0)
+        if self.geometry != engine.config.kv_geometry:
+            raise PrefixMismatchError(
+                f"--fleet {self.directory}: its cartridges' KV geometry {self.geometry} does not match "
+                f"the model's {engine.config.kv_geometry}"
+            )
 
     def _check_fingerprint(self, fingerprint: bytes, model_name: str) -> None:
         manifest = self.fleet.manifest
@@ -128,46 +162,92 @@ class FleetSource:
         selection = self.conversations.get_fresh(identity)
         if selection is None:
             selection = self.retrieve(engine, users)
-        elif self.adaptive and len(users) > 1:
+        elif self.adaptive and len(users) > 1 and selection:  # () when nothing could be read
             selection = self._adapt(engine, users, selection)
+        selection, prefix = self._compose(engine, selection)
+        while not selection:  # every document it ran behind failed to read: pick among the rest
+            picked = self.retrieve(engine, users)
+            if not picked:
+                break  # nothing readable is left to retrieve: no prefix at all
+            selection, prefix = self._compose(engine, picked)  # each failed pick is left out next
         self.conversations.put(identity, selection)
-        return self.choice(engine, selection)
+        return self._choice(selection, prefix)
 
     def retrieve(self, engine: Engine, user_messages: list[str]) -> tuple[int, ...]:
-        """The documents retrieval picks for these user messages (best first)."""
+        """The documents retrieval picks for these user messages (best first), among those whose
+        cartridges can be read."""
         self.retrievals += 1
         query = embed_text(engine, query_text(user_messages), QUERY_MAX_TOKENS)
-        return self.retriever.select(query, self.rag_chunks, self.rag_docs).documents
+        return self.retriever.select(query, self.rag_chunks, self.rag_docs, self.unreadable).documents
 
     def _adapt(self, engine: Engine, user_messages: list[str], selection: tuple[int, ...]) -> tuple[int, ...]:
         self.retrievals += 1
         query = embed_text(engine, query_text(user_messages), QUERY_MAX_TOKENS)
         best = self.retriever.document_best(query, len(self.names))
+        best[list(self.unreadable)] = -np.inf  # a document that cannot be served wins nothing
         if not should_switch(best, selection, self.margin):
             return selection
-        fresh = self.retriever.select(query, self.rag_chunks, self.rag_docs).documents
+        fresh = self.retriever.select(query, self.rag_chunks, self.rag_docs, self.unreadable).documents
         self.switches += fresh != selection
         return fresh
 
-    def choice(self, engine: Engine, selection: tuple[int, ...]) -> PrefixChoice:
-        """The composed prefix of ``selection``; its key names the documents."""
-        prefix = self.compositions.get_fresh(selection)
-        if prefix is None:
-            prefix = KVPrefix.concat([self._cartridge(engine, doc) for doc in selection])
-            self.compositions.put(selection, prefix)
+    def _choice(self, selection: tuple[int, ...], prefix: KVPrefix) -> PrefixChoice:
+        """The choice of ``selection`` composed as ``prefix``; its key names the documents."""
         names = tuple(self.names[doc] for doc in selection)
         return PrefixChoice("fleet:" + ",".join(names), prefix, names)
 
-    def _cartridge(self, engine: Engine, doc: int) -> KVPrefix:
+    def _compose(self, engine: Engine, selection: tuple[int, ...]) -> tuple[tuple[int, ...], KVPrefix]:
+        """The documents of ``selection`` that can be read, and their rows one after another
+        (none at all when no document is left: the conversation runs behind no prefix)."""
+        while True:
+            selection = tuple(doc for doc in selection if doc not in self.unreadable)
+            prefix = self.compositions.get_fresh(selection)
+            if prefix is not None:
+                return selection, prefix
+            parts = [self._cartridge(engine, doc) for doc in selection]
+            if None in parts:
+                continue  # a document just failed to read (now unreadable): compose the rest
+            prefix = KVPrefix.concat(parts) if parts else KVPrefix.empty(self.geometry)
+            self.compositions.put(selection, prefix)
+            return selection, prefix
+
+    def _cartridge(self, engine: Engine, doc: int) -> KVPrefix | None:
+        """The document's rows, from the LRU or its file; None (logged once, the document then
+        left out) when the file no longer reads as the cartridge verified at start-up."""
         prefix = self.cartridges.get_fresh(doc)
         if prefix is None:
-            document = self.fleet.manifest.documents[doc]
-            path = self.directory / document.cartridge
             try:
-                cartridge = load_cartridge(path)
-            except CartridgeFormatError as exc:
-                raise PrefixMismatchError(f"--fleet {self.directory}: {exc}") from exc
-            cartridge.check_model(engine.config.kv_geometry, engine.fingerprint, str(path))
-            prefix = cartridge.prefix()
+                prefix = self._read(doc, engine.config.kv_geometry, "the model's")
+            except FleetDocumentError as exc:
+                self.unreadable.add(doc)
+                logger.warning("%s; skipping it until the server restarts", exc)
+                return None
             self.cartridges.put(doc, prefix)
         return prefix
+
+    def _read(self, doc: int, geometry: KVGeometry | None = None, whose: str = "") -> KVPrefix:
+        """Read document ``doc``'s cartridge and hold it to the manifest (the model fingerprint,
+        the rows) and to ``geometry`` (when given: ``whose`` it is, for the message);
+        FleetDocumentError names the document, its file and what is wrong."""
+        document = self.fleet.manifest.documents[doc]
+        path = self.directory / document.cartridge
+        where = f"--fleet {self.directory}: document {document.name!r}"
+        try:
+            cartridge = load_cartridge(path)
+        except CartridgeFormatError as exc:
+            raise FleetDocumentError(f"{where}: {exc}") from exc
+        manifest = self.fleet.manifest
+        if cartridge.fingerprint != manifest.fingerprint:
+            raise FleetDocumentError(
+                f"{where}: {path}: built for the model with fingerprint {cartridge.fingerprint.hex()}, "
+                f"but the fleet's ({manifest.model}) is {manifest.model_fingerprint}"
+            )
+        if cartridge.rows != document.rows:
+            raise FleetDocumentError(
+                f"{where}: {path}: holds {cartridge.rows} rows, the manifest says {document.rows}"
+            )
+        if geometry is not None and cartridge.geometry != geometry:
+            raise FleetDocumentError(
+                f"{where}: {path}: KV geometry {cartridge.geometry} does not match {whose} {geometry}"
+            )
+        return cartridge.prefix()

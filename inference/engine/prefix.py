@@ -54,6 +54,15 @@ class KVPrefix:
             )
 
     @classmethod
+    def empty(cls, geometry: KVGeometry) -> KVPrefix:
+        """No rows at all (a fleet conversation none of whose documents could be read)."""
+        g = geometry
+        return cls(
+            np.zeros((g.n_layers, g.n_kv_heads, 0, g.head_dim_k), np.float32),
+            np.zeros((g.n_layers, g.n_kv_heads, 0, g.head_dim_v), np.float32),
+        )
+
+    @classmethod
     def concat(cls, parts: Sequence[KVPrefix]) -> KVPrefix:
         """The parts one after another (a fleet composition); every part's geometry must agree."""
         if not parts:

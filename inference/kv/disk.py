@@ -7,12 +7,20 @@ use, so the order survives a restart) and a conversation is never stored twice: 
 tokens a file already holds is skipped, and a slot that continues a file extends it in place.
 A slot behind a KV prefix stores the prefix's rows and key with it (see sidecar.py) and matches
 only requests behind the prefix of the same key.
+
+``--kv-disk-slots`` counts files, and a file being written counts under its temporary name:
+room is made (the least recently used file deleted) before a new file's temporary is created,
+and a write that fails removes its temporary. A server killed mid-write leaves one behind;
+the next start-up removes the temporaries of the names this store makes (``.<uuid hex>.kv.tmp``,
+nothing else) with a log line. The directory belongs to one server: two sharing it would evict,
+and clean up, each other's files.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -32,6 +40,9 @@ from inference.kv.sidecar import (
 
 logger = logging.getLogger("lmserve.kv_disk")
 SUFFIX = ".kv"
+# The temporary (sidecar.temporary_path) of a file this store names (uuid4().hex + SUFFIX): the
+# only kind of file it removes unasked.
+OWN_TEMPORARY = re.compile(r"\.[0-9a-f]{32}\.kv\.tmp")
 
 
 @dataclass
@@ -93,6 +104,7 @@ class SidecarStore:
         self.fingerprint = fingerprint
         self.dtype = dtype
         directory.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_temporaries()
         self.files: list[StoredSlot] = []
         for path in sorted(directory.glob(f"*{SUFFIX}")):
             stored = self._adopt(path)
@@ -100,6 +112,26 @@ class SidecarStore:
                 self.files.append(stored)
         if self.files:
             logger.info("found %d KV sidecar file(s) in %s", len(self.files), directory)
+
+    def _remove_stale_temporaries(self) -> None:
+        """Delete the temporaries a write interrupted by a kill left (no write of this store
+        is under way yet), with one log line; they are outside the budget, and nothing ever
+        renames them."""
+        stale = [p for p in self.directory.iterdir() if OWN_TEMPORARY.fullmatch(p.name) and p.is_file()]
+        if not stale:
+            return
+        removed = 0
+        for path in stale:
+            removed += path.stat().st_size
+            path.unlink(missing_ok=True)
+        logger.warning(
+            "removed %d stale KV sidecar temporar%s (%d bytes) left by an interrupted spill in %s: %s",
+            len(stale),
+            "y" if len(stale) == 1 else "ies",
+            removed,
+            self.directory,
+            ", ".join(sorted(p.name for p in stale)),
+        )
 
     def _adopt(self, path: Path) -> StoredSlot | None:
         """A file left by an earlier run, or None (logged) when it cannot be used."""
@@ -155,7 +187,7 @@ class SidecarStore:
             extended.tokens = list(tokens)
             self._touch(extended)
             return extended.path
-        while len(self.files) >= self.max_files:
+        while len(self.files) >= self.max_files:  # room first: the new file's temporary is one of them
             evictable = [s for s in self.files if s is not keep]
             if not evictable:
                 logger.info("not spilling a %d-token KV slot: the only file is being restored", len(tokens))

@@ -18,9 +18,11 @@ torn tail (a record cut short) is dropped on load. The header CRC covers every f
 count, so a corrupted header is told apart from a foreign one; the fingerprint
 (``inference.engine.fingerprint``) tells the model that wrote the rows, since another model of
 the same shape (a fine-tune) would read them as garbage; the record CRCs catch rows damaged
-after writing, checked when a file is loaded. Rows are a (kv heads x head dim) slice of the
-cache in f16 (lossless for a cache holding f16-rounded values) or q8_0 (blocks of 32 values:
-an f16 scale, then 32 int8).
+after writing, checked when a file is loaded, and so is every value being finite (checksums
+hold over NaN rows written so, and a restore would poison every reply behind them). A file is
+written under a temporary name (:func:`temporary_path`) and renamed into place; a failed write
+removes its temporary. Rows are a (kv heads x head dim) slice of the cache in f16 (lossless for
+a cache holding f16-rounded values) or q8_0 (blocks of 32 values: an f16 scale, then 32 int8).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ OLD_MAGICS = (b"LMSKV001", b"LMSKV002")  # formats this version no longer reads
 F16, Q8_0 = 0, 1
 DTYPE_NAMES = {F16: "f16", Q8_0: "q8_0"}
 Q8_BLOCK = 32
+F16_EXPONENT = 0x7C00  # an f16 whose exponent bits are all set is an infinity or a NaN
 COUNT_OFFSET = len(MAGIC)
 FINGERPRINT_BYTES = 16
 STATIC_OFFSET = COUNT_OFFSET + 4  # the checksummed part of the header starts here
@@ -191,6 +194,23 @@ def _records(cache: KVCache, start: int, end: int, header: SidecarHeader) -> np.
     return out
 
 
+def first_non_finite(records: np.ndarray, header: SidecarHeader) -> tuple[int, int] | None:
+    """(record, layer) of the first record, in layer order, with a NaN or infinite value in its
+    rows, or None. Read from the f16 bit patterns (the values, or q8_0's block scales: its int8
+    codes are always finite), so nothing is decoded."""
+    n = len(records)
+    for layer in range(header.geometry.n_layers):
+        for part in ("k", "v"):
+            raw = np.ascontiguousarray(records["layers"][part][:, layer])  # (n, row bytes)
+            if header.dtype == Q8_0:
+                raw = np.ascontiguousarray(raw.reshape(n, -1, 2 + Q8_BLOCK)[..., :2]).reshape(n, -1)
+            halves = raw.view("<u2")  # (n, f16 values)
+            bad = ((halves & F16_EXPONENT) == F16_EXPONENT).any(axis=1)  # (n,) all-ones exponent
+            if bad.any():
+                return int(np.argmax(bad)), layer
+    return None
+
+
 def first_damaged(records: np.ndarray) -> int | None:
     """The index of the first record whose bytes fail its checksum, or None when all pass."""
     raw = records.view(np.uint8).reshape(len(records), -1)  # (n, record bytes)
@@ -202,19 +222,29 @@ def first_damaged(records: np.ndarray) -> int | None:
 
 
 # -- writing -------------------------------------------------------------------------------
+def temporary_path(path: Path) -> Path:
+    """The name ``path`` is written under before it is renamed into place (``.NAME.tmp``)."""
+    return path.with_name(f".{path.name}.tmp")
+
+
 def write_sidecar(path: Path, cache: KVCache, fingerprint: bytes, dtype: int = F16) -> None:
     """Store every committed position of ``cache`` (its prefix rows and its tokens, rows of the
     model ``fingerprint`` names) at ``path``. Written under a temporary name and renamed into
-    place, so no half-written file ever carries a loadable name."""
+    place, so no half-written file ever carries a loadable name; a write that fails (a full
+    disk) removes its temporary before the error propagates."""
     n = cache.n_positions
     header = SidecarHeader(cache.geometry, dtype, n, fingerprint, cache.prefix_rows, cache.prefix_key)
-    temp = path.with_name(f".{path.name}.tmp")
-    with temp.open("wb") as f:
-        f.write(header.encode())
-        f.write(_records(cache, 0, n, header).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temp, path)
+    temp = temporary_path(path)
+    try:
+        with temp.open("wb") as f:
+            f.write(header.encode())
+            f.write(_records(cache, 0, n, header).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
 
 
 def append_sidecar(path: Path, cache: KVCache) -> int:
@@ -248,8 +278,8 @@ def sidecar_tokens(records: np.ndarray | None, header: SidecarHeader) -> list[in
 def load_into(records: np.ndarray, header: SidecarHeader, cache: KVCache) -> None:
     """Replace ``cache``'s contents with the sidecar's positions, its prefix and the prefix's key
     included (no logits: the engine re-runs the last prompt token when a request is wholly
-    cached). Raises SidecarError, the cache untouched, when a record fails its checksum or the
-    file holds no token past its prefix."""
+    cached). Raises SidecarError, the cache untouched, when a record fails its checksum, a
+    value is NaN or infinite, or the file holds no token past its prefix."""
     g = cache.geometry
     if header.geometry != g:
         raise ValueError(f"sidecar geometry {header.geometry} does not fit the cache's {g}")
@@ -259,6 +289,10 @@ def load_into(records: np.ndarray, header: SidecarHeader, cache: KVCache) -> Non
     damaged = first_damaged(records[:n])
     if damaged is not None:
         raise SidecarError(f"record {damaged} of {n} fails its checksum (damaged rows)")
+    non_finite = first_non_finite(records[:n], header)
+    if non_finite is not None:
+        record, layer = non_finite
+        raise SidecarError(f"record {record} of {n} holds a NaN or infinite value (layer {layer})")
     for layer in range(g.n_layers):
         k = decode_rows(records["layers"]["k"][:n, layer], header.dtype)  # (n, kvh * hd)
         v = decode_rows(records["layers"]["v"][:n, layer], header.dtype)  # (n, kvh * hd)

@@ -180,6 +180,19 @@ def test_a_cartridge_of_another_model_is_refused_at_start_up(prepared, tmp_path)
     assert f"cartridge {prepared.foreign.resolve()}: built for the model with fingerprint {'00' * 16}" in logs
 
 
+def test_a_cartridge_with_non_finite_rows_is_refused_naming_it(prepared, tmp_path):
+    """400 bytes of 0xFF (NaNs) in the data of a cartridge of this very model: served, every
+    greedy reply came out empty with finish_reason stop."""
+    poisoned = tmp_path / "poisoned.safetensors"
+    data = bytearray(prepared.secret.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")  # past the safetensors header
+    data[start : start + 400] = b"\xff" * 400
+    poisoned.write_bytes(bytes(data))
+    code, logs = _refused(tmp_path, "--cartridge", str(poisoned))
+    assert code != 0
+    assert f"CommandError: {poisoned.resolve()}: 100 non-finite values (NaN or infinity)" in logs
+
+
 def test_a_file_that_is_no_cartridge_is_refused_naming_it(tmp_path):
     from safetensors.numpy import save_file
 

@@ -155,6 +155,24 @@ def test_anthropic_output_config_format(model_server):
         jsonschema.validate(json.loads(stream.get_final_text()), schema)
 
 
+def test_anthropic_regex_and_lark_extensions_as_on_the_openai_dialects(model_server):
+    """/v1/messages used to drop both silently, even malformed; they now go through the same
+    parser and grammar check as Chat Completions (a 400 in Anthropic's envelope when invalid)."""
+    claude = anthropic.Anthropic(base_url=model_server.url, api_key=API_KEY, max_retries=0, timeout=600)
+    date = r"20[0-9]{2}-(0[1-9]|1[0-2])-[0-2][0-9]"
+    ask = {"model": "m", "max_tokens": BUDGET, "messages": [{"role": "user", "content": "A date?"}]}
+    message = claude.messages.create(**ask, extra_body={"regex": date, "temperature": 0})
+    assert message.stop_reason == "end_turn" and re.fullmatch(date, message.content[-1].text)
+    lark = 'start: answer " because " reason\nanswer: "yes" | "no"\nreason: /[a-z ]{1,20}/'
+    with claude.messages.stream(**ask, extra_body={"lark": lark}) as stream:
+        assert re.fullmatch(r"(yes|no) because [a-z ]{1,20}", stream.get_final_text())
+    for extra, needle in (({"regex": "(("}, "invalid 'regex'"), ({"lark": "start: nothing"}, "unknown name")):
+        with pytest.raises(anthropic.BadRequestError) as err:
+            claude.messages.create(**{**ask, "max_tokens": 4}, extra_body=extra)
+        assert err.value.body["error"]["type"] == "invalid_request_error"
+        assert needle in err.value.body["error"]["message"]
+
+
 def test_budget_always_bounds_a_constrained_reply(oai):
     reply = oai.chat.completions.create(
         model="m",

@@ -1,4 +1,5 @@
-"""Live disk tier: evict -> spill -> restore, torn and corrupted sidecars, files of an earlier run.
+"""Live disk tier: evict -> spill -> restore, torn and corrupted sidecars, files of an earlier run
+(and the temporary a run killed mid-spill leaves).
 
 With one slot, an unrelated request destroys the conversation's cache; the server spills it to a
 sidecar first and restores it when the conversation comes back. The follow-up must report the
@@ -10,6 +11,7 @@ neither server starts from saved logits).
 from __future__ import annotations
 
 import shutil
+import uuid
 
 import httpx
 import pytest
@@ -82,11 +84,17 @@ def test_sidecars_of_an_earlier_run_torn_or_corrupted(start_server, tmp_path):
     data[COUNT_OFFSET + 4] ^= 0x40  # a fingerprint byte: the header checksum no longer matches
     corrupt.write_bytes(bytes(data))
     valid = 100
+    stale = disk / f".{uuid.uuid4().hex}.kv.tmp"  # what a kill -9 in the middle of a spill leaves
+    stale.write_bytes(path.read_bytes()[: header_bytes + 3 * record_bytes])
+    (disk / "notes.tmp").write_text("not the server's")
     with path.open("r+b") as f:
         f.truncate(header_bytes + valid * record_bytes + record_bytes // 2)  # cut inside record 101
 
     again = start_server(*BASE_FLAGS, "--kv-cache-dir", str(disk))
     assert "ignoring KV sidecar corrupt.kv: corrupted header" in again.logs()
+    removed = f"removed 1 stale KV sidecar temporary ({header_bytes + 3 * record_bytes} bytes) left by"
+    assert f"{removed} an interrupted spill in {disk}: {stale.name}" in again.logs()
+    assert not stale.exists() and (disk / "notes.tmp").exists()
     with client(again) as http:
         reply = chat(http, follow_up(first), max_tokens=4)
     assert chat_usage(reply)[2] == valid

@@ -212,6 +212,8 @@ MESSAGES_SAMPLES = [
         "messages": [{"role": "user", "content": "a"}],
         "thread": {"type": "continue", "previous_message_id": "m1"},
     },
+    {"max_tokens": 5, "messages": [{"role": "user", "content": "a"}], "regex": "[a-z]+"},
+    {"max_tokens": 5, "messages": [{"role": "user", "content": "a"}], "lark": 'start: "a"'},
 ]
 
 

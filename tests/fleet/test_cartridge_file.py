@@ -51,6 +51,25 @@ def test_unreadable_files_are_named(tmp_path):
         load_cartridge(junk)
 
 
+def test_rows_that_are_not_finite_are_refused_naming_the_tensor(tmp_path):
+    path = save_cartridge(tmp_path / "c.safetensors", _random(rows=30, frozen=1))
+    data = bytearray(path.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")  # the first tensor's bytes
+    data[start : start + 400] = b"\xff" * 400  # 100 float32 NaNs, as a stray write leaves them
+    path.write_bytes(bytes(data))
+    with pytest.raises(
+        CartridgeFormatError,
+        match=r"c.safetensors: 100 non-finite values \(NaN or infinity\) in layers\.0\.k$",
+    ):
+        load_cartridge(path)
+    sink = _random(frozen=1)
+    sink.v[1, 2, 0, 3] = np.inf  # layer 1's frozen row 0
+    with pytest.raises(
+        CartridgeFormatError, match=r"1 non-finite value \(NaN or infinity\) in layers\.1\.v_sink"
+    ):
+        load_cartridge(save_cartridge(tmp_path / "inf.safetensors", sink))
+
+
 def test_model_mismatch_is_refused_with_what_differs():
     cart = _random()
     with pytest.raises(PrefixMismatchError, match="geometry"):

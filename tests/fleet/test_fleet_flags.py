@@ -1,11 +1,20 @@
 """``manage.py lmserve --fleet DIR --rag-*``: parsing and the start-up refusals (each before
-anything is served or the database is touched), and the worker's check once the model loads."""
+anything is served or the database is touched: a bad document among them, named), and the
+worker's check once the model loads."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
 import pytest
 from django.core.management import CommandError, call_command
 
+from fleet.cartridges.file import Cartridge, load_cartridge, save_cartridge
+from fleet.cartridges.init import initial_cartridge
 from fleet.fleets.build import FleetBuildSpec, build_fleet
 from fleet.fleets.source import FleetSource
 from inference.engine.engine import Engine
@@ -23,7 +32,7 @@ def llama(synthetic_dir):
 def fleet_dir(tmp_path_factory, llama):
     root = tmp_path_factory.mktemp("fleet-flags")
     (root / "docs").mkdir()
-    for name in ("north", "south"):
+    for name in ("north", "south", "west"):
         (root / "docs" / f"{name}.txt").write_text(f"All about the {name} pole, its ice and its winds.")
     build_fleet(FleetBuildSpec(root / "docs", root / "fleet", llama, 8, 0, 64), engine=Engine.load(llama))
     return root / "fleet"
@@ -109,10 +118,6 @@ def test_the_worker_refuses_a_foreign_fleet_once_the_model_loads(fleet_dir, synt
 
 
 def test_the_command_line_refuses_a_foreign_fleet_with_its_message_and_status(fleet_dir, synthetic_dir):
-    import subprocess
-    import sys
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[2]
     other = synthetic_path("qwen3", synthetic_dir)
     command = [sys.executable, str(root / "manage.py"), "lmserve", str(other), "--fleet", str(fleet_dir)]
@@ -125,3 +130,81 @@ def test_the_command_line_refuses_a_foreign_fleet_with_its_message_and_status(fl
     )
     assert run.returncode == 1 and "built for another model" in run.stderr
     assert "serving" not in run.stdout
+
+
+# -- a bad document is refused at start-up, by name ---------------------------------------------
+def poison(path: Path, count: int = 400) -> None:
+    """Overwrite ``count`` bytes of the file's tensor data with 0xFF: float32 NaNs."""
+    data = bytearray(path.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")  # past the safetensors header
+    data[start : start + count] = b"\xff" * count
+    path.write_bytes(bytes(data))
+
+
+def another_models_cartridge(path: Path, synthetic_dir) -> None:
+    save_cartridge(path, initial_cartridge(Engine.load(synthetic_path("qwen3", synthetic_dir)), [5, 6, 7]))
+
+
+def other_rows(path: Path, _) -> None:
+    good = load_cartridge(path)
+    save_cartridge(path, Cartridge(good.k[:, :, :-1], good.v[:, :, :-1], good.fingerprint))
+
+
+def other_geometry(path: Path, _) -> None:
+    good = load_cartridge(path)  # the right model's fingerprint, twice the key heads
+    save_cartridge(
+        path, Cartridge(np.repeat(good.k, 2, axis=1), np.repeat(good.v, 2, axis=1), good.fingerprint)
+    )
+
+
+def cut_in_half(path: Path, _) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+BAD_DOCUMENTS = {
+    "another model": (another_models_cartridge, "built for the model with fingerprint"),
+    "cut in half": (cut_in_half, "not a safetensors file"),
+    "NaN rows": (lambda path, _: poison(path), "100 non-finite values (NaN or infinity) in layers.0."),
+    "missing": (lambda path, _: path.unlink(), "no such cartridge file"),
+    "other rows": (other_rows, "rows, the manifest says"),
+    "other geometry": (other_geometry, "KV geometry"),
+}
+
+
+@pytest.mark.parametrize("damage", list(BAD_DOCUMENTS))
+def test_a_bad_document_is_refused_at_start_up_naming_it(fleet_dir, llama, synthetic_dir, tmp_path, damage):
+    """Any document, not only the first: the last one (west, doc-002) here."""
+    spoil, needle = BAD_DOCUMENTS[damage]
+    fleet = Path(shutil.copytree(fleet_dir, tmp_path / "fleet"))
+    spoil(fleet / "doc-002.safetensors", synthetic_dir)
+    with pytest.raises(CommandError) as refused:
+        lmserve(llama, "--fleet", fleet, "--rag-docs", "3")
+    message = str(refused.value)
+    assert message.startswith(f"--fleet {fleet}: document 'west': ")
+    assert f"{fleet / 'doc-002.safetensors'}: " in message and needle in message
+
+
+def test_the_command_line_refuses_a_bad_document_with_its_name_and_status(
+    fleet_dir, llama, synthetic_dir, tmp_path
+):
+    fleet = Path(shutil.copytree(fleet_dir, tmp_path / "fleet"))
+    another_models_cartridge(fleet / "doc-002.safetensors", synthetic_dir)
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(root / "manage.py"),
+            "lmserve",
+            str(llama),
+            "--fleet",
+            str(fleet),
+            "--port",
+            "0",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 1 and "serving" not in run.stdout
+    assert f"{fleet / 'doc-002.safetensors'}: built for the model with fingerprint" in run.stderr

@@ -3,10 +3,13 @@ contract, sticky conversations, the adaptive rule, composition and the start-up 
 
 from __future__ import annotations
 
+import logging
+import shutil
+
 import numpy as np
 import pytest
 
-from fleet.cartridges.file import load_cartridge
+from fleet.cartridges.file import Cartridge, load_cartridge, save_cartridge
 from fleet.fleets.build import FleetBuildSpec, build_fleet
 from fleet.fleets.format import FleetIndex
 from fleet.fleets.retrieval import Retriever, centre, embed_text, query_text, should_switch, try_query
@@ -137,3 +140,64 @@ def test_a_fleet_for_another_model_is_refused_with_both_identities(fleet_dir, sy
         source.check_model_file(other_path)
     with pytest.raises(PrefixMismatchError, match="built for another model"):
         source.check(Engine.load(other_path))
+
+
+def cartridge_file(fleet_dir, name: str):
+    return fleet_dir / f"doc-{list(DOCS).index(name):03d}.safetensors"
+
+
+@pytest.fixture
+def own_fleet(fleet_dir, tmp_path):
+    """A copy of the fleet that a test may damage."""
+    return shutil.copytree(fleet_dir, tmp_path / "fleet")
+
+
+def test_a_document_that_fails_to_read_while_serving_is_skipped_with_one_log_line(own_fleet, engine, caplog):
+    source = FleetSource(own_fleet, rag_docs=2, rag_chunks=4)
+    source.check(engine)
+    path = cartridge_file(own_fleet, "chess")
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # changed on disk after start-up
+    with caplog.at_level(logging.WARNING, logger="lmserve.fleet"):
+        choice = source.choose(engine, ask(DOCS["chess"]))
+        again = source.choose(engine, ask(DOCS["chess"], "More.", DOCS["chess"]))  # its follow-up
+        other = source.choose(engine, ask(DOCS["chess"] + " Again."))  # a new conversation
+    (partner,) = choice.documents  # the reply is built from the rest of the selection
+    assert partner != "chess" and again.key == choice.key == f"fleet:{partner}"
+    assert np.array_equal(choice.prefix.k, load_cartridge(cartridge_file(own_fleet, partner)).k)
+    assert "chess" not in other.documents and len(other.documents) == 2  # retrieval leaves it out
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"--fleet {own_fleet}: document 'chess': {path}: not a safetensors file")
+    assert line.endswith("skipping it until the server restarts") and source.unreadable == {2}
+
+
+def test_when_every_selected_document_fails_retrieval_picks_among_the_rest(own_fleet, engine):
+    source = FleetSource(own_fleet, rag_docs=1, rag_chunks=4)
+    source.check(engine)
+    for name in ("chess", "alpine"):  # a valid cartridge, but of another row count than listed
+        good = load_cartridge(cartridge_file(own_fleet, name))
+        save_cartridge(
+            cartridge_file(own_fleet, name), Cartridge(good.k[:, :, :2], good.v[:, :, :2], good.fingerprint)
+        )
+    choice = source.choose(engine, ask(DOCS["chess"]))
+    assert choice.documents and choice.documents[0] not in ("chess", "alpine")
+    for name in ("bakery", "dunes"):
+        cartridge_file(own_fleet, name).unlink()
+    source.cartridges.clear()  # and out of memory: evicted from the LRUs meanwhile
+    source.compositions.clear()
+    nothing = source.choose(engine, ask(DOCS["dunes"]))  # no document is left: no prefix at all
+    assert (nothing.documents, nothing.prefix.rows, nothing.key) == ((), 0, "fleet:")
+    assert source.unreadable == {0, 1, 2, 3}
+    source.adaptive = True  # a follow-up of that conversation has nothing to adapt from either
+    assert source.choose(engine, ask(DOCS["dunes"], "Hm.", DOCS["chess"])).key == "fleet:"
+
+
+def test_a_fleet_whose_cartridges_fit_another_geometry_is_refused_once_the_model_loads(own_fleet, engine):
+    for name in DOCS:  # the right model's fingerprint, twice the key heads: a forged fleet
+        good = load_cartridge(cartridge_file(own_fleet, name))
+        k, v = np.repeat(good.k, 2, axis=1), np.repeat(good.v, 2, axis=1)
+        save_cartridge(cartridge_file(own_fleet, name), Cartridge(k, v, good.fingerprint, good.frozen_rows))
+    source = FleetSource(own_fleet)  # consistent among themselves: only the model can tell
+    with pytest.raises(
+        PrefixMismatchError, match="its cartridges' KV geometry .* does not match the model's"
+    ):
+        source.check(engine)

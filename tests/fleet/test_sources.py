@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.core.management import CommandError, call_command
 
 from fleet.cartridges.file import CartridgeFormatError, save_cartridge
 from fleet.cartridges.init import initial_cartridge
@@ -27,3 +28,20 @@ def test_a_cartridge_source_serves_its_file_and_refuses_another_model(synthetic_
         source.check(gemma)
     with pytest.raises(CartridgeFormatError, match="no such cartridge file"):
         CartridgeSource(tmp_path / "missing.safetensors")
+
+
+def test_lmserve_refuses_a_cartridge_with_non_finite_rows_before_serving(synthetic_dir, tmp_path):
+    """400 bytes of 0xFF in a cartridge's data (NaNs) used to start a server whose greedy
+    replies were all empty; the file is refused by name instead."""
+    llama = synthetic_path("llama", synthetic_dir)
+    path = save_cartridge(
+        tmp_path / "c.safetensors", initial_cartridge(Engine.load(llama), list(range(5, 25)))
+    )
+    data = bytearray(path.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")  # past the safetensors header
+    data[start : start + 400] = b"\xff" * 400
+    path.write_bytes(bytes(data))
+    with pytest.raises(
+        CommandError, match=f"^{path.resolve()}: 100 non-finite values \\(NaN or infinity\\) in layers"
+    ):
+        call_command("lmserve", str(llama), "--cartridge", str(path))

@@ -1,20 +1,21 @@
 """Anthropic Messages: request validation onto the dialect-free GenerationRequest.
 
-A translation layer over the same normalized request as the OpenAI dialects. Honored: system
-(a string or text blocks), system-role messages inside ``messages`` (Claude Code's agent list;
+A translation layer over the same normalized request as the OpenAI dialects. Honored: system (a
+string or text blocks), system-role messages inside ``messages`` (Claude Code's agent list;
 rendered in place where the chat template allows it, else folded into the system text in
-order), messages with text blocks (earlier thinking / redacted_thinking
-blocks are dropped, like replayed reasoning items), temperature, top_p, top_k, the required
-max_tokens, stop_sequences, stream and thinking (enabled / adaptive switch the reasoning
-channel on where the model has one; a no-op elsewhere), output_config.format, an assistant
-prefill (a final assistant message, which the reply continues), and client tools
-(:mod:`api.protocol.anthropic.tools`; dropped on a model without a tool convention). Client
-metadata (Claude Code's ``x-anthropic-billing-header:`` system block) is dropped before
-rendering. Bookkeeping and hosted-service fields (metadata, service_tier, cache_control,
-inference_geo, speed, diagnostics, context_management, compaction, fallbacks, user_profile_id,
-workspace_id, output_config.effort) are ignored. Images, documents, server tools, mcp_servers
-and container are refused (400); ``thread`` is answered as the real API answers a request
-threads cannot serve. The encoders live in :mod:`api.protocol.anthropic.encoder`.
+order), messages with text blocks (earlier thinking / redacted_thinking blocks are dropped,
+like replayed reasoning items), temperature, top_p, top_k, the required max_tokens,
+stop_sequences (at most 16), stream and thinking (enabled / adaptive switch the reasoning
+channel on where the model has one; a no-op elsewhere), output_config.format, the ``regex`` and
+``lark`` extensions (as on the OpenAI dialects), an assistant prefill (a final assistant
+message, which the reply continues), and client tools (:mod:`api.protocol.anthropic.tools`;
+dropped on a model without a tool convention). Client metadata (Claude Code's
+``x-anthropic-billing-header:`` system block) is dropped before rendering. Bookkeeping and
+hosted-service fields (metadata, service_tier, cache_control, inference_geo, speed,
+diagnostics, context_management, compaction, fallbacks, user_profile_id, workspace_id,
+output_config.effort) are ignored. Images, documents, server tools, mcp_servers and container
+are refused (400); ``thread`` is answered as the real API answers a request threads cannot
+serve. The encoders live in :mod:`api.protocol.anthropic.encoder`.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from inference.generation.toolcall import ToolSpec
 from inference.types import GenerationRequest, Message
 
 from .. import fields as f
-from ..common import parse_sampling, parse_stop_strings, sampling_overrides
+from ..common import MAX_ANTHROPIC_STOP_SEQUENCES, parse_sampling, parse_stop_strings, sampling_overrides
 from ..fields import Invalid
-from ..formats import one_constraint, parse_format
+from ..formats import one_constraint, parse_extensions, parse_format
 from .tools import (
     SERVER_TOOL_PREFIXES,
     check_tool_results,
@@ -67,7 +68,7 @@ class MessagesRequest:
     top_k: int | None = None
     top_p: float | None = None
     ignore_eos: bool = False  # extension, as on the OpenAI dialects
-    constraint: ConstraintSpec | None = None  # output_config.format (or output_format), or a forced call
+    constraint: ConstraintSpec | None = None  # output_config.format, output_format, regex, lark, forced call
     tools: tuple[ToolSpec, ...] = ()  # as the model sees them (none under tool_choice "none")
     forced_call: bool = False  # tool_choice any / tool: the constraint is the call grammar
     prefill: str = ""  # a final assistant message's text: the reply continues it
@@ -98,7 +99,12 @@ class MessagesRequest:
                 messages=messages,
                 prefill=prefill,
                 model=f.string(body, "model"),
-                stop_sequences=parse_stop_strings(body.get("stop_sequences"), "stop_sequences", single=False),
+                stop_sequences=parse_stop_strings(
+                    body.get("stop_sequences"),
+                    "stop_sequences",
+                    single=False,
+                    limit=MAX_ANTHROPIC_STOP_SEQUENCES,
+                ),
                 stream=bool(f.boolean(body, "stream")),
                 system=parse_system(body.get("system")),
                 **parse_sampling(body, ("temperature", "top_k", "top_p"), temperature_max=1.0),
@@ -159,9 +165,12 @@ def _refuse_unsupported(body: dict) -> None:
 
 
 def _parse_output_format(body: dict) -> ConstraintSpec | None:
+    """The reply's format: output_config.format, the older output_format, or the regex / lark
+    extension the OpenAI dialects take (read by the same parser); at most one of them."""
     output_config = f.obj(body, "output_config")
     current = parse_format(output_config.get("format"), "output_config.format") if output_config else None
-    return one_constraint(current, parse_format(body.get("output_format"), "output_format"))
+    older = parse_format(body.get("output_format"), "output_format")
+    return one_constraint(current, older, parse_extensions(body))
 
 
 def _parse_thinking(body: dict) -> bool:

@@ -170,8 +170,9 @@ class Command(BaseCommand):
             "--kv-disk-slots",
             type=positive_int,
             default=ServeConfig.kv_disk_slots,
-            help="sidecar files kept under --kv-cache-dir, least recently used reused first "
-            "(default: %(default)s)",
+            help="sidecar files kept under --kv-cache-dir, least recently used reused first; a file "
+            "being written counts under its temporary name, and temporaries a killed server left are "
+            "removed at start-up (default: %(default)s)",
         )
         parser.add_argument(
             "--spec",

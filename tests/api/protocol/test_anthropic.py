@@ -8,7 +8,9 @@ import pytest
 from api.errors import ApiError, wants_anthropic_errors
 from api.protocol.anthropic import MessagesRequest
 from api.protocol.anthropic.encoder import CONTENT_KEEPALIVE_AFTER, MessagesEncoder
+from api.protocol.chat.request import ChatCompletionRequest
 from inference.engine.sampler import SamplingParams
+from inference.generation.constraints import ConstraintSpec
 from inference.generation.toolcall import ToolCall
 from inference.types import Error, Finish, Message, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from tests.api.conftest import accumulate_anthropic, anthropic_shape, encode
@@ -381,3 +383,45 @@ def test_a_long_wait_keeps_alive_with_empty_text_deltas_the_sdk_accumulates():
     events = calls.start() + calls.keepalive() + calls.delta(call) + calls.finish(Finish("tool_calls", USAGE))
     message = accumulate_anthropic(events)
     assert [block.type for block in message.content] == ["text", "tool_use"] and message.content[0].text == ""
+
+
+# -- stop_sequences' bound, the regex and lark extensions -----------------------------------------
+def test_stop_sequences_are_bounded_with_a_400_naming_the_limit():
+    assert parse(stop_sequences=[f"s{i}" for i in range(16)]).stop_sequences[-1] == "s15"
+    error = parse(stop_sequences=[f"s{i}" for i in range(100)])
+    assert isinstance(error, ApiError) and (error.status, error.param) == (400, "stop_sequences")
+    assert error.message == "'stop_sequences' allows at most 16 strings, got 100"
+    assert error.anthropic_type == "invalid_request_error"
+
+
+@pytest.mark.parametrize(("field", "source"), [("regex", "[0-9]{4}"), ("lark", 'start: "yes" | "no"')])
+def test_regex_and_lark_are_honoured_as_on_chat_completions(field, source):
+    request = parse(**{field: source})
+    assert request.constraint == ConstraintSpec(field, source, field)
+    assert request.to_generation(reasoning_available=True).constraint == request.constraint
+    chat = ChatCompletionRequest.parse({"messages": USER, field: source})
+    assert chat.constraint == request.constraint  # the very spec the OpenAI dialects build
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "needle"),
+    [
+        ({"regex": "a", "lark": 'start: "a"'}, "lark", "'regex' and 'lark' cannot be combined"),
+        (
+            {"regex": "a", "output_config": {"format": {"type": "json_object"}}},
+            "regex",
+            "'output_config.format' and 'regex' cannot be combined",
+        ),
+        ({"lark": 'start: "a"', "output_format": {"type": "json_object"}}, "lark", "cannot be combined"),
+        ({"regex": ["a"]}, "regex", "regex"),
+        (
+            {"regex": "[a-z]+", "messages": [*USER, {"role": "assistant", "content": "Yes"}]},
+            "regex",
+            "'regex' cannot be combined with a prefilled assistant message",
+        ),
+    ],
+)
+def test_extensions_that_cannot_apply_are_400_naming_them(fields, param, needle):
+    error = parse(**fields)
+    assert isinstance(error, ApiError) and (error.status, error.param) == (400, param)
+    assert needle in error.message

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import resource
+import signal
 import struct
+import uuid
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
 
 from inference.engine.kv_cache import KVCache, KVGeometry
-from inference.kv.disk import SidecarStore, scan_sidecars
+from inference.kv.disk import OWN_TEMPORARY, SidecarStore, scan_sidecars
 from inference.kv.sidecar import (
     COUNT_OFFSET,
     F16,
@@ -20,6 +25,7 @@ from inference.kv.sidecar import (
     append_sidecar,
     load_into,
     open_sidecar,
+    temporary_path,
     write_sidecar,
 )
 from inference.kv.slots import SlotPool
@@ -254,3 +260,87 @@ def test_the_disk_tier_matches_a_prompt_only_behind_the_same_prefix_key(tmp_path
     assert store.best_match([1, 2, 3], "beta") == (None, 0)
     again = SidecarStore(tmp_path, 4, GEOMETRY, MODEL)  # found again after a restart
     assert sorted(s.prefix_key for s in again.files) == ["", "alpha"]
+
+
+# -- rows that are not finite, temporaries --------------------------------------------------------
+def with_non_finite(tokens: list[int], record: int, layer: int, value: float) -> KVCache:
+    """A cache whose row ``record`` holds ``value`` (NaN, inf) in one key of ``layer``."""
+    cache = cache_with(tokens, seed=3)
+    k = cache.k[layer, :, record : record + 1].transpose(1, 0, 2).astype(np.float32)  # (1, kvh, hd)
+    v = cache.v[layer, :, record : record + 1].transpose(1, 0, 2).astype(np.float32)
+    k[0, 1, 5] = value
+    cache.write(layer, record, k, v)
+    return cache
+
+
+def test_rows_that_are_not_finite_behind_valid_checksums_are_dropped_like_damaged_rows(tmp_path, caplog):
+    """Checksums hold over rows written so (a cache behind a NaN cartridge, a forged file): the
+    restore refuses them as it refuses damaged rows, and the request prefills instead."""
+    store = SidecarStore(tmp_path, 4, GEOMETRY, MODEL)
+    slots = SlotPool(lambda: KVCache(GEOMETRY, 64), 1, disk=store)
+    path = store.spill(with_non_finite(list(range(1, 21)), record=6, layer=1, value=np.nan))
+    with caplog.at_level(logging.WARNING, logger="lmserve.kv_disk"):
+        cache = slots.acquire(list(range(1, 21)) + [99])
+    refused = f"cannot restore KV sidecar {path.name}: record 6 of 20 holds a NaN or infinite value (layer 1)"
+    assert refused in caplog.text
+    assert cache.n_tokens == 0 and slots.stats.disk_hits == 0 and slots.stats.misses == 1
+    assert store.files == [] and not path.exists()
+    q8 = tmp_path / "q8.kv"  # q8_0: an infinity makes its block's f16 scale infinite
+    with np.errstate(invalid="ignore"):  # the infinity's own block quantizes to garbage codes
+        write_sidecar(q8, with_non_finite(list(range(1, 9)), record=2, layer=0, value=np.inf), MODEL, Q8_0)
+    header, records = open_sidecar(q8)
+    target = KVCache(GEOMETRY, 64)
+    with pytest.raises(SidecarError, match=r"record 2 of 8 holds a NaN or infinite value \(layer 0\)"):
+        load_into(records, header, target)
+    assert target.n_tokens == 0 and not target.k.any()  # the cache untouched
+
+
+def test_stale_temporaries_of_an_interrupted_spill_are_removed_at_start_up_and_nothing_else(tmp_path, caplog):
+    """A kill -9 mid-spill leaves ``.<uuid hex>.kv.tmp``: nothing renames it, and it sat outside
+    --kv-disk-slots' count for ever. The next start-up removes it; other files stay."""
+    store = SidecarStore(tmp_path, 2, GEOMETRY, MODEL)
+    store.spill(cache_with(list(range(1, 11))))
+    store.spill(cache_with(list(range(20, 30))))
+    stale = [tmp_path / f".{uuid.uuid4().hex}.kv.tmp" for _ in range(2)]
+    for path in stale:
+        path.write_bytes(b"LMSKV003" + bytes(1000))  # half a sidecar
+    others = ["notes.kv.tmp", ".half.kv.tmp", f".{'A' * 32}.kv.tmp", f"{uuid.uuid4().hex}.kv.tmp", "x.tmp"]
+    for name in others:
+        (tmp_path / name).write_bytes(b"not ours")
+    assert OWN_TEMPORARY.fullmatch(temporary_path(store.files[0].path).name)  # the names spills write
+    with caplog.at_level(logging.WARNING, logger="lmserve.kv_disk"):
+        again = SidecarStore(tmp_path, 2, GEOMETRY, MODEL)
+    names = ", ".join(sorted(p.name for p in stale))
+    line = f"removed 2 stale KV sidecar temporaries (2016 bytes) left by an interrupted spill in {tmp_path}"
+    assert f"{line}: {names}" in caplog.text
+    assert not any(path.exists() for path in stale) and all((tmp_path / name).exists() for name in others)
+    assert len(again.files) == 2  # the budget: two files, no temporary beside them
+    assert len([p for p in tmp_path.iterdir() if p.suffix == ".kv" or OWN_TEMPORARY.fullmatch(p.name)]) == 2
+
+
+@contextmanager
+def file_size_limit(limit: int):
+    """Writes past ``limit`` bytes fail with EFBIG, as a full disk fails them with ENOSPC."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an error, not a killed process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+
+
+def test_a_spill_that_fails_mid_write_leaves_no_temporary(tmp_path, caplog):
+    store = SidecarStore(tmp_path, 4, GEOMETRY, MODEL)
+    slots = SlotPool(lambda: KVCache(GEOMETRY, 64), 1, disk=store)
+    a = slots.acquire(list(range(1, 41)))
+    a.copy_rows_from(cache_with(list(range(1, 41)), seed=9), 40)
+    slots.release()
+    with pytest.raises(OSError) as failed, file_size_limit(4096):  # 40 records take 10 KiB
+        write_sidecar(tmp_path / "direct.kv", a, MODEL)
+    assert failed.value.errno == errno.EFBIG
+    with file_size_limit(4096), caplog.at_level(logging.ERROR, logger="lmserve.slots"):
+        b = slots.acquire([90] * 12)  # unrelated: the slot spills first, and the spill fails
+    assert b is a and store.files == [] and "could not spill a KV slot" in caplog.text
+    assert list(tmp_path.iterdir()) == []  # neither write left its temporary behind
