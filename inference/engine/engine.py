@@ -27,6 +27,7 @@ from .chat_template import ChatTemplate, map_strings, unused_mark
 from .families import Family, family_of
 from .fingerprint import model_fingerprint
 from .gguf_file import GGUFFile
+from .heap import loading_heap
 from .kv_cache import KVCache
 from .load_options import ExpertMode, LoadOptions
 from .models import DecoderModel, step_region
@@ -140,7 +141,10 @@ class Engine:
         say how weights are read (e.g. MoE experts borrowed from the mapped file)."""
         f = GGUFFile(path, options)
         family = family_of(f)
-        engine = cls(path, f, _load_model(family, f), load_tokenizer(f.metadata), family)
+        with loading_heap():  # the repacked temporaries' pages do not outlive the load
+            model = _load_model(family, f)
+        engine = cls(path, f, model, load_tokenizer(f.metadata), family)
+        f.release_pages()  # the weights are in the arena now: only what is still read maps back
         if f.options.experts is ExpertMode.BORROW and not engine.has_routed_experts:
             logger.info("--experts=borrow: %s has no routed experts, nothing to borrow", engine.path.name)
         elif f.options.experts is ExpertMode.BORROW:

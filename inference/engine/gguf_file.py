@@ -10,6 +10,7 @@ type we do not run) raises :class:`GGUFError` with a message naming the problem.
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -82,6 +83,22 @@ class GGUFFile:
         if key not in self.metadata:
             raise GGUFError(f"{self.path}: required metadata key {key!r} is missing")
         return self.metadata[key]
+
+    def release_pages(self, view: np.ndarray | None = None) -> None:
+        """Unmap the whole pages under ``view`` (a tensor's data), or of the whole file, from this
+        process; the page cache keeps them. Once a matrix is repacked the engine reads its own
+        arrays, and what still reads the file (tables only looked up, borrowed experts, K-quant
+        blocks the fused step copies) maps back just the pages it touches."""
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start, stop = 0, self._map.size
+        if view is not None:
+            start = view.__array_interface__["data"][0] - self._map.__array_interface__["data"][0]
+            stop = start + view.nbytes
+        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE  # (pages wholly inside the view)
+        last = stop // mmap.PAGESIZE * mmap.PAGESIZE if stop < self._map.size else stop
+        if last > first:
+            self._map._mmap.madvise(mmap.MADV_DONTNEED, first, last - first)
 
     def header_bytes(self) -> memoryview:
         """The raw header: magic, version, metadata and the tensor table."""

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .heap import lazy_zeros
+
 if TYPE_CHECKING:
     from .prefix import KVPrefix
 
@@ -49,8 +51,9 @@ class KVCache:
         g = geometry
         self.geometry = g
         self.n_ctx = n_ctx
-        self.k = np.zeros((g.n_layers, g.n_kv_heads, n_ctx, g.head_dim_k), np.float16)  # (L, kvh, ctx, hd)
-        self.v = np.zeros((g.n_layers, g.n_kv_heads, n_ctx, g.head_dim_v), np.float16)  # (L, kvh, ctx, hd)
+        # Pages taken as rows are written: a long context costs what it holds (heap.py).
+        self.k = lazy_zeros((g.n_layers, g.n_kv_heads, n_ctx, g.head_dim_k), np.float16)  # (L, kvh, ctx, hd)
+        self.v = lazy_zeros((g.n_layers, g.n_kv_heads, n_ctx, g.head_dim_v), np.float16)  # (L, kvh, ctx, hd)
         self.tokens: list[int] = []
         self.prefix_rows = 0  # rows [0, prefix_rows) hold a prefix with no token shadow
         self.prefix_key = ""  # names the installed prefix ("" for none): rows are shared under equal keys

@@ -103,7 +103,9 @@ class DecoderModel(ABC):
     # -- weights -------------------------------------------------------------------------
     def matrix(self, name: str) -> QuantMatrix:
         t = self.file.tensor(name)
-        return load_matrix(t.type, t.data, t.shape, name)
+        matrix = load_matrix(t.type, t.data, t.shape, name)
+        self.file.release_pages(t.data)  # repacked: the file's pages are not read again here
+        return matrix
 
     def vector(self, name: str) -> np.ndarray:
         return np.asarray(self.file.tensor(name).data, dtype=np.float32)

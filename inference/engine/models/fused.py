@@ -32,7 +32,7 @@ from ..quants.blocks import (
 from ..quants.formats import GGMLType
 from ..quants.layout import GroupLayout
 from ..quants.matrix import FloatMatrix, GroupedMatrix, QuantMatrix
-from ..quants.nibbles import pack_nibbles, packable_offset
+from ..quants.nibbles import NibbleLayout, pack_nibbles, packable_offset
 from ..quants.q41 import pack_q41, q41_packable
 from ..quants.quint import DECODE_BLOCKS, pack_quint, quint_packable
 from . import step_kernels as sk
@@ -64,8 +64,8 @@ class LayerWeights:
 
 class _Arena:
     """Flat arrays holding every matrix of the step; matrices are re-pointed at their slices
-    so the weights are held once. 4-bit codes go in as packed nibbles (quants/nibbles.py):
-    those matrices keep their int8 copy for their own products (the numpy path, tests).
+    so the weights are held once. 4-bit codes go in as packed nibbles (quants/nibbles.py)
+    and only so: their layout unpacks the int8 codes when the numpy path or a test reads them.
     Five-bit codes (Q5_0) go in twice where DECODE_BLOCKS: int8 codes for the tiles of several
     rows, and the file's blocks after all codes for one row's products (quants/quint.py); so
     do Q4_1's nibbles with their scales and mins (quants/q41.py), Q8_0's int8 codes with
@@ -111,15 +111,17 @@ class _Arena:
                 q_view = self.q[q_at : q_at + lay.q.size].reshape(lay.q.shape)
                 q_view[...] = lay.q
             else:
-                packed = pack_nibbles(lay.q, nib).view(np.int8)  # (rows, cols // 2)
-                self.q[q_at : q_at + packed.size] = packed.ravel()
-                q_view = lay.q
+                packed = self.q[q_at : q_at + lay.q.size // 2].view(np.uint8).reshape(m.rows, m.cols // 2)
+                packed[...] = pack_nibbles(lay.q, nib)  # (rows, cols // 2)
             m_view, m_off = None, -1
             if lay.mins is not None:
                 m_view, m_off = self.mins[m_at : m_at + lay.mins.size].reshape(lay.mins.shape), m_at
                 m_view[...] = lay.mins
                 m_at += lay.mins.size
-            m.layout = GroupLayout(q_view, s_view, m_view, lay.group_size)
+            if nib is None:
+                m.layout = GroupLayout(q_view, s_view, m_view, lay.group_size)
+            else:
+                m.layout = NibbleLayout(packed, nib, s_view, m_view, lay.group_size)
             self.rows[id(m)] = [
                 q_at, m.rows, m.cols, s_at, m_off, lay.group_shift, m.activation_kind, -1,
                 -1 if nib is None else nib, -1,
@@ -189,13 +191,6 @@ def fusable(matrix: QuantMatrix | None) -> bool:
     return matrix is None or isinstance(matrix, FloatMatrix)
 
 
-def _arena_bytes(m: GroupedMatrix, arena: _Arena) -> int:
-    """Bytes of a matrix's codes, scales and mins in the arena (nibbles: half the codes)."""
-    lay = m.layout
-    codes = lay.q.nbytes // (1 if arena.nibble_offsets[id(m)] is None else 2)
-    return codes + lay.scales.nbytes + (0 if lay.mins is None else lay.mins.nbytes)
-
-
 class FusedForward:
     """A forward of N rows through the whole model in one kernel call (module docstring)."""
 
@@ -222,7 +217,7 @@ class FusedForward:
         weights = sk.StepWeights(arena.q, arena.scales, arena.mins, arena.bias_array(), arena.floats, gelu)
         # What one decode step reads: every weight of every layer and the head, once (the
         # matrices it reads as Q5_0 blocks not as their int8 codes and scales).
-        unread = sum(_arena_bytes(m, arena) for m in arena.quint)
+        unread = sum(m.layout.nbytes for m in arena.quint)  # (codes the one-row kernels skip)
         self.weight_bytes = sum(a.nbytes for a in weights[:5]) - unread
         self.vocab = int(head_row[0, sk.ROWS])
         self._prepared = False  # the stages' addresses ready for this model's argument types

@@ -11,7 +11,8 @@ import functools
 import numba
 import numpy as np
 
-from .layout import GroupLayout
+from .layout import GroupArrays
+from .nibbles import NibbleLayout
 
 # Fewer rows than this are gathered by one thread: a decode step's one embedding row through
 # the parallel kernel woke the whole OpenMP team for it (~80 us of SmolLM2's ~5 ms step, idle
@@ -44,13 +45,15 @@ def _gather_kernel(group_shift: int, has_mins: bool, parallel: bool):
     return numba.njit(parallel=parallel, cache=True)(gather)
 
 
-def dequantize_rows(layout: GroupLayout, row_ids: np.ndarray) -> np.ndarray:
+def dequantize_rows(layout: GroupArrays, row_ids: np.ndarray) -> np.ndarray:
     """Rows ``row_ids`` (k,) of the layout -> (k, cols) float32, equal to ``layout.dequantize_reference``."""
-    rows, cols = layout.q.shape
+    rows, cols = layout.shape
     ids = np.ascontiguousarray(row_ids, dtype=np.int64).reshape(-1)
     if ids.size and (ids.min() < -rows or ids.max() >= rows):
         raise IndexError(f"row id out of range for a matrix of {rows} rows")
     ids = np.where(ids < 0, ids + rows, ids)
+    if isinstance(layout, NibbleLayout):  # unpack the rows asked for, not the whole matrix
+        layout, ids = layout.subset(ids), np.arange(ids.size)
     out = np.empty((ids.size, cols), np.float32)  # (k, cols)
     kernel = gather_kernel(layout.group_shift, layout.has_mins, ids.size >= PARALLEL_ROWS)
     kernel(*layout.kernel_arrays, ids, out)

@@ -22,14 +22,20 @@ _SLAB_WEIGHTS = 1 << 20
 NO_MINS = np.zeros((0, 0), np.float32)
 
 
-@dataclass(frozen=True)
-class GroupLayout:
-    """int8 values with float32 per-group scales (and mins): weight = q * scale + min."""
+class GroupArrays:
+    """What every layout of grouped codes offers the kernels: ``q`` (rows, cols) int8, ``scales``
+    and ``mins`` (rows, cols // group_size) float32 (mins None for symmetric formats)."""
 
-    q: np.ndarray  # (rows, cols) int8
-    scales: np.ndarray  # (rows, cols // group_size) float32
-    mins: np.ndarray | None  # (rows, cols // group_size) float32, or None
+    q: np.ndarray
+    scales: np.ndarray
+    mins: np.ndarray | None
     group_size: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(rows, cols) of the matrix, without reading the codes."""
+        rows, groups = self.scales.shape
+        return rows, groups * self.group_size
 
     @property
     def group_shift(self) -> int:
@@ -46,7 +52,22 @@ class GroupLayout:
 
     @property
     def nbytes(self) -> int:
-        return self.q.nbytes + self.scales.nbytes + (0 if self.mins is None else self.mins.nbytes)
+        """Bytes held: the codes as stored, the scales and the mins."""
+        return self.code_bytes + self.scales.nbytes + (0 if self.mins is None else self.mins.nbytes)
+
+    @property
+    def code_bytes(self) -> int:
+        return self.q.nbytes
+
+
+@dataclass(frozen=True)
+class GroupLayout(GroupArrays):
+    """int8 values with float32 per-group scales (and mins): weight = q * scale + min."""
+
+    q: np.ndarray  # (rows, cols) int8
+    scales: np.ndarray  # (rows, cols // group_size) float32
+    mins: np.ndarray | None  # (rows, cols // group_size) float32, or None
+    group_size: int
 
 
 def repack(fmt: type[BlockFormat], data: np.ndarray, cols: int) -> GroupLayout:

@@ -64,7 +64,7 @@ def matmul(
     layout: GroupLayout, x: np.ndarray, kind: int = ACT_Q8_0, bias: np.ndarray | None = None
 ) -> np.ndarray:
     """round(x) @ W.T (+ bias): x (n, cols) float32 -> (n, rows) float32, x rounded as ``kind``."""
-    rows, cols = layout.q.shape
+    rows, cols = layout.shape
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != cols:
         raise ValueError(f"matmul expects x of shape (n, {cols}), got {x.shape}")

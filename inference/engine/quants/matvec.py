@@ -24,7 +24,7 @@ def matvec(
     layout: GroupLayout, x: np.ndarray, kind: int = ACT_Q8_0, bias: np.ndarray | None = None
 ) -> np.ndarray:
     """W @ round(x) (+ bias): x (cols,) float32 -> (rows,) float32, x rounded as ``kind``."""
-    cols = layout.q.shape[1]
+    cols = layout.shape[1]
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.shape != (cols,):
         raise ValueError(f"matvec expects x of shape ({cols},), got {x.shape}")

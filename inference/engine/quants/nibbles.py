@@ -16,6 +16,8 @@ The functions mirror intdot.py's ``dot_row_int``, ``dot_rows_int`` and ``dot_pai
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numba
 import numpy as np
 
@@ -26,6 +28,7 @@ from .intdot import (
     _group_dot_pair_intrinsic,
     _group_dot_rows_intrinsic,
 )
+from .layout import GroupArrays, GroupLayout
 
 GROUP = 32
 NIBBLE_OFFSET = 8  # codes -8..7 are stored as 0..15
@@ -58,6 +61,33 @@ def unpack_nibbles(packed: np.ndarray, offset: int) -> np.ndarray:
     groups = packed.reshape(rows, half * 2 // GROUP, 1, GROUP // 2)
     codes = np.concatenate([groups & 0x0F, groups >> 4], axis=2).astype(np.int16) - offset
     return codes.astype(np.int8).reshape(rows, half * 2)
+
+
+@dataclass(frozen=True)
+class NibbleLayout(GroupArrays):
+    """A layout whose 4-bit codes are held only as packed nibbles (the fused step's arena): the
+    int8 ``q`` is unpacked when read, for the numpy products, training's dequantization and
+    the tests, so a byte a weight is not kept resident beside the half byte the kernels read."""
+
+    packed: np.ndarray  # (rows, cols // 2) uint8
+    offset: int
+    scales: np.ndarray  # (rows, cols // 32) float32
+    mins: np.ndarray | None  # (rows, cols // 32) float32, or None
+    group_size: int = GROUP
+
+    @property
+    def q(self) -> np.ndarray:
+        return unpack_nibbles(self.packed, self.offset)  # (rows, cols) int8
+
+    @property
+    def code_bytes(self) -> int:
+        return self.packed.nbytes
+
+    def subset(self, row_ids: np.ndarray) -> GroupLayout:
+        """Rows ``row_ids`` as an int8 GroupLayout, unpacking only those rows (a lookup)."""
+        mins = None if self.mins is None else self.mins[row_ids]
+        q = unpack_nibbles(self.packed[row_ids], self.offset)  # (k, cols) int8
+        return GroupLayout(q, self.scales[row_ids], mins, self.group_size)
 
 
 OFFSETS = (0, NIBBLE_OFFSET)
