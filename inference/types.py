@@ -8,7 +8,7 @@ here knows about HTTP or JSON.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -42,6 +42,28 @@ class Message:
         return out
 
 
+class SamplingRange(NamedTuple):
+    """The values a sampling field takes, wherever it is set (a request, an ``lmserve`` flag)."""
+
+    lowest: float | None
+    highest: float | None = None
+    lowest_excluded: bool = False
+    integer: bool = False
+
+
+# OpenAI's ranges, llama.cpp's for its extensions (min_p, repeat_penalty, top_k).
+SAMPLING_RANGES = {
+    "temperature": SamplingRange(0.0, 2.0),
+    "top_p": SamplingRange(0.0, 1.0),
+    "top_k": SamplingRange(0, integer=True),
+    "min_p": SamplingRange(0.0, 1.0),
+    "repeat_penalty": SamplingRange(0.0, 10.0, lowest_excluded=True),
+    "presence_penalty": SamplingRange(-2.0, 2.0),
+    "frequency_penalty": SamplingRange(-2.0, 2.0),
+    "seed": SamplingRange(None, integer=True),
+}
+
+
 @dataclass(frozen=True)
 class SamplingOverrides:
     """The sampling fields a request set; ``None`` means "the model's recommended value"."""
@@ -54,6 +76,14 @@ class SamplingOverrides:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
+
+    def over(self, server: SamplingOverrides) -> SamplingOverrides:
+        """The fields this request set, and the server's (``lmserve --temp`` ...) where it set none."""
+        return replace(server, **{name: value for name, value in self.__dict__.items() if value is not None})
+
+    @property
+    def is_empty(self) -> bool:
+        return all(value is None for value in self.__dict__.values())
 
     def resolve(self, defaults: SamplingParams) -> SamplingParams:
         """``defaults`` with every field this request set replaced."""

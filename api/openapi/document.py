@@ -269,6 +269,12 @@ SCHEMAS: dict[str, Schema] = {
                 },
                 (*FEATURE_NAMES, "ctx", "kv_slots"),
             ),
+            "sampling_defaults": {
+                "type": "object",
+                "description": "the server's sampling defaults (--temp, --top-k, ..., --seed) that are set, "
+                "by request field name; what a request leaving the field out gets",
+                "additionalProperties": {"type": "number"},
+            },
         },
         ("status", "model", "queued", "in_flight", "connections", "tokens_generated"),
     ),

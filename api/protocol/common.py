@@ -13,7 +13,7 @@ import json
 from api.errors import ApiError, bad_request, unsupported
 from inference.engine.logprobs import MAX_TOP_LOGPROBS
 from inference.generation.toolcall import ToolCall
-from inference.types import SamplingOverrides
+from inference.types import SAMPLING_RANGES, SamplingOverrides
 
 from . import fields as f
 from .fields import Invalid
@@ -28,16 +28,6 @@ MAX_OPENAI_STOP_STRINGS = 4
 # cost ~14 us a token (a fraction of a percent of a decode step) where 100 would cost ~85 us.
 # 16 is four times OpenAI's limit: room for the handful of stop strings agent prompts use.
 MAX_ANTHROPIC_STOP_SEQUENCES = 16
-# name -> (lowest, highest, lowest excluded); the OpenAI ranges, llama.cpp's for its extensions.
-NUMBER_RANGES = {
-    "temperature": (0.0, 2.0, False),
-    "top_p": (0.0, 1.0, False),
-    "frequency_penalty": (-2.0, 2.0, False),
-    "presence_penalty": (-2.0, 2.0, False),
-    "min_p": (0.0, 1.0, False),
-    "repeat_penalty": (0.0, 10.0, True),
-}
-INTEGER_LOWEST = {"seed": None, "top_k": 0}
 # Content parts no dialect takes (this server reads text only): type -> what it is, for the 400.
 REFUSED_MEDIA_PARTS = {
     "image_url": "image input",
@@ -54,12 +44,12 @@ def parse_sampling(body: dict, names: tuple[str, ...], temperature_max: float = 
     arguments of the dialect's request type (Anthropic caps temperature at 1)."""
     values: dict = {}
     for name in names:
-        if name in INTEGER_LOWEST:
-            values[name] = f.integer(body, name, lo=INTEGER_LOWEST[name])
+        allowed = SAMPLING_RANGES[name]
+        if allowed.integer:
+            values[name] = f.integer(body, name, lo=allowed.lowest)
             continue
-        lo, hi, lo_open = NUMBER_RANGES[name]
-        hi = temperature_max if name == "temperature" else hi
-        values[name] = f.number(body, name, lo, hi, lo_open=lo_open)
+        hi = temperature_max if name == "temperature" else allowed.highest
+        values[name] = f.number(body, name, allowed.lowest, hi, lo_open=allowed.lowest_excluded)
     return values
 
 

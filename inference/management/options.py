@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import NamedTuple
 
 from django.conf import settings
 from django.core.management.base import CommandError
+
+from inference.types import SAMPLING_RANGES, SamplingOverrides
 
 
 def positive_int(text: str) -> int:
@@ -113,3 +116,76 @@ def allowed_hosts(host: str, extra: str) -> list[str]:
         hosts.append(f"[{host}]" if ":" in host and not host.startswith("[") else host)
     hosts += [name.strip() for name in extra.split(",") if name.strip()]
     return list(dict.fromkeys(hosts))
+
+
+class SamplingFlag(NamedTuple):
+    """A server-wide sampling default: llama-server's flag name and the request field it sets."""
+
+    flag: str
+    field: str
+    help: str
+
+
+SAMPLING_FLAGS = (
+    SamplingFlag("--temp", "temperature", "temperature, 0 to 2; 0 decodes greedily"),
+    SamplingFlag("--top-k", "top_k", "keep the K most likely tokens; 0 keeps all"),
+    SamplingFlag("--top-p", "top_p", "nucleus sampling, 0 to 1"),
+    SamplingFlag("--min-p", "min_p", "drop tokens below this share of the best one's probability, 0 to 1"),
+    SamplingFlag("--repeat-penalty", "repeat_penalty", "llama.cpp's repetition penalty, above 0 to 10"),
+    SamplingFlag("--presence-penalty", "presence_penalty", "OpenAI's presence penalty, -2 to 2"),
+    SamplingFlag("--frequency-penalty", "frequency_penalty", "OpenAI's frequency penalty, -2 to 2"),
+    SamplingFlag("--seed", "seed", "seed of every request that sends none: sampled replies repeat"),
+)
+
+
+def sampling_value(name: str):
+    """The argparse type of the sampling flag that sets ``name``: a number in its request range."""
+    allowed = SAMPLING_RANGES[name]
+
+    def parse(text: str) -> float | int:
+        try:
+            value = int(text) if allowed.integer else float(text)
+        except ValueError:
+            kind = "an integer" if allowed.integer else "a number"
+            raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
+        low_ok = allowed.lowest is None or (
+            value > allowed.lowest if allowed.lowest_excluded else value >= allowed.lowest
+        )
+        high_ok = allowed.highest is None or value <= allowed.highest
+        if not (math.isfinite(value) and low_ok and high_ok):
+            low = (
+                ""
+                if allowed.lowest is None
+                else f"{'above' if allowed.lowest_excluded else 'from'} {allowed.lowest}"
+            )
+            high = "" if allowed.highest is None else f" to {allowed.highest}"
+            raise argparse.ArgumentTypeError(f"expected {low}{high}, got {text!r}")
+        return value
+
+    return parse
+
+
+def add_sampling_arguments(parser) -> None:
+    """The server-wide sampling defaults: what a request that leaves a field out gets instead
+    of the model's recommended value (a request's own value still wins)."""
+    group = parser.add_argument_group(
+        "sampling defaults",
+        "for requests that leave the field out (default: the GGUF's general.sampling.* values, "
+        "else the family's recommended ones); a request's own value wins",
+    )
+    for option in SAMPLING_FLAGS:
+        group.add_argument(
+            option.flag,
+            dest=f"sampling_{option.field}",
+            type=sampling_value(option.field),
+            default=None,
+            metavar="N",
+            help=option.help,
+        )
+
+
+def sampling_defaults(options: dict) -> SamplingOverrides:
+    """The sampling defaults the flags set (every field None without them)."""
+    return SamplingOverrides(
+        **{option.field: options.get(f"sampling_{option.field}") for option in SAMPLING_FLAGS}
+    )

@@ -24,7 +24,14 @@ from inference.model_files import resolve_model
 from inference.runtime.pipe import StreamPipe
 from inference.runtime.queue import Job, JobQueue, QueueClosed, QueueFull
 from inference.runtime.worker import FAILED, READY, SHUTTING_DOWN, InferenceWorker
-from inference.types import EmbeddingRequest, Error, GenerationRequest, PreparedEmbedding, PreparedPrompt
+from inference.types import (
+    EmbeddingRequest,
+    Error,
+    GenerationRequest,
+    PreparedEmbedding,
+    PreparedPrompt,
+    SamplingOverrides,
+)
 
 logger = logging.getLogger("lmserve.service")
 
@@ -50,6 +57,8 @@ class ServeConfig:
     keepalive_every: float = 10.0  # seconds between keep-alives on an open stream with no events
     metrics: str = "open"  # GET /metrics: "open" (no key), "key" (needs --api-key) or "off"
     spec: bool = False  # speculative decoding
+    # --temp, --seed, ...: what a request that leaves a sampling field out gets
+    sampling: SamplingOverrides = dataclasses.field(default_factory=SamplingOverrides)
     nanochat: str | None = None  # a nanochat checkpoint directory (--nanochat) instead of a GGUF
     experts: str = "repack"  # MoE experts: "repack" at load, or "borrow" from the mapped file
     expert_cache: int = 16  # converted experts kept per expert tensor when borrowing
@@ -205,6 +214,8 @@ class InferenceService:
         down = self.unavailable()
         if down is not None:
             return down
+        if isinstance(request, GenerationRequest) and not self.config.sampling.is_empty:
+            request = dataclasses.replace(request, sampling=request.sampling.over(self.config.sampling))
         job = Job(request, prompt, pipe)
         try:
             self.queue.submit(job)
@@ -245,6 +256,11 @@ class InferenceService:
             "kv_reuse": self.kv_reuse,
             "experts": self.experts,
             "capabilities": self.capabilities(),
+            "sampling_defaults": {
+                name: value
+                for name, value in dataclasses.asdict(self.config.sampling).items()
+                if value is not None
+            },
         }
         describe = getattr(self.prefix_source, "describe", None)
         if describe is not None:

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, DjangoHelpFor
 from inference.kv.prefix_source import PrefixSource, load_prefix_source
 from inference.management.options import (
     add_experts_argument,
+    add_sampling_arguments,
     allowed_hosts,
     nanochat_directory,
     non_negative_margin,
@@ -18,6 +19,7 @@ from inference.management.options import (
     positive_int,
     positive_seconds,
     refuse_batch_with_fleet,
+    sampling_defaults,
 )
 from inference.model_files import ModelFileError, resolve_model
 from inference.runtime.service import DEFAULT_MAX_BODY_BYTES, InferenceService, ServeConfig, install
@@ -226,6 +228,7 @@ class Command(BaseCommand):
             "(default: %(default)s)",
         )
         add_experts_argument(parser)
+        add_sampling_arguments(parser)
         self.add_fleet_arguments(parser)
         parser.add_argument(
             "--nanochat",
@@ -271,6 +274,7 @@ class Command(BaseCommand):
             keepalive_every=options["keepalive"],
             metrics=options["metrics"],
             spec=options["spec"],
+            sampling=sampling_defaults(options),
             experts=options["experts"],
             expert_cache=options["expert_cache"],
             nanochat=str(model_path) if options["nanochat"] else None,
