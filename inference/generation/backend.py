@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from inference.engine.engine import Engine, GenerationStats
+from inference.generation.capabilities import Capabilities
 from inference.generation.constraints import ConstraintCompiler, ConstraintSpec, bound_number_digits
 from inference.generation.prompts import raw_prompt_tokens
 from inference.generation.speculative import Speculator
@@ -134,29 +135,13 @@ class ConversationBackend:
         self.slots = SlotPool(lambda: engine.new_cache(n_ctx), kv_slots, disk)
         self.constraints = ConstraintCompiler(engine.tokenizer, stop_ids=engine.stop_ids)
         self.speculator = Speculator(engine) if spec else None
+        self.capabilities = Capabilities.of_engine(engine)
         self._call_grammar_compiles: OrderedDict[str, bool] = OrderedDict()
         self._call_grammar_lock = threading.Lock()  # connections and the worker both ask
         self.totals = ServingTotals()
         self._opened: list[DecodeStream] = []  # this job's streams, summed into totals at release
 
     # -- connection side -------------------------------------------------------------------
-    @property
-    def supports_reasoning(self) -> bool:
-        """Whether a reasoning channel exists: the family writes think blocks, which the
-        emitter routes apart from the reply."""
-        return self.family.think is not None
-
-    @property
-    def supports_tools(self) -> bool:
-        """Whether the family has a tool-call convention the emitter captures (and the
-        template renders declarations)."""
-        return self.family.tools is not None and self.engine.chat_template.supports_tools
-
-    @property
-    def kv_reuse(self) -> bool:
-        """Whether a request may start from the cached rows of an earlier one."""
-        return self.family.kv_reuse
-
     def release(self) -> None:
         """After a job: the slots it used go back to the pool (their rows stay warm) and its
         streams' numbers join the totals. The generate methods release on their way out;
@@ -259,7 +244,7 @@ class ConversationBackend:
             return None
         choice, prompt = chosen
         cache = self.slots.acquire(prompt.tokens, choice)
-        if not self.kv_reuse:  # the family's state cannot be cut back to a prefix: start clean
+        if not self.capabilities.kv_reuse:  # the family's state cannot be cut back to a prefix: start clean
             self.slots.reset(cache)
         stream = DecodeStream(self, request, prompt, sink, cache)
         self._opened.append(stream)
@@ -312,8 +297,9 @@ class ConversationBackend:
             self.release()
 
     def generate_batch(self, items: Sequence[BatchItem]) -> list[int]:
-        """Serve several requests together, one weight pass per step for all of them (see
-        lockstep.py); each reply is the one ``generate`` would give. Tokens generated per item."""
+        """Serve several requests together, one forward per step for all of them (see
+        lockstep.py; one pass over the weights where ``capabilities.batch``, the only case the
+        worker batches); each reply is the one ``generate`` would give. Tokens generated per item."""
         from inference.generation.lockstep import run_lockstep
 
         try:

@@ -20,7 +20,6 @@ from inference.engine.engine import Engine
 from inference.generation.backend import ConversationBackend, Sink
 from inference.generation.prompts import raw_prompt_tokens
 from inference.generation.stream import DecodeStream
-from inference.kv.prefix_source import PrefixSource
 from inference.types import Error, GenerationRequest, Message, PreparedPrompt
 
 
@@ -28,21 +27,12 @@ class RecurrentBackend(ConversationBackend):
     """Chat-template prompting and per-token decoding like the conversation backend, on a new
     cache per request (``backends.BACKENDS["recurrent"]``)."""
 
-    # No lockstep loop: the worker serves the jobs of a batch one after another.
+    # No lockstep loop (capabilities.batch is false): the worker serves jobs one at a time.
     generate_batch = None
 
-    def __init__(self, engine: Engine, n_ctx: int, prefix_source: PrefixSource | None = None):
-        if prefix_source is not None:
-            raise ValueError(
-                f"{engine.family.architecture} keeps recurrent state that cannot run behind a "
-                "KV prefix (--cartridge / --fleet)"
-            )
+    def __init__(self, engine: Engine, n_ctx: int):
         super().__init__(engine, n_ctx, kv_slots=1)
         self.slots = None  # no warm rows: nothing to list, evict or reuse
-
-    @property
-    def kv_reuse(self) -> bool:
-        return False
 
     def release(self) -> None:
         """Nothing to give back: each request's cache is dropped with its stream (its numbers

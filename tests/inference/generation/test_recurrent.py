@@ -55,8 +55,8 @@ def greedy_text(engine: Engine, prompt: list[int], n: int) -> str:
 
 
 def test_the_backend_keeps_nothing_between_requests(backend):
-    assert backend.kv_reuse is False and backend.slots is None
-    assert getattr(backend, "generate_batch", None) is None  # the worker serves batches in turn
+    assert backend.capabilities.kv_reuse is False and backend.slots is None
+    assert not backend.capabilities.batch and backend.generate_batch is None  # one job at a time
     request = GenerationRequest(ASK, GREEDY, max_tokens=6)
     _, first = run(backend, request)
     _, again = run(backend, request)
@@ -94,12 +94,14 @@ def test_a_grammar_governs_the_reply_from_its_first_token(backend, engine):
 
 
 def test_flags_that_need_a_cut_back_cache_are_refused(engine):
-    with pytest.raises(ValueError, match="--spec cannot serve it"):
+    with pytest.raises(ValueError, match="^--spec is not supported for the qwen35 family: its recurrent"):
         backend_for(BackendSetup(engine, n_ctx=64, spec=True))
-    with pytest.raises(ValueError, match="--kv-cache-dir and --spec cannot serve it"):
+    with pytest.raises(ValueError, match="--spec is not .*; --kv-cache-dir is not supported"):
         backend_for(BackendSetup(engine, n_ctx=64, disk=object(), spec=True))
-    with pytest.raises(ValueError, match="cannot run behind a KV prefix"):
+    with pytest.raises(ValueError, match="--cartridge / --fleet .*cannot run behind a KV prefix"):
         backend_for(BackendSetup(engine, n_ctx=64, prefix_source=object()))
+    with pytest.raises(ValueError, match="--batch 2 is not supported .*serves one request at a time"):
+        backend_for(BackendSetup(engine, n_ctx=64, batch=2))
 
 
 def test_an_engine_failure_ends_the_request_with_a_500(backend, monkeypatch):
