@@ -93,9 +93,9 @@ def _diffusion(setup: BackendSetup) -> GenerationBackend:
 
 
 def _recurrent(setup: BackendSetup) -> GenerationBackend:
-    from inference.generation.recurrent import RecurrentBackend
+    from inference.generation.recurrent import recurrent_backend
 
-    return RecurrentBackend(setup.engine, setup.n_ctx)
+    return recurrent_backend(setup.engine, setup.n_ctx)
 
 
 BACKENDS: dict[str, Callable[[BackendSetup], GenerationBackend]] = {
