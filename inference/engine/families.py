@@ -111,7 +111,7 @@ class StateKind(Enum):
 
     @property
     def why(self) -> str:
-        """Why a family with this state keeps no rows, for refusals of flags that need them."""
+        """What this state allows of cutting back, as a refusal of a flag that needs it says."""
         return _WHY[self]
 
 

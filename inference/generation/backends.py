@@ -1,11 +1,13 @@
 """The backend seam: which generation loop serves a loaded model, chosen in one place.
 
 Every backend keeps the same two-sided contract (see :class:`GenerationBackend`): ``validate``
-on the connection side, ``generate`` on the worker thread. The generic
-:class:`~inference.generation.backend.ConversationBackend` serves every family we have; a
-family that needs its own loop (recurrent state that cannot reuse a slot's token prefix,
-block diffusion that streams one delta per committed block) names it in its
-``Family.backend`` and adds one entry to :data:`BACKENDS`.
+on the connection side, ``generate`` on the worker thread, and says what it does in its
+``capabilities``. The generic :class:`~inference.generation.backend.ConversationBackend`
+serves most families; one whose state needs something else (recurrent state that cannot reuse
+a slot's token prefix: the same loop over fresh caches; block diffusion that streams one delta
+per committed block: a loop of its own) names it through its ``StateKind``
+(``Family.backend``), one entry of :data:`BACKENDS`. Flags the loaded model cannot honour are
+refused here, by name, before any backend is built.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ BACKENDS: dict[str, Callable[[BackendSetup], GenerationBackend]] = {
     "conversation": _conversation,
     "nanochat": _nanochat,  # not a GGUF family: chosen by BackendSetup.nanochat
     "diffusion": _diffusion,
-    "recurrent": _recurrent,  # qwen35 / qwen35moe: a fresh cache per request (recurrent.py)
+    "recurrent": _recurrent,  # qwen35 / qwen35moe: the conversation loop over fresh caches (recurrent.py)
 }
 
 
