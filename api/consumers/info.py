@@ -12,7 +12,7 @@ from .base import ApiConsumer
 def model_object(service) -> dict:
     """The one model this process serves, as OpenAI's model object, plus (once it is loaded)
     ``max_model_len`` (vLLM's name for the context served, ``--ctx``) and ``capabilities``:
-    which features it has (``families.Features``)."""
+    what its backend does (``generation.capabilities.Capabilities``)."""
     model = {"id": service.model_id, "object": "model", "created": _created(service), "owned_by": "lmserve"}
     features = service.features()
     if features is None:

@@ -8,7 +8,7 @@ the envelope of the endpoint's dialect (OpenAI's ``{"error": {...}}``, Anthropic
 
 from __future__ import annotations
 
-from inference.engine.families import FEATURE_NAMES
+from inference.generation.capabilities import CAPABILITY_NAMES
 
 from .anthropic_requests import COUNT_TOKENS_REQUEST, MESSAGES_REQUEST
 from .llamacpp_requests import DETOKENIZE_REQUEST, INFILL_REQUEST, TOKENIZE_REQUEST
@@ -233,8 +233,8 @@ SCHEMAS: dict[str, Schema] = {
                 "description": "the context served (--ctx), vLLM's name; absent while the model loads",
             },
             "capabilities": obj(
-                {name: boolean(nullable=False) for name in FEATURE_NAMES},
-                FEATURE_NAMES,
+                {name: boolean(nullable=False) for name in CAPABILITY_NAMES},
+                CAPABILITY_NAMES,
                 "What the loaded model can do (absent while it loads)",
             ),
         },
@@ -263,11 +263,11 @@ SCHEMAS: dict[str, Schema] = {
             ),
             "capabilities": obj(
                 {
-                    **{name: {"type": "boolean"} for name in FEATURE_NAMES},
+                    **{name: {"type": "boolean"} for name in CAPABILITY_NAMES},
                     "ctx": {"type": ["integer", "null"]},
                     "kv_slots": INTEGER,
                 },
-                (*FEATURE_NAMES, "ctx", "kv_slots"),
+                (*CAPABILITY_NAMES, "ctx", "kv_slots"),
             ),
             "sampling_defaults": {
                 "type": "object",

@@ -2,14 +2,16 @@
 
 A :class:`Family` is keyed by GGUF ``general.architecture``. The engine reads the model class,
 the template fallback, the recommended sampling and the extra stop tokens; the serving layer
-(``inference.generation``) reads the think tags, the tool-call convention, whether a request
-may reuse KV rows of an earlier one, and which generation backend serves the family. A new
+(``inference.generation``) reads the think tags, the tool-call convention and the family's
+:class:`StateKind`, from which follow whether a request may reuse KV rows of an earlier one,
+which generation backend serves the family and which serving flags it honours. A new
 family is one entry in :data:`FAMILIES` (plus its layer code under ``models/``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from .gguf_file import GGUFError, GGUFFile
 from .models import DecoderModel
@@ -62,26 +64,64 @@ INKLING_THINK = ThinkTags("<|content_thinking|>", "<|content_text|>")
 # Gemma 4 writes its reasoning in a thought channel: <|channel>thought\n...<channel|>answer.
 GEMMA4_THINK = ThinkTags("<|channel>thought\n", "<channel|>", special=("<|channel>", "<channel|>"))
 HERMES_TOOLS = ToolConvention("hermes", "<tool_call>", "</tool_call>")
-CONVERSATION_BACKEND = "conversation"
-RECURRENT_BACKEND = "recurrent"
 
 
-@dataclass(frozen=True)
-class Features:
-    """What a loaded model can do, as ``/health`` and ``/v1/models`` report it: function
-    calls, a reasoning channel, grammar-constrained output, reuse of an earlier request's KV
-    rows, a lockstep batch forward (several conversations per forward call) and speculative
-    verification (every position's logits of a multi-token run)."""
+class StateKind(Enum):
+    """What a conversation's cached state is: the one fact a family's serving flags follow from.
 
-    tools: bool
-    reasoning: bool
-    grammar: bool
-    kv_reuse: bool
-    batch: bool
-    spec: bool
+    ``KV``: attention K/V rows only, which can be cut back to any token prefix: a request may
+    start from an earlier one's rows, a verify run's rejected tail is dropped (speculation),
+    and several conversations' caches can share one forward (a lockstep batch).
+    ``ROLLING``: K/V rows plus inputs that only roll forward (inkling's short convolutions):
+    nothing can be cut back, but several caches can still share a forward.
+    ``RECURRENT``: a DeltaNet hybrid's conv inputs and state matrices (qwen35): a fresh cache
+    per request on its own backend, one request at a time.
+    ``DIFFUSION``: a block-diffusion model's canvases (diffusion-gemma): its own backend, no
+    token-by-token decoding, so no grammar either."""
+
+    KV = "kv"
+    ROLLING = "rolling"
+    RECURRENT = "recurrent"
+    DIFFUSION = "diffusion"
+
+    @property
+    def kv_reuse(self) -> bool:
+        """Whether a request may start from the cached rows of an earlier one."""
+        return self is StateKind.KV
+
+    @property
+    def spec(self) -> bool:
+        """Whether a verify run can be cut back to its accepted tokens (speculative decoding)."""
+        return self is StateKind.KV
+
+    @property
+    def lockstep(self) -> bool:
+        """Whether the backend decodes several conversations per forward call."""
+        return self in (StateKind.KV, StateKind.ROLLING)
+
+    @property
+    def grammar(self) -> bool:
+        """Whether decoding draws token by token, so a grammar can mask each draw."""
+        return self is not StateKind.DIFFUSION
+
+    @property
+    def backend(self) -> str:
+        """The generation loop (a key of ``inference.generation.backends.BACKENDS``)."""
+        return _BACKENDS.get(self, "conversation")
+
+    @property
+    def why(self) -> str:
+        """What this state allows of cutting back, as a refusal of a flag that needs it says."""
+        return _WHY[self]
 
 
-FEATURE_NAMES = tuple(Features.__dataclass_fields__)
+_BACKENDS = {StateKind.RECURRENT: "recurrent", StateKind.DIFFUSION: "diffusion"}
+_WHY = {
+    StateKind.KV: "its KV rows can be cut back to any token prefix",
+    StateKind.ROLLING: "its short-convolution inputs only roll forward, never back to a token prefix",
+    StateKind.RECURRENT: "its recurrent state cannot be cut back to a token prefix",
+    StateKind.DIFFUSION: "it denoises whole canvases on a fresh cache per request",
+}
 
 
 @dataclass(frozen=True)
@@ -91,13 +131,11 @@ class Family:
     ``template_fallback`` names the chat template used when the GGUF carries none (a key of
     ``chat_template.FALLBACKS``); ``sampling`` is what the family recommends when the GGUF has
     no ``general.sampling.*`` keys; ``stop_tokens`` are token texts that end a reply on top of
-    the vocabulary's own end-of-generation ids; ``kv_reuse`` says whether a request may start
-    from the cached rows of an earlier one (false for recurrent state, which cannot be cut back
-    to a token prefix); ``backend`` names the generation loop in ``inference.generation``'s
-    backend registry; ``grammar``, ``batch`` and ``spec`` say whether its backend constrains
-    output, and whether its forward takes several caches at once or verifies a run;
-    ``think_prefilled``: the generation prompt already opens the think block (Qwen3.5/3.6), so
-    the reply starts inside it and the backend feeds the opener to the reply's think router."""
+    the vocabulary's own end-of-generation ids; ``state`` is what a conversation's cache holds
+    (:class:`StateKind`), from which KV reuse, speculation, lockstep batches, grammar and the
+    backend follow; ``think_prefilled``: the generation prompt already opens the think block
+    (Qwen3.5/3.6), so the reply starts inside it and the backend feeds the opener to the
+    reply's think router."""
 
     architecture: str
     model: type[DecoderModel]
@@ -106,37 +144,41 @@ class Family:
     think: ThinkTags | None = None
     tools: ToolConvention | None = None
     stop_tokens: tuple[str, ...] = ()
-    kv_reuse: bool = True
-    backend: str = CONVERSATION_BACKEND
-    grammar: bool = True
-    batch: bool = True
-    spec: bool = True
+    state: StateKind = StateKind.KV
     think_prefilled: bool = False
 
-    def features(self, template_renders_tools: bool) -> Features:
-        """The family's features for a file whose chat template does (or does not) render
-        tool declarations (without them the model never sees the tools)."""
-        return Features(
-            tools=self.tools is not None and template_renders_tools,
-            reasoning=self.think is not None,
-            grammar=self.grammar,
-            kv_reuse=self.kv_reuse,
-            batch=self.batch,
-            spec=self.spec,
-        )
+    @property
+    def kv_reuse(self) -> bool:
+        return self.state.kv_reuse
+
+    @property
+    def spec(self) -> bool:
+        return self.state.spec
+
+    @property
+    def grammar(self) -> bool:
+        return self.state.grammar
+
+    @property
+    def backend(self) -> str:
+        return self.state.backend
+
+    @property
+    def batch(self) -> bool:
+        """Whether a lockstep batch can share one weight pass: the backend decodes several
+        conversations per forward and the layer code has a fused forward (a loaded file's
+        weights may still lack its kernels: ``DecoderModel.fused``)."""
+        return self.state.lockstep and self.model.may_fuse()
 
 
-# Qwen3.5's facts beside its layer code: the DeltaNet state allows no KV reuse, so it has its
-# own backend (a fresh cache per request), and its template prefills the think opener.
+# Qwen3.5's facts beside its layer code: its DeltaNet state, and a template that prefills the
+# think opener.
 RECURRENT_QWEN35 = dict(
     sampling=QWEN35_SAMPLING,
     think=QWEN_THINK,
     tools=HERMES_TOOLS,
     think_prefilled=True,
-    kv_reuse=False,
-    backend=RECURRENT_BACKEND,
-    batch=False,
-    spec=False,
+    state=StateKind.RECURRENT,
 )
 
 FAMILIES: dict[str, Family] = {
@@ -163,19 +205,14 @@ FAMILIES: dict[str, Family] = {
             sampling=INKLING_SAMPLING,
             think=INKLING_THINK,
             stop_tokens=("<|content_model_end_sampling|>",),
-            kv_reuse=False,
-            spec=False,
+            state=StateKind.ROLLING,
         ),
         Family(
             "diffusion-gemma",
             DiffusionGemmaModel,
             template_fallback="gemma4",
             stop_tokens=("<turn|>", "<eos>", "<|tool_response>"),
-            kv_reuse=False,
-            backend="diffusion",
-            grammar=False,
-            batch=False,
-            spec=False,
+            state=StateKind.DIFFUSION,
         ),
     )
 }

@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from inference.engine.engine import Engine, GenerationStats
+from inference.engine.kv_cache import KVCache
+from inference.generation.capabilities import Capabilities
 from inference.generation.constraints import ConstraintCompiler, ConstraintSpec, bound_number_digits
 from inference.generation.prompts import raw_prompt_tokens
 from inference.generation.speculative import Speculator
@@ -109,10 +111,55 @@ class ServingTotals:
         self.accepted_tokens += stats.spec_accepted
 
 
+class CachePolicy(Protocol):
+    """Where a request's cache comes from and what stays behind it: warm slots reused across
+    requests (:class:`SlotCaches`) or a fresh cache per request
+    (:class:`~inference.generation.recurrent.FreshCaches`)."""
+
+    slots: SlotPool | None  # the warm slots (the admin lists and evicts them), or None
+
+    def acquire(self, prompt: PreparedPrompt, choice: PrefixChoice | None) -> KVCache:
+        """The cache a request's prompt is prefilled into, behind ``choice``'s prefix."""
+
+    def release(self) -> None:
+        """After a job: the caches it used are given back."""
+
+    def scratch(self, tokens: list[int]) -> KVCache:
+        """A cache for the warm-up's tiny generation of ``tokens`` (then :meth:`discard`)."""
+
+    def discard(self, cache: KVCache) -> None:
+        """Forget ``cache``'s rows (a warm-up's, or a stream's whose rows are undefined)."""
+
+
+class SlotCaches:
+    """Warm KV slots: a request continues the slot whose rows fit its prompt best. A family
+    whose state cannot be cut back to a prefix (``kv_reuse`` false) starts the slot clean."""
+
+    def __init__(self, engine: Engine, n_ctx: int, kv_slots: int, disk: SidecarStore | None, kv_reuse: bool):
+        self.slots = SlotPool(lambda: engine.new_cache(n_ctx), kv_slots, disk)
+        self.kv_reuse = kv_reuse
+
+    def acquire(self, prompt: PreparedPrompt, choice: PrefixChoice | None) -> KVCache:
+        cache = self.slots.acquire(prompt.tokens, choice)
+        if not self.kv_reuse:
+            self.slots.reset(cache)
+        return cache
+
+    def release(self) -> None:
+        self.slots.release()
+
+    def scratch(self, tokens: list[int]) -> KVCache:
+        return self.slots.acquire(tokens)
+
+    def discard(self, cache: KVCache) -> None:
+        self.slots.reset(cache)
+
+
 class ConversationBackend:
-    """Chat-template prompting, slot reuse and plain per-token decoding over an Engine: the
-    generic backend (``backends.BACKENDS["conversation"]``), for every family whose cache can
-    be cut back to a token prefix."""
+    """Chat-template prompting and per-token decoding over an Engine: the generic backend
+    (``backends.BACKENDS["conversation"]``), and with a fresh cache per request
+    (``caches``) the recurrent one. Where caches come from is its :class:`CachePolicy`; what
+    it does is its ``capabilities``."""
 
     def __init__(
         self,
@@ -122,47 +169,40 @@ class ConversationBackend:
         disk: SidecarStore | None = None,
         prefix_source: PrefixSource | None = None,
         spec: bool = False,
+        caches: CachePolicy | None = None,
     ):
         """``prefix_source``: the KV prefix (cartridge, fleet composition) every conversation
         runs behind. ``spec``: decode a request served alone speculatively (the same reply,
-        faster where drafts hit); a lockstep batch of two or more decodes plain."""
+        faster where drafts hit); a lockstep batch of two or more decodes plain. ``caches``:
+        where requests' caches come from (default: ``kv_slots`` warm slots over ``disk``)."""
         self.engine = engine
         self.prefix_source = prefix_source
         self.family = engine.family
         self.n_ctx = n_ctx
         self.defaults = engine.recommended_sampling()
-        self.slots = SlotPool(lambda: engine.new_cache(n_ctx), kv_slots, disk)
+        if caches is None:
+            caches = SlotCaches(engine, n_ctx, kv_slots, disk, kv_reuse=self.family.kv_reuse)
+        self.caches = caches
         self.constraints = ConstraintCompiler(engine.tokenizer, stop_ids=engine.stop_ids)
         self.speculator = Speculator(engine) if spec else None
+        self.capabilities = Capabilities.of_engine(engine)
         self._call_grammar_compiles: OrderedDict[str, bool] = OrderedDict()
         self._call_grammar_lock = threading.Lock()  # connections and the worker both ask
         self.totals = ServingTotals()
         self._opened: list[DecodeStream] = []  # this job's streams, summed into totals at release
 
+    @property
+    def slots(self) -> SlotPool | None:
+        """The warm slots, or None when every request gets a fresh cache."""
+        return self.caches.slots
+
     # -- connection side -------------------------------------------------------------------
-    @property
-    def supports_reasoning(self) -> bool:
-        """Whether a reasoning channel exists: the family writes think blocks, which the
-        emitter routes apart from the reply."""
-        return self.family.think is not None
-
-    @property
-    def supports_tools(self) -> bool:
-        """Whether the family has a tool-call convention the emitter captures (and the
-        template renders declarations)."""
-        return self.family.tools is not None and self.engine.chat_template.supports_tools
-
-    @property
-    def kv_reuse(self) -> bool:
-        """Whether a request may start from the cached rows of an earlier one."""
-        return self.family.kv_reuse
-
     def release(self) -> None:
-        """After a job: the slots it used go back to the pool (their rows stay warm) and its
+        """After a job: the caches it used go back (warm slots keep their rows) and its
         streams' numbers join the totals. The generate methods release on their way out;
         calling it again is harmless."""
         self.count_opened()
-        self.slots.release()
+        self.caches.release()
 
     def count_opened(self) -> None:
         """Add the numbers of the streams opened since the last call to the totals."""
@@ -227,10 +267,19 @@ class ConversationBackend:
                 request.template_messages(),
                 tools=tools,
                 continuation=request.prefill,
-                enable_thinking=request.reasoning,
+                enable_thinking=self.thinking(request),
             )
         except ChatTemplateError as exc:
             return Error(400, f"the model's chat template rejected the messages: {exc}", param="messages")
+
+    def thinking(self, request: GenerationRequest) -> bool:
+        """Whether the prompt turns thinking on: reasoning asked for and, where the prompt
+        itself opens the think block (``Family.think_prefilled``), neither a grammar nor a
+        client prefill governing the reply from its first token (the template then renders
+        thinking off)."""
+        if not self.family.think_prefilled:
+            return request.reasoning
+        return request.reasoning and request.constraint is None and not request.prefill
 
     def validate(self, request: GenerationRequest) -> PreparedPrompt | Error:
         """Check the constraint, render and tokenize the conversation; reject it if it leaves
@@ -258,11 +307,11 @@ class ConversationBackend:
             sink.close(chosen)
             return None
         choice, prompt = chosen
-        cache = self.slots.acquire(prompt.tokens, choice)
-        if not self.kv_reuse:  # the family's state cannot be cut back to a prefix: start clean
-            self.slots.reset(cache)
-        stream = DecodeStream(self, request, prompt, sink, cache)
+        stream = DecodeStream(self, request, prompt, sink, self.caches.acquire(prompt, choice))
         self._opened.append(stream)
+        router = stream.emitter.router
+        if self.family.think_prefilled and self.thinking(request) and router is not None:
+            router.feed(self.family.think.open)  # the block the prompt opened
         stream.begin()
         return stream
 
@@ -312,8 +361,9 @@ class ConversationBackend:
             self.release()
 
     def generate_batch(self, items: Sequence[BatchItem]) -> list[int]:
-        """Serve several requests together, one weight pass per step for all of them (see
-        lockstep.py); each reply is the one ``generate`` would give. Tokens generated per item."""
+        """Serve several requests together, one forward per step for all of them (see
+        lockstep.py; one pass over the weights where ``capabilities.batch``, the only case the
+        worker batches); each reply is the one ``generate`` would give. Tokens generated per item."""
         from inference.generation.lockstep import run_lockstep
 
         try:
@@ -328,9 +378,9 @@ class ConversationBackend:
         prepared = self.validate(request)
         if isinstance(prepared, Error):
             raise RuntimeError(f"warm-up prompt rejected: {prepared.message}")
-        cache = self.slots.acquire(prepared.tokens)
+        cache = self.caches.scratch(prepared.tokens)
         for _ in self.engine.generate(cache, prepared.tokens, self.defaults, 2):
             pass
-        self.slots.reset(cache)
+        self.caches.discard(cache)
         if self.speculator is not None:
             self.speculator.measure()  # the verify costs of this machine, for the cost gate

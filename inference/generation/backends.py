@@ -1,11 +1,13 @@
 """The backend seam: which generation loop serves a loaded model, chosen in one place.
 
 Every backend keeps the same two-sided contract (see :class:`GenerationBackend`): ``validate``
-on the connection side, ``generate`` on the worker thread. The generic
-:class:`~inference.generation.backend.ConversationBackend` serves every family we have; a
-family that needs its own loop (recurrent state that cannot reuse a slot's token prefix,
-block diffusion that streams one delta per committed block) names it in its
-``Family.backend`` and adds one entry to :data:`BACKENDS`.
+on the connection side, ``generate`` on the worker thread, and says what it does in its
+``capabilities``. The generic :class:`~inference.generation.backend.ConversationBackend`
+serves most families; one whose state needs something else (recurrent state that cannot reuse
+a slot's token prefix: the same loop over fresh caches; block diffusion that streams one delta
+per committed block: a loop of its own) names it through its ``StateKind``
+(``Family.backend``), one entry of :data:`BACKENDS`. Flags the loaded model cannot honour are
+refused here, by name, before any backend is built.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Protocol
 from inference.engine.engine import Engine
 from inference.engine.nanochat_checkpoint import NanochatCheckpoint
 from inference.generation.backend import ConversationBackend, Sink
+from inference.generation.capabilities import Capabilities, ServingFlags, refusal
 from inference.generation.diffusion import DiffusionBackend
 from inference.kv.disk import SidecarStore
 from inference.kv.prefix_source import PrefixSource
@@ -25,23 +28,15 @@ from inference.types import Error, GenerationRequest, PreparedPrompt
 
 
 class GenerationBackend(Protocol):
-    """What the runtime needs from a backend. A backend may also offer
-    ``generate_batch(items: Sequence[BatchItem]) -> list[int]`` (lockstep decoding of several
-    requests, ``--batch``); the worker serves a batch one request after another on a backend
-    without it."""
+    """What the runtime needs from a backend. ``capabilities`` says what it really does (what
+    ``/health`` reports, and what the worker and the service branch on); a backend whose
+    ``capabilities.batch`` holds also offers ``generate_batch(items: Sequence[BatchItem]) ->
+    list[int]`` (lockstep decoding of several requests, ``--batch``)."""
 
-    engine: Engine
+    engine: Engine | None  # None for a backend with its own engine (nanochat)
     n_ctx: int
     slots: SlotPool | None  # the warm KV slots, for backends that reuse rows across requests
-
-    @property
-    def supports_reasoning(self) -> bool: ...
-
-    @property
-    def supports_tools(self) -> bool: ...
-
-    @property
-    def kv_reuse(self) -> bool: ...
+    capabilities: Capabilities
 
     def tokenize(self, request: GenerationRequest) -> list[int] | Error: ...
 
@@ -64,36 +59,29 @@ class BackendSetup:
     disk: SidecarStore | None = None
     prefix_source: PrefixSource | None = None  # the KV prefix of every conversation, if any
     spec: bool = False  # speculative decoding (--spec)
+    batch: int = 1  # generations decoded together in lockstep (--batch)
     nanochat: NanochatCheckpoint | None = None  # lmserve --nanochat DIR: served by "nanochat"
 
 
-def _conversation(setup: BackendSetup) -> GenerationBackend:
-    family = setup.engine.family
-    if not family.kv_reuse:
-        _refuse_kept_rows(setup, family.architecture)
-    # --spec on a family whose forward cannot verify and cut back (inkling) decodes plainly.
-    spec = setup.spec and family.spec
-    return ConversationBackend(
-        setup.engine, setup.n_ctx, setup.kv_slots, setup.disk, setup.prefix_source, spec=spec
+def refuse_unserved_flags(setup: BackendSetup) -> None:
+    """A flag the loaded model cannot honour fails the start-up, named (the ``lmserve``
+    command refuses the family's flags before loading; this catches the rest, such as a file
+    whose weights have no fused forward, and every other way of starting a worker)."""
+    flags = ServingFlags(
+        spec=setup.spec,
+        batch=setup.batch,
+        kv_cache_dir=setup.disk is not None,
+        prefix="--cartridge / --fleet" if setup.prefix_source is not None else None,
     )
+    refused = refusal(setup.engine.family, Capabilities.of_engine(setup.engine), flags)
+    if refused is not None:
+        raise ValueError(refused)
 
 
-def _refuse_kept_rows(setup: BackendSetup, architecture: str) -> None:
-    """A family that starts every request clean cannot use a disk tier or a KV prefix:
-    refused at start-up, naming the flags, rather than failing or wasting work per request."""
-    refused = [
-        flag
-        for flag, on in (
-            ("--kv-cache-dir", setup.disk is not None),
-            ("--cartridge / --fleet", setup.prefix_source is not None),
-        )
-        if on
-    ]
-    if refused:
-        raise ValueError(
-            f"{architecture} keeps no KV rows across requests (its state cannot be cut back to a "
-            f"token prefix): {' and '.join(refused)} cannot serve it"
-        )
+def _conversation(setup: BackendSetup) -> GenerationBackend:
+    return ConversationBackend(
+        setup.engine, setup.n_ctx, setup.kv_slots, setup.disk, setup.prefix_source, spec=setup.spec
+    )
 
 
 def _nanochat(setup: BackendSetup) -> GenerationBackend:
@@ -103,35 +91,26 @@ def _nanochat(setup: BackendSetup) -> GenerationBackend:
 
 
 def _diffusion(setup: BackendSetup) -> GenerationBackend:
-    if setup.prefix_source is not None:  # refused at start-up rather than ignored per request
-        raise ValueError("a diffusion model cannot run behind a KV prefix (--cartridge, --fleet)")
     return DiffusionBackend(setup.engine, setup.n_ctx)
 
 
 def _recurrent(setup: BackendSetup) -> GenerationBackend:
-    from inference.generation.recurrent import RecurrentBackend
+    from inference.generation.recurrent import recurrent_backend
 
-    refused = [
-        flag for flag, on in (("--kv-cache-dir", setup.disk is not None), ("--spec", setup.spec)) if on
-    ]
-    if refused:
-        raise ValueError(
-            f"{setup.engine.family.architecture} keeps recurrent state that cannot be cut back to a "
-            f"token prefix: {' and '.join(refused)} cannot serve it"
-        )
-    return RecurrentBackend(setup.engine, setup.n_ctx, setup.prefix_source)
+    return recurrent_backend(setup.engine, setup.n_ctx)
 
 
 BACKENDS: dict[str, Callable[[BackendSetup], GenerationBackend]] = {
     "conversation": _conversation,
     "nanochat": _nanochat,  # not a GGUF family: chosen by BackendSetup.nanochat
     "diffusion": _diffusion,
-    "recurrent": _recurrent,  # qwen35 / qwen35moe: a fresh cache per request (recurrent.py)
+    "recurrent": _recurrent,  # qwen35 / qwen35moe: the conversation loop over fresh caches (recurrent.py)
 }
 
 
 def backend_for(setup: BackendSetup) -> GenerationBackend:
-    """The backend the loaded model's family names (a nanochat checkpoint's own)."""
+    """The backend the loaded model's family names (a nanochat checkpoint's own); ValueError
+    naming every flag of ``setup`` the model cannot honour."""
     if setup.nanochat is not None:
         return BACKENDS["nanochat"](setup)
     family = setup.engine.family
@@ -142,4 +121,5 @@ def backend_for(setup: BackendSetup) -> GenerationBackend:
             f"family {family.architecture!r} names generation backend {family.backend!r}, "
             f"which does not exist (known: {known})"
         )
+    refuse_unserved_flags(setup)
     return factory(setup)

@@ -22,6 +22,7 @@ import numpy as np
 from inference.engine.diffusion_sampler import generate_blocks
 from inference.engine.engine import Engine
 from inference.generation.backend import DEFAULT_MAX_TOKENS, Sink, openai_overflow_message
+from inference.generation.capabilities import Capabilities
 from inference.generation.emitter import TextEmitter
 from inference.types import (
     ContextOverflow,
@@ -72,11 +73,9 @@ class DiffusionBackend:
         self.model = engine.model
         self.n_ctx = n_ctx
         self.canvas = engine.model.diffusion.canvas_length
+        self.capabilities = Capabilities.of_engine(engine)  # the family's: no grammar, reuse, batch
 
     # -- connection side -------------------------------------------------------------------
-    supports_reasoning = False
-    supports_tools = False
-    kv_reuse = False
 
     def release(self) -> None:
         """Nothing is held between requests."""

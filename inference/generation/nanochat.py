@@ -25,11 +25,11 @@ import logging
 
 import regex
 
-from inference.engine.families import Features
 from inference.engine.models.nanochat import NanochatCache
 from inference.engine.nanochat_checkpoint import NanochatCheckpoint
 from inference.engine.sampler import Sampler, SamplingParams
 from inference.generation.backend import Sink, budgeted
+from inference.generation.capabilities import Capabilities
 from inference.generation.emitter import ReplyEmitter
 from inference.generation.nanochat_tools import CalculatorState
 from inference.types import (
@@ -45,7 +45,9 @@ logger = logging.getLogger("lmserve.nanochat")
 
 # nanochat's own generation defaults (engine.py / the reference's GenParams).
 NANOCHAT_SAMPLING = SamplingParams(temperature=0.6, top_k=50, seed=42)
-FEATURES = Features(tools=False, reasoning=False, grammar=False, kv_reuse=False, batch=False, spec=False)
+CAPABILITIES = Capabilities(
+    tools=False, reasoning=False, grammar=False, kv_reuse=False, batch=False, spec=False, embeddings=False
+)
 TOOL_MARKERS = ("<|python_start|>", "<|python_end|>", "<|output_start|>", "<|output_end|>")
 PREFILL_CHUNK = 256  # prompt tokens per forward
 _MARKER_SPLIT = regex.compile("(" + "|".join(regex.escape(m) for m in TOOL_MARKERS) + ")")
@@ -70,14 +72,8 @@ class NanochatBackend:
         self.assistant = (special("<|assistant_start|>"), special("<|assistant_end|>"))
         self.terminal = frozenset((self.bos, self.assistant[1]))
 
-    # -- what it can do -------------------------------------------------------------------
-    supports_reasoning = False
-    supports_tools = False  # the calculator is built in; declared function tools are refused
-    kv_reuse = False
-
-    def features(self) -> Features:
-        """What /health and /v1/models report for this model."""
-        return FEATURES
+    # The calculator is built in (declared function tools are refused); no GGUF engine to embed with.
+    capabilities = CAPABILITIES
 
     def release(self) -> None:
         """Nothing to give back: every request's cache is its own."""

@@ -151,8 +151,7 @@ class DecodeStream:
         if isinstance(exc, ConstraintDeadEnd):  # the cache is sound: the slot stays warm
             self.sink.close(dead_end_error(self.request, generated, exc))
             return
-        if self.backend.slots is not None:  # a backend without a pool drops the cache anyway
-            self.backend.slots.reset(self.cache)  # the cache's rows are undefined now
+        self.backend.caches.discard(self.cache)  # the cache's rows are undefined now
         if isinstance(exc, NonFiniteLogits):
             logger.error("generation failed: %s", exc)
             self.sink.close(non_finite_error(generated, exc))

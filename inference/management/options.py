@@ -57,6 +57,34 @@ def refuse_batch_with_fleet(batch: int, fleet: str | None) -> None:
         )
 
 
+PREFIX_FLAGS = (("--fleet", "fleet"), ("--cartridge", "cartridge"), ("--prefix-source", "prefix_source"))
+
+
+def refuse_unserved_flags(model_path, options: dict) -> None:
+    """Every serving flag the model file's family cannot honour, refused by name before anything
+    is loaded (what the family's layer code can do at most: a file whose weights turn out to have
+    no fused forward is refused by the worker as it loads, naming --batch the same way)."""
+    from inference.engine.families import family_of
+    from inference.engine.gguf_file import GGUFError, GGUFFile
+    from inference.generation.capabilities import Capabilities, ServingFlags, refusal
+
+    try:
+        family = family_of(GGUFFile(model_path))
+    except GGUFError:
+        return  # an unreadable or unsupported file: the worker reports it as it loads
+    flags = ServingFlags(
+        spec=bool(options.get("spec")),
+        batch=options.get("batch") or 1,
+        kv_cache_dir=bool(options.get("kv_cache_dir")),
+        prefix=next((flag for flag, key in PREFIX_FLAGS if options.get(key)), None),
+    )
+    # The template's tool rendering has no flag to refuse; tools_rendered is not asked.
+    most = Capabilities.of_family(family, tools_rendered=False, fused=family.model.may_fuse())
+    refused = refusal(family, most, flags)
+    if refused is not None:
+        raise CommandError(refused)
+
+
 def nanochat_directory(options: dict):
     """The --nanochat directory, checked now; every flag it cannot honour a CommandError."""
     from inference.engine.nanochat_checkpoint import NanochatCheckpointError, check_directory

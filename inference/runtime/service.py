@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from inference.engine.families import FEATURE_NAMES
 from inference.engine.load_options import ExpertMode, LoadOptions
+from inference.generation.capabilities import CAPABILITY_NAMES, Capabilities
 from inference.kv.prefix_source import PrefixSource
 from inference.model_files import resolve_model
 from inference.runtime.pipe import StreamPipe
@@ -147,22 +147,28 @@ class InferenceService:
         return None
 
     @property
+    def loaded_capabilities(self) -> Capabilities | None:
+        """What the loaded backend does (None until the model is loaded)."""
+        backend = self.worker.backend
+        return None if backend is None else backend.capabilities
+
+    @property
     def supports_reasoning(self) -> bool:
         """Whether the loaded model has a reasoning channel (False until it is loaded)."""
-        backend = self.worker.backend
-        return backend is not None and backend.supports_reasoning
+        can = self.loaded_capabilities
+        return can is not None and can.reasoning
 
     @property
     def supports_tools(self) -> bool:
         """Whether the loaded model has a function-calling convention (False until loaded)."""
-        backend = self.worker.backend
-        return backend is not None and backend.supports_tools
+        can = self.loaded_capabilities
+        return can is not None and can.tools
 
     @property
     def kv_reuse(self) -> bool | None:
         """Whether requests may reuse KV rows of earlier ones (None until the model is loaded)."""
-        backend = self.worker.backend
-        return None if backend is None else backend.kv_reuse
+        can = self.loaded_capabilities
+        return None if can is None else can.kv_reuse
 
     @property
     def experts(self) -> str | None:
@@ -190,7 +196,8 @@ class InferenceService:
     def embeddings_unavailable(self) -> Error | None:
         """A 400 when the loaded model serves no embeddings (a nanochat checkpoint has no
         GGUF engine to embed with); None when it does."""
-        if self.worker.backend is not None and self.worker.backend.engine is None:
+        can = self.loaded_capabilities
+        if can is not None and not can.embeddings:
             return Error(
                 400, f"model {self.model_id} serves no embeddings", code="invalid_value", param="model"
             )
@@ -273,25 +280,20 @@ class InferenceService:
         return self.prefix_source is not None
 
     def features(self) -> dict | None:
-        """The loaded model's family features (``families.Features``) by name; None until loaded."""
-        backend = self.worker.backend
-        if backend is None:
-            return None
-        own = getattr(backend, "features", None)  # a backend without a GGUF family says its own
-        if own is not None:
-            return dataclasses.asdict(own())
-        engine = backend.engine
-        return dataclasses.asdict(engine.family.features(engine.chat_template.supports_tools))
+        """The loaded backend's capabilities (``generation.capabilities.Capabilities``) by
+        name; None until loaded."""
+        can = self.loaded_capabilities
+        return None if can is None else dataclasses.asdict(can)
 
     def capabilities(self) -> dict:
         """What the loaded model can do, for clients choosing features (the chat page): the
-        family's features (all false until the model is loaded), the context and warm slots."""
+        backend's capabilities (all false until the model is loaded), the context and warm slots."""
         backend = self.worker.backend
-        slots = getattr(backend, "slots", None)  # None for a backend that keeps no KV rows
-        features = self.features() or dict.fromkeys(FEATURE_NAMES, False)
+        slots = None if backend is None else backend.slots  # None for a backend keeping no KV rows
+        features = self.features() or dict.fromkeys(CAPABILITY_NAMES, False)
         return {
             **features,
-            "ctx": getattr(backend, "n_ctx", None),
+            "ctx": None if backend is None else backend.n_ctx,
             "kv_slots": len(slots.slots) if slots is not None else 0,
         }
 

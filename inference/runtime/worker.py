@@ -165,7 +165,9 @@ class InferenceWorker:
             )
             self.batch = self.kv_slots
         disk = self._disk_tier(engine)
-        setup = BackendSetup(engine, n_ctx, self.kv_slots, disk, self.prefix_source, spec=self.spec)
+        setup = BackendSetup(
+            engine, n_ctx, self.kv_slots, disk, self.prefix_source, spec=self.spec, batch=self.batch
+        )
         backend = backend_for(setup)
         logger.info("%s", warm_up_notice())
         with CompileWatch(lambda line: logger.info("%s", line)):
@@ -215,13 +217,13 @@ class InferenceWorker:
 
     def _serve_batch(self, jobs: list[Job]) -> None:
         """Serve the jobs taken together: embeddings one by one, then the generations in one
-        lockstep batch when there are several and the backend can batch them (else in order)."""
+        lockstep batch when there are several and the backend shares a weight pass among them
+        (``--batch`` is refused at start-up for one that cannot), else one after another."""
         generations = [job for job in jobs if not isinstance(job.request, EmbeddingRequest)]
         for job in jobs:
             if isinstance(job.request, EmbeddingRequest):
                 self._serve([job])
-        batch_runner = getattr(self.backend, "generate_batch", None)
-        if len(generations) > 1 and batch_runner is not None:
+        if len(generations) > 1 and self.backend.capabilities.batch:
             self._serve(generations)
         else:
             for job in generations:

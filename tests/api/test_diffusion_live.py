@@ -25,7 +25,9 @@ MAX_TOKENS = 2 * CANVAS + 8  # two whole canvases and a part of a third
 SCHEMA = {"name": "x", "schema": {"type": "object"}}
 SCHEMA_PARAM = "response_format.json_schema.schema"
 FUNCTION = {"name": "f", "parameters": {"type": "object"}}
-FEATURES = dict(tools=False, reasoning=False, grammar=False, kv_reuse=False, batch=False, spec=False)
+FEATURES = dict(
+    tools=False, reasoning=False, grammar=False, kv_reuse=False, batch=False, spec=False, embeddings=True
+)
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,9 @@ from tests.fixtures.synthetic_nanochat import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 USER = "What is the capital of France?"
 MAX_TOKENS = 8
-FEATURES = dict(tools=False, reasoning=False, grammar=False, kv_reuse=False, batch=False, spec=False)
+FEATURES = dict(
+    tools=False, reasoning=False, grammar=False, kv_reuse=False, batch=False, spec=False, embeddings=False
+)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,9 @@ MESSAGES = [
     {"role": "user", "content": "What is the capital of France?"},
 ]
 MAX_TOKENS = 8
-FEATURES = dict(tools=True, reasoning=True, grammar=True, kv_reuse=False, batch=False, spec=False)
+FEATURES = dict(
+    tools=True, reasoning=True, grammar=True, kv_reuse=False, batch=False, spec=False, embeddings=True
+)
 
 
 @pytest.fixture(scope="module")

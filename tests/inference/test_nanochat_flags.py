@@ -51,7 +51,7 @@ def test_a_directory_without_the_files_is_refused(tmp_path):
 def test_the_worker_loads_the_checkpoint_or_fails_naming_it(checkpoint_dir, tmp_path):
     worker = InferenceWorker(checkpoint_dir, JobQueue(4), n_ctx=128, nanochat=True)
     assert worker._load() and worker.state == READY
-    assert worker.backend.kv_reuse is False and worker.backend.n_ctx == 128
+    assert worker.backend.capabilities.kv_reuse is False and worker.backend.n_ctx == 128
     (tmp_path / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
     (tmp_path / "tokenizer.bin").write_bytes((checkpoint_dir / "tokenizer.bin").read_bytes())
     broken = InferenceWorker(tmp_path, JobQueue(4), n_ctx=128, nanochat=True)

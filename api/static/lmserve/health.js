@@ -14,7 +14,7 @@ const FEATURE_BADGES = {
   grammar: ["grammar", "constrained output: response_format json_schema, regex, lark"],
   kv_reuse: ["KV reuse", "a follow-up starts from the cached rows of the turn before"],
   spec: ["spec", "speculative decoding is possible (--spec)"],
-  batch: ["batch", "several requests decode in one batch (--batch)"],
+  batch: ["batch", "queued requests decode together, one pass over the weights per step (--batch)"],
 };
 
 function badge(text, title) {

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..gguf_file import GGUFFile
 from ..layers import silu
-from .base import linear
+from .base import DecoderModel, linear
 from .config import ModelConfig
 from .experts import routed_experts
 from .qwen3 import Qwen3Model
@@ -30,8 +30,9 @@ class Qwen3MoeModel(Qwen3Model):
         )
         super().__init__(f, config)
 
-    def step_layers(self) -> None:
-        return None  # routed experts: the fused step has no stage for them
+    # Routed experts: the fused step has no stage for them. The base's step_layers (None) also
+    # makes may_fuse() false: a cold start compiles no fused forward ahead, --batch is refused.
+    step_layers = DecoderModel.step_layers
 
     def load_layer(self, i: int) -> dict:
         layer = super().load_layer(i)

@@ -22,6 +22,7 @@ from inference.engine.kv_cache import ContextFullError
 from inference.engine.load_options import ExpertMode, LoadOptions
 from inference.engine.numba_cache import compiles_kernels, warm_up_notice
 from inference.engine.sampler import SamplingParams
+from inference.generation.capabilities import Capabilities, ServingFlags, refusal
 from inference.generation.speculative import Speculator
 from inference.kv.prefix_source import PrefixChoice, load_prefix_source
 from inference.management.options import add_experts_argument
@@ -67,6 +68,10 @@ class Command(BaseCommand):
             prompt = engine.encode_prompt(text)
         except (ModelFileError, GGUFError, ChatTemplateError) as exc:
             raise CommandError(str(exc)) from exc
+        flags = ServingFlags(spec=opts["spec"], prefix="--cartridge" if opts["cartridge"] else None)
+        refused = refusal(engine.family, Capabilities.of_engine(engine), flags)
+        if refused is not None:
+            raise CommandError(refused)
         warm_up(engine)
         choice = cartridge_choice(engine, opts["cartridge"], text)
         rows = choice.prefix.rows if choice is not None else 0
@@ -77,7 +82,7 @@ class Command(BaseCommand):
         stats = GenerationStats()
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         out = sys.stdout
-        speculate = opts["spec"] and engine.family.spec  # a family that cannot cut back decodes plainly
+        speculate = opts["spec"]
         decode = Speculator(engine).generate if speculate else engine.generate
         try:
             tokens = decode(cache, prompt, params, opts["max_tokens"], opts["ignore_eos"], stats)

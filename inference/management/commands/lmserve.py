@@ -19,6 +19,7 @@ from inference.management.options import (
     positive_int,
     positive_seconds,
     refuse_batch_with_fleet,
+    refuse_unserved_flags,
     sampling_defaults,
 )
 from inference.model_files import ModelFileError, resolve_model
@@ -153,8 +154,9 @@ class Command(BaseCommand):
             help="decode up to N already-queued requests together in lockstep (one pass over the "
             "weights per step for all of them); an idle server still answers a lone request at "
             "once, and requests arriving mid-batch wait for the next one. Raises --kv-slots to at "
-            "least N (one cache per stream, priced by the RAM guard); not with --fleet "
-            "(default: %(default)s)",
+            "least N (one cache per stream, priced by the RAM guard); not with --fleet, and refused "
+            "for a model whose forward has no fused path (qwen3moe, gemma4, inkling, qwen35, "
+            "diffusion-gemma): its batch would share no weight pass (default: %(default)s)",
         )
         parser.add_argument(
             "--kv-slots-force",
@@ -166,7 +168,8 @@ class Command(BaseCommand):
             default=None,
             help="disk tier: spill a KV slot about to be overwritten by an unrelated request to a "
             "sidecar file here and restore it, with no re-prefill, when a later request matches it "
-            "best; files left by an earlier run are used again (default: no disk tier)",
+            "best; files left by an earlier run are used again. Refused for a family that keeps no "
+            "KV rows across requests (qwen35, inkling, diffusion-gemma) (default: no disk tier)",
         )
         parser.add_argument(
             "--kv-disk-slots",
@@ -183,7 +186,8 @@ class Command(BaseCommand):
             "over prompt and reply) and from recycled verify logits, check several per forward; "
             "replies are exactly those of plain decoding (greedy and seeded), faster when the reply "
             "copies from the conversation; a gate from verify costs measured at start-up turns it "
-            "off where it would lose time",
+            "off where it would lose time. Refused for a family whose state cannot be cut back to "
+            "a token prefix (qwen35, inkling, diffusion-gemma)",
         )
 
         prefix = parser.add_mutually_exclusive_group()
@@ -250,7 +254,9 @@ class Command(BaseCommand):
             model_path = resolve_model(model or "")
         except ModelFileError as exc:
             raise CommandError(str(exc)) from exc
-        # Refusals before anything else: a fleet's flags, then a cartridge file that cannot be read.
+        # Refusals before anything else: the flags the model's family cannot honour, a fleet's
+        # flags, then a cartridge file that cannot be read.
+        refuse_unserved_flags(model_path, options)
         prefix_source = self.fleet_source(options, model_path) or prefix_source_from(options)
         options["model"] = model
         self.serve(options, model_path, prefix_source)

@@ -202,10 +202,8 @@ def test_a_file_without_canvas_length_is_refused():
 def test_the_family_serves_through_the_diffusion_backend(engine):
     family = engine.family
     assert family.backend == "diffusion" and not family.kv_reuse
-    features = family.features(template_renders_tools=True)
-    assert (features.tools, features.reasoning, features.grammar, features.batch, features.spec) == (
-        False,
-    ) * 5
+    assert family.tools is None and family.think is None
+    assert (family.grammar, family.batch, family.spec) == (False,) * 3
     assert engine.tokenizer.token_id("<turn|>") in engine.stop_ids
 
 

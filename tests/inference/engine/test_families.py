@@ -6,14 +6,7 @@ import dataclasses
 
 from inference.engine.chat_template import FALLBACKS
 from inference.engine.engine import Engine
-from inference.engine.families import (
-    FAMILIES,
-    FEATURE_NAMES,
-    LLAMA_CPP_SAMPLING,
-    QWEN3_SAMPLING,
-    Features,
-    family_of,
-)
+from inference.engine.families import FAMILIES, LLAMA_CPP_SAMPLING, QWEN3_SAMPLING, StateKind, family_of
 from inference.engine.gguf_file import GGUFFile
 from inference.engine.sampler import SamplingParams
 from inference.engine.tokenizer import load_tokenizer
@@ -66,14 +59,33 @@ def test_family_stop_token_ends_a_generation():
     assert cut == free[: free.index(free[1])]
 
 
-def test_features_follow_the_family_and_the_template():
-    qwen3 = FAMILIES["qwen3"].features(template_renders_tools=True)
-    assert qwen3 == Features(tools=True, reasoning=True, grammar=True, kv_reuse=True, batch=True, spec=True)
-    assert FAMILIES["qwen3"].features(template_renders_tools=False).tools is False  # no declarations
-    gemma4 = FAMILIES["gemma4"].features(template_renders_tools=True)
-    assert (gemma4.tools, gemma4.reasoning, gemma4.kv_reuse) == (False, True, True)
-    recurrent = dataclasses.replace(FAMILIES["qwen3"], kv_reuse=False, batch=False, spec=False)
-    assert dataclasses.astuple(recurrent.features(True)) == (True, True, True, False, False, False)
-    assert FEATURE_NAMES == ("tools", "reasoning", "grammar", "kv_reuse", "batch", "spec")
+def test_serving_facts_follow_from_the_state_kind():
+    # (state, kv_reuse, spec, batch, backend, grammar) per family: one fact each, the rest derived.
+    kv = (StateKind.KV, True, True, True, "conversation", True)
+    numpy_kv = (StateKind.KV, True, True, False, "conversation", True)  # no fused forward: no shared pass
+    recurrent = (StateKind.RECURRENT, False, False, False, "recurrent", True)
+    expected = {
+        "llama": kv,
+        "qwen2": kv,
+        "qwen3": kv,
+        "gemma3": kv,
+        "qwen3moe": numpy_kv,
+        "gemma4": numpy_kv,
+        "qwen35": recurrent,
+        "qwen35moe": recurrent,
+        "inkling": (StateKind.ROLLING, False, False, False, "conversation", True),
+        "diffusion-gemma": (StateKind.DIFFUSION, False, False, False, "diffusion", False),
+    }
+    facts = {
+        name: (f.state, f.kv_reuse, f.spec, f.batch, f.backend, f.grammar) for name, f in FAMILIES.items()
+    }
+    assert facts == expected
+    # batch is the layer code's: a family whose model class builds no fused forward never batches.
+    assert {name for name, f in FAMILIES.items() if f.model.may_fuse()} == {
+        "llama",
+        "qwen2",
+        "qwen3",
+        "gemma3",
+    }
     assert FAMILIES["gemma4"].template_fallback == "gemma4"
     assert FAMILIES["gemma4"].stop_tokens == ("<turn|>", "<eos>")

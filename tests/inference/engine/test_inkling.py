@@ -213,17 +213,24 @@ def test_reasoning_routes_from_content_thinking_to_content_text(think_engine):
 def test_the_conversation_backend_serves_it_without_reuse_or_speculation(think_engine):
     from inference.generation.backends import BackendSetup, backend_for
 
-    backend = backend_for(BackendSetup(think_engine, n_ctx=128, spec=True))
-    assert backend.kv_reuse is False and backend.speculator is None and backend.supports_reasoning
+    backend = backend_for(BackendSetup(think_engine, n_ctx=128))
+    can = backend.capabilities
+    assert can.kv_reuse is False and can.spec is False and can.batch is False and can.reasoning
+    assert backend.speculator is None
 
 
 def test_flags_that_keep_rows_across_requests_are_refused_at_start_up(think_engine):
     from inference.generation.backends import BackendSetup, backend_for
 
-    with pytest.raises(ValueError, match="--cartridge / --fleet cannot serve it"):
+    with pytest.raises(ValueError, match="--cartridge / --fleet is not supported for the inkling family"):
         backend_for(BackendSetup(think_engine, n_ctx=128, prefix_source=object()))
-    with pytest.raises(ValueError, match="--kv-cache-dir and --cartridge / --fleet cannot"):
+    with pytest.raises(ValueError, match="--kv-cache-dir is not supported.*; --cartridge / --fleet is not"):
         backend_for(BackendSetup(think_engine, n_ctx=128, disk=object(), prefix_source=object()))
+    # Once accepted and silently unused: no verify run can be cut back, no weight pass shared.
+    with pytest.raises(ValueError, match="^--spec is not supported for the inkling family: its short-conv"):
+        backend_for(BackendSetup(think_engine, n_ctx=128, spec=True))
+    with pytest.raises(ValueError, match="^--batch 2 is not supported .*numpy layers one conversation"):
+        backend_for(BackendSetup(think_engine, n_ctx=128, batch=2))
 
 
 PRE_TOKENIZER_CASES = [  # fucina src/llm/tokenizer.zig, "inkling pretokenizer" test

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from inference.engine.engine import Engine
-from inference.engine.families import FAMILIES
+from inference.engine.families import FAMILIES, StateKind
 from inference.engine.models.base import Run
 from inference.engine.models.deltanet import causal_conv, delta_rule, l2_norm, sigmoid, softplus
 from inference.engine.models.qwen35 import imrope_static_pairs
@@ -160,9 +160,9 @@ def test_the_recurrent_cache_is_kept_whole_or_emptied(engine):
 
 def test_family_serving_facts(engine):
     family = FAMILIES[engine.file.architecture]
-    features = family.features(engine.chat_template.supports_tools)
-    assert (features.tools, features.reasoning, features.grammar) == (True, True, True)
-    assert (features.kv_reuse, features.batch, features.spec) == (False, False, False)
+    assert family.state is StateKind.RECURRENT and engine.chat_template.supports_tools
+    assert family.tools is not None and family.think is not None and family.grammar
+    assert (family.kv_reuse, family.batch, family.spec) == (False, False, False)
     assert family.backend == "recurrent" and family.think_prefilled
     hi = [{"role": "user", "content": "Hi"}]
     assert engine.render_chat(hi).endswith("<|im_start|>assistant\n<think>\n")

@@ -89,8 +89,8 @@ def test_tokenize_counts_prompts_of_any_length(backend):
     assert backend.tokenize(request) == backend.validate(request).tokens
     long_request = GenerationRequest((Message("user", "word " * 400),))
     assert len(backend.tokenize(long_request)) > backend.n_ctx  # validate refuses it; counting does not
-    assert not backend.supports_reasoning  # llama writes no think blocks
-    assert backend.kv_reuse
+    assert not backend.capabilities.reasoning  # llama writes no think blocks
+    assert backend.capabilities.kv_reuse
 
 
 def test_cancel_stops_at_the_next_token(backend):

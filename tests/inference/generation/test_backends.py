@@ -8,6 +8,7 @@ import time
 import pytest
 
 from inference.engine.engine import Engine
+from inference.engine.families import StateKind
 from inference.generation import backends
 from inference.generation.backend import ConversationBackend
 from inference.generation.backends import BackendSetup, backend_for
@@ -31,22 +32,19 @@ def with_family(engine: Engine, **changes) -> Engine:
 def test_the_generic_backend_serves_the_default_family(engine):
     backend = backend_for(BackendSetup(engine, n_ctx=128))
     assert isinstance(backend, ConversationBackend)
-    assert backend.kv_reuse and backend.slots is not None
+    assert backend.capabilities.kv_reuse and backend.slots is not None
 
 
-def test_a_family_naming_an_unknown_backend_is_a_clear_error(engine):
+def test_a_family_naming_an_unknown_backend_is_a_clear_error(engine, monkeypatch):
+    monkeypatch.delitem(backends.BACKENDS, "conversation")
     with pytest.raises(
-        ValueError, match="'llama' names generation backend 'nowhere'.*known: conversation, diffusion"
+        ValueError, match="'llama' names generation backend 'conversation'.*known: diffusion, nanochat"
     ):
-        backend_for(BackendSetup(with_family(engine, backend="nowhere"), n_ctx=128))
+        backend_for(BackendSetup(engine, n_ctx=128))
 
 
 class RecurrentBackend(ConversationBackend):
-    """A family's own loop, registered beside the generic one (here: no cross-request reuse)."""
-
-    @property
-    def kv_reuse(self) -> bool:
-        return False
+    """A family's own loop, registered beside the generic one."""
 
 
 def test_the_worker_loads_the_backend_the_family_names(engine, monkeypatch, tmp_path, caplog):
@@ -55,7 +53,9 @@ def test_the_worker_loads_the_backend_the_family_names(engine, monkeypatch, tmp_
         backends.BACKENDS, "recurrent", lambda setup: RecurrentBackend(setup.engine, setup.n_ctx)
     )
     monkeypatch.setattr(
-        Engine, "load", classmethod(lambda cls, path, options=None: with_family(engine, backend="recurrent"))
+        Engine,
+        "load",
+        classmethod(lambda cls, path, options=None: with_family(engine, state=StateKind.RECURRENT)),
     )
     queue = JobQueue(2)
     failures: list[str] = []
@@ -69,15 +69,15 @@ def test_the_worker_loads_the_backend_the_family_names(engine, monkeypatch, tmp_
     assert worker.state == READY, failures
     queue.close()
     assert worker.join(30)
-    assert isinstance(worker.backend, RecurrentBackend) and not worker.backend.kv_reuse
+    assert isinstance(worker.backend, RecurrentBackend) and not worker.backend.capabilities.kv_reuse
     # Before the warm-up the log says whether it compiles the kernels or loads them.
     assert any("the engine's" in r.getMessage() and "kernels" in r.getMessage() for r in caplog.records)
 
 
 def test_a_family_without_kv_reuse_never_starts_from_cached_rows(engine):
-    backend = ConversationBackend(with_family(engine, kv_reuse=False), n_ctx=128)
+    backend = ConversationBackend(with_family(engine, state=StateKind.ROLLING), n_ctx=128)
     request = GenerationRequest(FRANCE, GREEDY, max_tokens=4)
     first, _ = run(backend, request)
     again, _ = run(backend, request)
-    assert not backend.kv_reuse and again.events[-1].usage.cached_tokens == 0
+    assert not backend.capabilities.kv_reuse and again.events[-1].usage.cached_tokens == 0
     assert again.text == first.text

@@ -40,8 +40,9 @@ def backend(engine) -> DiffusionBackend:
 
 def test_the_family_picks_the_diffusion_backend(backend):
     assert isinstance(backend, DiffusionBackend)
-    assert backend.slots is None and not backend.kv_reuse
-    assert not backend.supports_tools and not backend.supports_reasoning
+    assert backend.slots is None
+    can = backend.capabilities
+    assert not (can.kv_reuse or can.tools or can.reasoning or can.grammar or can.batch or can.spec)
 
 
 @pytest.mark.parametrize(
@@ -109,6 +110,14 @@ def test_a_hang_up_stops_after_the_block_in_hand(backend):
     assert produced == CANVAS and len(sink.events) == 1  # one block, no Finish: the client left
 
 
-def test_a_kv_prefix_is_refused_at_start_up(engine):
+def test_flags_it_cannot_honour_are_refused_at_start_up(engine):
     with pytest.raises(ValueError, match="cannot run behind a KV prefix"):
         backend_for(BackendSetup(engine, n_ctx=256, prefix_source=object()))
+    # Each of these was once accepted and silently unused.
+    for setup, flag in (
+        (BackendSetup(engine, n_ctx=256, spec=True), "--spec"),
+        (BackendSetup(engine, n_ctx=256, batch=2), "--batch 2"),
+        (BackendSetup(engine, n_ctx=256, disk=object()), "--kv-cache-dir"),
+    ):
+        with pytest.raises(ValueError, match=f"^{flag} is not supported for the diffusion-gemma family"):
+            backend_for(setup)

@@ -13,6 +13,7 @@ from inference.engine.chat_template import FALLBACKS, ChatTemplate
 from inference.engine.engine import Engine
 from inference.engine.families import FAMILIES, GEMMA4_THINK
 from inference.generation.backend import ConversationBackend
+from inference.generation.capabilities import Capabilities
 from inference.generation.emitter import ReplyEmitter
 from inference.types import (
     Error,
@@ -53,7 +54,7 @@ def test_a_reply_without_a_channel_is_all_content():
 
 def test_the_family_has_a_reasoning_channel():
     assert FAMILIES["gemma4"].think == GEMMA4_THINK
-    assert FAMILIES["gemma4"].features(template_renders_tools=False).reasoning is True
+    assert Capabilities.of_family(FAMILIES["gemma4"], tools_rendered=False, fused=False).reasoning
 
 
 def test_the_fallback_template_turns_thinking_on_in_the_system_turn():

@@ -105,7 +105,7 @@ def run(backend, **fields) -> RecordingSink:
 
 
 def test_think_model_routes_reasoning(backend):
-    assert backend.supports_reasoning
+    assert backend.capabilities.reasoning
     sink = run(backend, reasoning=True)
     reasoning = "".join(e.text for e in sink.events if isinstance(e, ReasoningDelta))
     assert (reasoning, sink.text) == (THINK_TEXT, ANSWER_TEXT)

@@ -1,6 +1,7 @@
-"""The recurrent backend on the synthetic Qwen3.5 file: a fresh cache per request (nothing
-cached, the same reply twice), the prompt-prefilled think opener routed as reasoning, thinking
-off under a grammar, and the flags it cannot honour refused by name."""
+"""The recurrent family's backend (the conversation loop over fresh caches) on the synthetic
+Qwen3.5 file: a fresh cache per request (nothing cached, the same reply twice), the
+prompt-prefilled think opener routed as reasoning, thinking off under a grammar, and the flags
+it cannot honour refused by name."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import pytest
 
 from inference.engine.engine import Engine
 from inference.engine.sampler import SamplingParams
+from inference.generation.backend import ConversationBackend
 from inference.generation.backends import BackendSetup, backend_for
 from inference.generation.constraints import ConstraintSpec
-from inference.generation.recurrent import RecurrentBackend
+from inference.generation.recurrent import FreshCaches
 from inference.types import (
     Error,
     Finish,
@@ -34,9 +36,9 @@ def engine(synthetic_dir) -> Engine:
 
 
 @pytest.fixture(scope="module")
-def backend(engine) -> RecurrentBackend:
+def backend(engine) -> ConversationBackend:
     chosen = backend_for(BackendSetup(engine, n_ctx=128))
-    assert isinstance(chosen, RecurrentBackend)
+    assert isinstance(chosen.caches, FreshCaches)  # the conversation loop, composed with fresh caches
     return chosen
 
 
@@ -55,8 +57,8 @@ def greedy_text(engine: Engine, prompt: list[int], n: int) -> str:
 
 
 def test_the_backend_keeps_nothing_between_requests(backend):
-    assert backend.kv_reuse is False and backend.slots is None
-    assert getattr(backend, "generate_batch", None) is None  # the worker serves batches in turn
+    assert backend.capabilities.kv_reuse is False and backend.slots is None
+    assert not backend.capabilities.batch  # the worker serves its jobs one at a time
     request = GenerationRequest(ASK, GREEDY, max_tokens=6)
     _, first = run(backend, request)
     _, again = run(backend, request)
@@ -94,12 +96,14 @@ def test_a_grammar_governs_the_reply_from_its_first_token(backend, engine):
 
 
 def test_flags_that_need_a_cut_back_cache_are_refused(engine):
-    with pytest.raises(ValueError, match="--spec cannot serve it"):
+    with pytest.raises(ValueError, match="^--spec is not supported for the qwen35 family: its recurrent"):
         backend_for(BackendSetup(engine, n_ctx=64, spec=True))
-    with pytest.raises(ValueError, match="--kv-cache-dir and --spec cannot serve it"):
+    with pytest.raises(ValueError, match="--spec is not .*; --kv-cache-dir is not supported"):
         backend_for(BackendSetup(engine, n_ctx=64, disk=object(), spec=True))
-    with pytest.raises(ValueError, match="cannot run behind a KV prefix"):
+    with pytest.raises(ValueError, match="--cartridge / --fleet .*cannot run behind a KV prefix"):
         backend_for(BackendSetup(engine, n_ctx=64, prefix_source=object()))
+    with pytest.raises(ValueError, match="--batch 2 is not supported .*serves one request at a time"):
+        backend_for(BackendSetup(engine, n_ctx=64, batch=2))
 
 
 def test_an_engine_failure_ends_the_request_with_a_500(backend, monkeypatch):
