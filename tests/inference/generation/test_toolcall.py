@@ -264,6 +264,14 @@ CALL = '<tool_call>\n{{"name": "{}", "arguments": {{"city": "Oslo", "unit": "c"}
         ("Let me look.\n" + CALL.format("launch_code"), False),  # an undeclared tool
         (CALL.format("get_weather") + " and then some words", False),
         ('<tool_call>\n{"name": "get_weather", "arguments": [1]}\n</tool_call>', False),
+        # Whitespace is where a small model pads a call forever: only json.dumps' own layout
+        # inside the arguments, and at most 4 characters between calls and after the last.
+        ('<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>', True),
+        ('<tool_call>\n{"name": "get_time", "arguments": {"zone":  "UTC"}}\n</tool_call>', False),
+        ('<tool_call>\n{"name": "get_time", "arguments": {\n"zone": "UTC"}}\n</tool_call>', False),
+        ('<tool_call>\n{"name": "get_time", "arguments": {"zone":"UTC"}}\n</tool_call>', False),
+        (CALL.format("get_weather") + "\n" * 4, True),
+        (CALL.format("get_weather") + "\n" * 5, False),
     ],
 )
 def test_the_auto_call_grammar_frees_text_and_binds_calls_to_declared_tools(qwen_compiler, reply, accepted):
