@@ -234,8 +234,11 @@ class ChatTemplate:
 
         System messages after the first turn (agents send reminders and agent lists that way)
         render where they stand when the template allows it, which keeps the conversation's
-        earlier tokens (and so its warm KV rows) unchanged; a template that refuses them gets
-        them folded, in order, into the leading system message instead."""
+        earlier tokens (and so its warm KV rows) unchanged, except that system messages right
+        after a user message render just before it (:func:`context_before_its_turn`); a
+        template that refuses them gets them folded, in order, into the leading system message
+        instead."""
+        messages = context_before_its_turn(messages)
         try:
             return self._render(messages, add_generation_prompt, tools, **extra)
         except ChatTemplateError:
@@ -261,6 +264,28 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template failed: {exc}") from exc
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
             raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+
+
+def context_before_its_turn(messages: list[dict]) -> list[dict]:
+    """``messages`` with each run of system messages that directly follows a user message
+    moved just before that user message; every other message keeps its place.
+
+    Claude Code sends the user's prompt and then a system message of context (its environment,
+    the git status). Rendered in place, that context is the last turn before the reply, and a
+    small model answers it instead of the user: Qwen2.5-Coder-0.5B, greedy, asked "What is the
+    capital of France?", called an unrelated tool; with the context before the question it
+    answered "Paris". The rule looks at one user message and what follows it, so a later turn
+    renders the earlier ones as the first render did, and their warm KV rows still match."""
+    ordered: list[dict] = []
+    i = 0
+    while i < len(messages):
+        message = messages[i]
+        end = i + 1
+        while message.get("role") == "user" and end < len(messages) and messages[end].get("role") == "system":
+            end += 1
+        ordered += [*messages[i + 1 : end], message]
+        i = end
+    return ordered
 
 
 def fold_late_system_messages(messages: list[dict]) -> list[dict] | None:

@@ -186,10 +186,38 @@ LATE_SYSTEM = [
 def test_a_late_system_message_renders_in_place_where_the_template_allows_it():
     """Qwen2.5's template renders a system turn anywhere: the turns before it keep their
     tokens, so a conversation's warm KV rows stay usable."""
-    rendered = template_of("qwen2.5-coder-0.5b-instruct.gguf").render(LATE_SYSTEM, tools=[WEATHER_TOOL])
-    in_place = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>system\nAgents: explore, plan.<|im_end|>\n"
+    after_reply = [*LATE_SYSTEM[:2], {"role": "assistant", "content": "Hello."}, *LATE_SYSTEM[2:]]
+    rendered = template_of("qwen2.5-coder-0.5b-instruct.gguf").render(after_reply, tools=[WEATHER_TOOL])
+    in_place = (
+        "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>system\nAgents: explore, plan.<|im_end|>\n"
+    )
     assert in_place in rendered
     assert rendered.index("Be brief.") < rendered.index("get_weather") < rendered.index("Agents:")
+
+
+CLAUDE_CODE_FIRST = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "system", "content": "Environment: linux."},
+    {"role": "system", "content": "gitStatus: clean."},
+]
+
+
+def test_context_after_a_user_message_renders_before_it_so_the_reply_answers_the_user():
+    qwen = template_of("qwen2.5-coder-0.5b-instruct.gguf")
+    rendered = qwen.render(CLAUDE_CODE_FIRST, tools=[WEATHER_TOOL])
+    last_turn = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    assert rendered.endswith(last_turn)
+    assert rendered.index("get_weather") < rendered.index("Environment") < rendered.index("gitStatus")
+    # The next turn of the same conversation starts with the same tokens: its warm rows match.
+    next_turn = [
+        *CLAUDE_CODE_FIRST,
+        {"role": "assistant", "content": "Paris."},
+        {"role": "user", "content": "And Spain?"},
+    ]
+    assert qwen.render(next_turn, tools=[WEATHER_TOOL]).startswith(
+        rendered.removesuffix("<|im_start|>assistant\n")
+    )
 
 
 def test_a_template_that_refuses_a_late_system_message_gets_it_folded_into_the_leading_one():
