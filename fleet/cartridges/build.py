@@ -213,22 +213,29 @@ def _train(
     )
     pool = ConversationPool(engine, tokens, spec.seed, spec.selfstudy, directory=spec.dataset)
     held = held_out_pool(engine, tokens, config, spec.dataset)
+    if spec.dataset is not None:
+        # A rerun of an interrupted build starts from here: what its shards hold is not made again.
+        progress.on_log(
+            f"dataset {spec.dataset.name}: {len(pool)} training and {len(held)} held-out "
+            "conversations on disk"
+        )
+    made = [len(pool)]
+
+    def on_batch(n: int) -> None:
+        # Each batch is on disk (with a dataset) before this runs: a cancel loses no whole batch.
+        made[0] += n
+        progress.on_conversations(made[0], pool.coverage(made[0]))
+        if progress.cancelled():
+            raise BuildCancelled(f"cancelled after {made[0]} conversations")
+
     if deadline is not None:
         held.make(0, config.held_out)
-        made = [len(pool)]
-
-        def on_batch(n: int) -> None:
-            made[0] += n
-            progress.on_conversations(made[0], pool.coverage(made[0]))
-            if progress.cancelled():
-                raise BuildCancelled(f"cancelled after {made[0]} conversations")
-
         budget = deadline - t0
         count = pool.make_until(t0 + spec.synthesis_share * budget, on_batch)
         if spec.steps == 0 or count < spec.steps * config.accum:
             config = replace(config, conversations=count)
     count = config.conversations or spec.steps * config.accum
-    pool.make(0, count)
+    pool.make(0, count, on_batch)
     coverage = pool.coverage(count)
     progress.on_conversations(count, coverage)
     progress.on_log(
