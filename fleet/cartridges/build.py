@@ -256,10 +256,22 @@ def _train(
 
     try:
         result = train_cartridge(
-            engine, cartridge, tokens, config, on_step, progress.cancelled, pool, held, deadline, on_eval
+            engine,
+            cartridge,
+            tokens,
+            config,
+            on_step,
+            progress.cancelled,
+            pool,
+            held,
+            deadline,
+            on_eval,
+            state_dir=spec.dataset,  # where an interrupted build's training resumes from
         )
     except TrainingCancelled as exc:
         raise BuildCancelled(str(exc)) from exc
+    if result.resumed_step:
+        progress.on_log(f"training resumed at step {result.resumed_step} from the dataset's saved state")
     kept = f"step {result.best_step} of {result.steps} kept"
     progress.on_log(f"held-out loss {result.loss_first:.4f} -> {result.loss_last:.4f} ({kept})")
     return _Trained(result, count, coverage)
