@@ -225,19 +225,28 @@ def _summary(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-def test_a_pool_process_killed_mid_training_fails_the_job_at_once(faults):
-    watcher = faults.watch_build(steps=6)
-    job = faults.wait_job(lambda j: j["state"] == "running" and j["step"] >= 1)
+def test_a_pool_process_killed_mid_training_fails_the_job_at_once_and_a_rerun_resumes_training(faults):
+    steps = 12  # the training state is saved after the held-out evaluation at step 8
+    watcher = faults.watch_build(steps)
+    job = faults.wait_job(lambda j: j["state"] == "running" and j["step"] >= 9)
     pid = int(job["process"].rpartition(":")[2])
     assert pid != faults.worker.pid  # the pool's child runs the build
     os.kill(pid, signal.SIGKILL)
     job = faults.wait_job(lambda j: j["state"] == "failed", timeout=60)
     assert job["error"].startswith("worker lost: Worker exited prematurely: signal 9 (SIGKILL)"), job["error"]
-    assert job["finished"] and 1 <= job["step"] < 6
+    assert job["finished"] and 9 <= job["step"] < steps
     _, stderr = watcher.communicate(timeout=60)
     assert watcher.returncode == 1 and f"job #{job['id']} failed: worker lost" in stderr
     faults.no_output_written()
     assert faults.worker.poll() is None  # the worker itself lives on, with a fresh pool process
+    assert len(list(faults.dataset.glob("train-state-*.npz"))) == 1
+
+    done = faults.manage(*faults.build_args(steps))
+    assert done.returncode == 0, done.stderr
+    rerun = faults.job()
+    assert rerun["state"] == "succeeded" and "training resumed at step 8 " in rerun["log"], rerun["log"]
+    assert _summary(done.stdout)["steps"] == steps and load_cartridge(faults.out).rows == 16
+    assert list(faults.dataset.glob("train-state-*.npz")) == []
 
 
 def test_a_worker_killed_whole_mid_synthesis_is_failed_by_the_next_one_and_a_rerun_resumes(faults):
