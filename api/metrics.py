@@ -110,6 +110,11 @@ def count_response(path: str, status: int) -> None:
         QUEUE_FULL.inc()
 
 
+def count_unparsed(status: int) -> None:
+    """Count one request refused before its request line could be read (no path to label)."""
+    REQUESTS.labels("other", str(status)).inc()
+
+
 class RequestMetricsMiddleware:
     """Counts each HTTP response by endpoint and status as it starts."""
 

@@ -116,10 +116,14 @@ CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "")
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", "") or CELERY_BROKER_URL
 CELERY_TASK_SERIALIZER = CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
-# A build runs for minutes: a worker takes one task at a time and acknowledges it when done, so a
-# worker that dies mid-build leaves the task to another.
+# A build runs for minutes: a worker takes one task at a time and acknowledges it when done. A
+# worker that dies mid-build has its job marked failed (fleet/tasks.py); a redelivered message
+# finds the job no longer queued and does nothing.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_LATE = True
+# A build's state lives in the database, not the broker: it runs on through a broker outage
+# (its message is acknowledged, or redelivered and ignored, once the broker is back).
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 
 # KV prefix sources by flag (`lmserve --cartridge F` calls the "cartridge" factory with F,
 # `--fleet DIR` the "fleet" factory with DIR and the --rag-* options): the

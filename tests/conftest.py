@@ -19,7 +19,9 @@ def synthetic_dir(tmp_path_factory) -> Path:
 
 # Fixtures that start a manage.py server process (or a redis-server and a Celery worker): a test
 # using one (even through another fixture) is a live-server test and belongs to the slow tier.
-LIVE_SERVER_FIXTURES = frozenset({"server", "start_server", "model_server", "redis_url", "celery_world"})
+LIVE_SERVER_FIXTURES = frozenset(
+    {"server", "start_server", "model_server", "redis_url", "celery_world", "faults"}
+)
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -213,22 +213,29 @@ def _train(
     )
     pool = ConversationPool(engine, tokens, spec.seed, spec.selfstudy, directory=spec.dataset)
     held = held_out_pool(engine, tokens, config, spec.dataset)
+    if spec.dataset is not None:
+        # A rerun of an interrupted build starts from here: what its shards hold is not made again.
+        progress.on_log(
+            f"dataset {spec.dataset.name}: {len(pool)} training and {len(held)} held-out "
+            "conversations on disk"
+        )
+    made = [len(pool)]
+
+    def on_batch(n: int) -> None:
+        # Each batch is on disk (with a dataset) before this runs: a cancel loses no whole batch.
+        made[0] += n
+        progress.on_conversations(made[0], pool.coverage(made[0]))
+        if progress.cancelled():
+            raise BuildCancelled(f"cancelled after {made[0]} conversations")
+
     if deadline is not None:
         held.make(0, config.held_out)
-        made = [len(pool)]
-
-        def on_batch(n: int) -> None:
-            made[0] += n
-            progress.on_conversations(made[0], pool.coverage(made[0]))
-            if progress.cancelled():
-                raise BuildCancelled(f"cancelled after {made[0]} conversations")
-
         budget = deadline - t0
         count = pool.make_until(t0 + spec.synthesis_share * budget, on_batch)
         if spec.steps == 0 or count < spec.steps * config.accum:
             config = replace(config, conversations=count)
     count = config.conversations or spec.steps * config.accum
-    pool.make(0, count)
+    pool.make(0, count, on_batch)
     coverage = pool.coverage(count)
     progress.on_conversations(count, coverage)
     progress.on_log(
@@ -249,10 +256,22 @@ def _train(
 
     try:
         result = train_cartridge(
-            engine, cartridge, tokens, config, on_step, progress.cancelled, pool, held, deadline, on_eval
+            engine,
+            cartridge,
+            tokens,
+            config,
+            on_step,
+            progress.cancelled,
+            pool,
+            held,
+            deadline,
+            on_eval,
+            state_dir=spec.dataset,  # where an interrupted build's training resumes from
         )
     except TrainingCancelled as exc:
         raise BuildCancelled(str(exc)) from exc
+    if result.resumed_step:
+        progress.on_log(f"training resumed at step {result.resumed_step} from the dataset's saved state")
     kept = f"step {result.best_step} of {result.steps} kept"
     progress.on_log(f"held-out loss {result.loss_first:.4f} -> {result.loss_last:.4f} ({kept})")
     return _Trained(result, count, coverage)

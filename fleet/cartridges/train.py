@@ -11,9 +11,12 @@ after training compare.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -193,6 +196,102 @@ def mean_loss(fw: PrefixForward, convs: list[Conversation], k: np.ndarray, v: np
     return float(np.mean([conversation_loss(fw, c, k, v) for c in convs]))
 
 
+STATE_FORMAT = "lmserve-train-state/1"
+
+
+def run_key(cartridge: Cartridge, config: TrainConfig, pool: ConversationPool, held: ConversationPool) -> str:
+    """What a saved training state must match to be resumed: the starting cartridge, every
+    knob that changes a number (recomputation in the backward does not), and both pools'
+    dataset headers (model, corpus, seeds, self-study settings)."""
+    knobs = asdict(config)
+    knobs.pop("checkpoint")
+    described = {
+        "format": STATE_FORMAT,
+        "config": knobs,
+        "train": asdict(pool.header),
+        "held_out": asdict(held.header),
+        "fingerprint": cartridge.fingerprint.hex(),
+        "frozen_rows": cartridge.frozen_rows,
+    }
+    digest = hashlib.sha256(json.dumps(described, sort_keys=True).encode())
+    digest.update(np.ascontiguousarray(cartridge.k).tobytes())
+    digest.update(np.ascontiguousarray(cartridge.v).tobytes())
+    return digest.hexdigest()
+
+
+@dataclass
+class _State:
+    """Training as it stood after an evaluation: enough to continue bit for bit."""
+
+    key: str
+    step: int
+    k: np.ndarray
+    v: np.ndarray
+    adam: Adam
+    best: _Best
+    loss_first: float
+    history: list[float]
+    held_history: list[tuple[int, float]]
+
+    def save(self, path: Path) -> None:
+        """Write atomically (a temporary file renamed into place): a kill mid-write leaves the
+        previous state."""
+        meta = {
+            "format": STATE_FORMAT,
+            "key": self.key,
+            "step": self.step,
+            "best_step": self.best.step,
+            "best_loss": self.best.loss,
+            "loss_first": self.loss_first,
+            "history": self.history,
+            "held_history": [list(point) for point in self.held_history],
+        }
+        arrays = {f"adam_{name}": a for name, a in self.adam.arrays().items()}
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            with tmp.open("wb") as out:
+                np.savez(
+                    out,
+                    meta=np.array(json.dumps(meta)),
+                    k=self.k,
+                    v=self.v,
+                    best_k=self.best.k,
+                    best_v=self.best.v,
+                    **arrays,
+                )
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @classmethod
+    def load(cls, path: Path, key: str) -> _State | None:
+        """The state saved at ``path`` for run ``key``; None when there is none, it is another
+        run's, or it cannot be read (training then starts over)."""
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                meta = json.loads(str(f["meta"]))
+                if meta.get("format") != STATE_FORMAT or meta.get("key") != key:
+                    return None
+                adam = Adam.from_arrays(
+                    {name: f[f"adam_{name}"] for name in ("m_k", "v_k", "m_v", "v_v", "t")}
+                )
+                best = _Best(meta["best_step"], meta["best_loss"], f["best_k"], f["best_v"])
+                held_history = [(int(s), float(loss)) for s, loss in meta["held_history"]]
+                return cls(
+                    key,
+                    meta["step"],
+                    f["k"],
+                    f["v"],
+                    adam,
+                    best,
+                    meta["loss_first"],
+                    meta["history"],
+                    held_history,
+                )
+        except (OSError, ValueError, KeyError, json.JSONDecodeError):
+            return None
+
+
 @dataclass
 class TrainResult:
     """A trained cartridge (the checkpoint with the lowest held-out loss, the initialisation
@@ -205,6 +304,7 @@ class TrainResult:
     best_step: int = 0  # the step the returned checkpoint is from (0: the initialisation)
     steps: int = 0  # steps taken
     held_history: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out loss)
+    resumed_step: int = 0  # the step a saved state let this run start from (0: from the start)
 
 
 StepCallback = Callable[[int, int, float], None]
@@ -222,13 +322,18 @@ def train_cartridge(
     held: ConversationPool | None = None,
     deadline: float | None = None,
     on_eval: EvalCallback | None = None,
+    state_dir: Path | None = None,
 ) -> TrainResult:
     """Train a copy of ``cartridge`` for ``config.steps`` steps, or until ``deadline``
     (``time.perf_counter()``) has passed, whichever comes first; raises TrainingCancelled
     between steps when ``cancelled()`` turns true. The held-out loss is measured before the
     first step, every ``config.eval_every`` steps and after the last; the checkpoint where it
     was lowest is the result, so training longer never returns a worse cartridge. ``pool`` and
-    ``held`` (training and held-out conversations) default to pools of the config's seed."""
+    ``held`` (training and held-out conversations) default to pools of the config's seed.
+
+    With a ``state_dir``, training saves its state there after every evaluation and a run of
+    the same training (:func:`run_key`) started again continues from the last one saved,
+    giving what an uninterrupted run gives; the state file is removed when training ends."""
     if config.steps <= 0 and deadline is None:
         raise ValueError("training needs steps > 0 or a deadline")
     fw = PrefixForward(engine.model)
@@ -237,16 +342,27 @@ def train_cartridge(
     if held is None:
         held = held_out_pool(engine, corpus, config)
     held_out = held.take(0, config.held_out)
-    k, v, frozen = cartridge.k.copy(), cartridge.v.copy(), cartridge.frozen_rows
-    loss_first = mean_loss(fw, held_out, k, v)
-    if on_eval is not None:
-        on_eval(0, loss_first)
-    best = _Best(0, loss_first, k.copy(), v.copy())
-    held_history = [(0, loss_first)]
-    adam = Adam.zeros(k[:, :, frozen:], v[:, :, frozen:])
-    history: list[float] = []
+    frozen = cartridge.frozen_rows
+    key = run_key(cartridge, config, pool, held)
+    state_path = state_dir / f"train-state-{key[:16]}.npz" if state_dir is not None else None
+    state = _State.load(state_path, key) if state_path is not None else None
+    if state is not None:
+        k, v, adam, best, step = state.k.copy(), state.v.copy(), state.adam, state.best, state.step
+        loss_first, history, held_history = state.loss_first, state.history, state.held_history
+        if on_eval is not None:
+            on_eval(best.step, best.loss)
+    else:
+        k, v = cartridge.k.copy(), cartridge.v.copy()
+        loss_first = mean_loss(fw, held_out, k, v)
+        if on_eval is not None:
+            on_eval(0, loss_first)
+        best = _Best(0, loss_first, k.copy(), v.copy())
+        held_history = [(0, loss_first)]
+        adam = Adam.zeros(k[:, :, frozen:], v[:, :, frozen:])
+        history = []
+        step = 0
+    resumed_step = step
     total = config.steps if config.steps > 0 else 0
-    step = 0
     while (config.steps <= 0 or step < config.steps) and (deadline is None or time.perf_counter() < deadline):
         if cancelled is not None and cancelled():
             raise TrainingCancelled(f"cancelled after {step} of {config.steps or 'timed'} steps")
@@ -260,8 +376,12 @@ def train_cartridge(
             on_step(step, total, loss)
         if config.eval_every and step % config.eval_every == 0:
             best = _evaluate(fw, held_out, k, v, step, best, held_history, on_eval)
+            if state_path is not None:
+                _State(key, step, k, v, adam, best, loss_first, history, held_history).save(state_path)
     if held_history[-1][0] != step:
         best = _evaluate(fw, held_out, k, v, step, best, held_history, on_eval)
+    if state_path is not None:
+        state_path.unlink(missing_ok=True)
     training = {
         **cartridge.training,
         "method": "self-study",
@@ -276,7 +396,7 @@ def train_cartridge(
         "held_out": [list(point) for point in held_history],
     }
     trained = Cartridge(best.k, best.v, cartridge.fingerprint, frozen, training)
-    return TrainResult(trained, loss_first, best.loss, history, best.step, step, held_history)
+    return TrainResult(trained, loss_first, best.loss, history, best.step, step, held_history, resumed_step)
 
 
 def _step_indices(step: int, config: TrainConfig) -> range | list[int]:

@@ -14,6 +14,7 @@ from fleet.models import BuildJob
 from fleet.services import jobs
 
 WATCH_SECONDS = 0.5
+REAP_EVERY = 10  # watch polls between checks that the job's process is still alive
 
 
 class TqdmProgress:
@@ -75,7 +76,11 @@ def run_job(job: BuildJob, use_celery: bool, run_inline, description: str) -> Bu
 def _watch(job_id: int, progress: TqdmProgress) -> BuildJob:
     """Follow a job some worker runs until it ends, mirroring its row on the bar."""
     seen_log = 0
+    polls = 0
     while True:
+        if polls % REAP_EVERY == 0:
+            jobs.fail_orphans()  # a worker killed on this host would leave the row running forever
+        polls += 1
         job = BuildJob.objects.get(pk=job_id)
         if job.total:
             progress.on_step(job.step, job.total, job.loss)

@@ -145,17 +145,23 @@ def _alive(pid: int) -> bool:
 def fail_orphans() -> int:
     """Mark failed the running jobs whose process on this host has ended (a server restarted
     under its build thread, a killed command or worker): nothing else would ever end them.
-    Returns how many."""
+    Returns how many. Run when a Celery worker starts, while a command watches a job, and when
+    the admin's job pages are read."""
     host = socket.gethostname()
     orphans = 0
     for job_id, process in BuildJob.objects.filter(state=State.RUNNING).values_list("pk", "process"):
         name, _, pid = process.rpartition(":")
         if name == host and pid.isdigit() and not _alive(int(pid)):
-            error = f"the process running it ({process}) ended before the build did"
-            orphans += BuildJob.objects.filter(pk=job_id, state=State.RUNNING).update(
-                state=State.FAILED, error=error, finished=timezone.now()
-            )
+            orphans += fail_lost(job_id, f"the process running it ({process}) ended before the build did")
     return orphans
+
+
+def fail_lost(job_id: int, why: str) -> int:
+    """Mark a running job failed because the process running it is gone ("worker lost: why");
+    1 when it was running, else 0 (it had ended already)."""
+    return BuildJob.objects.filter(pk=job_id, state=State.RUNNING).update(
+        state=State.FAILED, error=f"worker lost: {why}", finished=timezone.now()
+    )
 
 
 def finish(job_id: int, state: str, *, error: str = "", result: dict | None = None, log_text=None) -> None:

@@ -50,29 +50,66 @@ def _stop(process: subprocess.Popen, timeout: float = 30.0) -> None:
             process.wait()
 
 
+@dataclass
+class RedisServer:
+    """A redis-server of our own on a free port, persistence off."""
+
+    process: subprocess.Popen
+    url: str
+
+    @classmethod
+    def start(cls, log_dir: Path) -> RedisServer:
+        if not (Path(REDIS).exists() or shutil.which(REDIS)):
+            pytest.fail(
+                f"no redis-server at {REDIS}: run scripts/test.py (it installs Debian's redis-server)"
+            )
+        import redis
+
+        port = free_port()
+        log = log_dir / "redis.log"
+        args = [REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        process = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+        def pong() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"redis-server exited:\n{log.read_text()}")
+            try:
+                return redis.Redis(port=port, socket_timeout=1).ping()
+            except redis.ConnectionError:
+                return False
+
+        _wait(pong, 30, "redis-server", log.read_text)
+        return cls(process, f"redis://127.0.0.1:{port}/0")
+
+    def stop(self) -> None:
+        _stop(self.process)
+
+
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory) -> str:
     """A redis-server of our own on a free port; its URL."""
-    if not (Path(REDIS).exists() or shutil.which(REDIS)):
-        pytest.fail(f"no redis-server at {REDIS}: run scripts/test.py (it installs Debian's redis-server)")
-    import redis
+    server = RedisServer.start(tmp_path_factory.mktemp("redis"))
+    yield server.url
+    server.stop()
 
-    port = free_port()
-    log = tmp_path_factory.mktemp("redis") / "redis.log"
-    args = [REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    process = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
-    def pong() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"redis-server exited:\n{log.read_text()}")
-        try:
-            return redis.Redis(port=port, socket_timeout=1).ping()
-        except redis.ConnectionError:
-            return False
+def start_worker(env: dict, log: Path, concurrency: int = 2, new_session: bool = False) -> subprocess.Popen:
+    """``celery worker`` from the checkout, ready (its " ready." line logged). ``new_session``:
+    in a process group of its own, so that the whole worker can be killed at once."""
+    flags = "-A lmserve_site.celery worker --loglevel INFO --pool prefork --without-gossip --without-mingle"
+    args = [sys.executable, "-m", "celery", *flags.split(), "--without-heartbeat"]
+    args += ["--concurrency", str(concurrency), "--hostname", f"test-{log.stem}@%h"]
+    worker = subprocess.Popen(
+        args, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=new_session
+    )
 
-    _wait(pong, 30, "redis-server", log.read_text)
-    yield f"redis://127.0.0.1:{port}/0"
-    _stop(process)
+    def ready() -> bool:
+        if worker.poll() is not None:
+            raise RuntimeError(f"the celery worker exited:\n{log.read_text()}")
+        return " ready." in log.read_text()
+
+    _wait(ready, 120, "celery worker", log.read_text)
+    return worker
 
 
 @dataclass
@@ -110,19 +147,7 @@ def celery_world(redis_url, tmp_path_factory) -> CeleryWorld:
     world = CeleryWorld(env, data, data / "worker.log")
     migrated = world.manage("migrate", "--noinput")
     assert migrated.returncode == 0, migrated.stderr
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "lmserve_site.celery", "worker", "--loglevel", "INFO",
-         "--concurrency", "2", "--pool", "prefork", "--hostname", "test@%h",
-         "--without-gossip", "--without-mingle", "--without-heartbeat"],
-        cwd=ROOT, env=env, stdout=world.worker_log.open("w"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
-
-    def ready() -> bool:
-        if worker.poll() is not None:
-            raise RuntimeError(f"the celery worker exited:\n{world.worker_log.read_text()}")
-        return " ready." in world.worker_log.read_text()
-
-    _wait(ready, 120, "celery worker", world.worker_log.read_text)
+    worker = start_worker(env, world.worker_log)
     world.worker_pid = worker.pid
     yield world
     _stop(worker, 60)

@@ -228,3 +228,49 @@ def test_a_step_counted_build_writes_its_conversations_to_a_new_dataset(engine, 
     header = DatasetHeader.describe(engine, corpus_tokens(engine, corpus), 0, SMALL)
     assert sorted(load_split(dataset, header, "train")) == [0, 1]
     assert sorted(load_split(dataset, header, "held_out")) == [0, 1, 2, 3]
+
+
+class Killed(Exception):
+    """Stands for the process dying mid-training."""
+
+
+def test_an_interrupted_training_resumes_from_its_saved_state(engine, corpus, tmp_path):
+    tokens = corpus_tokens(engine, corpus)
+    start = initial_cartridge(engine, tokens[:8], frozen_rows=1)
+    config = TrainConfig(
+        steps=6, lr=2e-2, accum=1, held_out=2, seed=1, eval_every=2, conversations=3, selfstudy=SMALL
+    )
+    pool = ConversationPool(engine, tokens, config.seed, SMALL)
+    held = held_out_pool(engine, tokens, config)
+    whole = train_cartridge(engine, start, tokens, config, pool=pool, held=held)
+
+    def die_at_five(step: int, total: int, loss: float) -> None:
+        if step == 5:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train_cartridge(engine, start, tokens, config, die_at_five, pool=pool, held=held, state_dir=tmp_path)
+    (saved,) = tmp_path.iterdir()  # the state after the evaluation at step 4
+    # Another training (another rate) does not start from it.
+    other = train_cartridge(
+        engine, start, tokens, replace(config, lr=1e-2), pool=pool, held=held, state_dir=tmp_path
+    )
+    assert other.resumed_step == 0 and list(tmp_path.iterdir()) == [saved]
+
+    steps = []
+    resumed = train_cartridge(
+        engine,
+        start,
+        tokens,
+        config,
+        lambda s, t, loss: steps.append(s),
+        pool=pool,
+        held=held,
+        state_dir=tmp_path,
+    )
+    assert resumed.resumed_step == 4 and steps == [5, 6]
+    assert np.array_equal(resumed.cartridge.k, whole.cartridge.k)
+    assert np.array_equal(resumed.cartridge.v, whole.cartridge.v)
+    assert resumed.history == whole.history and resumed.held_history == whole.held_history
+    assert (resumed.best_step, resumed.loss_last) == (whole.best_step, whole.loss_last)
+    assert list(tmp_path.iterdir()) == []  # training ended: its state is gone
