@@ -71,7 +71,9 @@ def agents() -> Path:
 
 @pytest.fixture(scope="module")
 def model_server(tmp_path_factory):
-    """Qwen2.5-Coder with a context that holds Claude Code's ~27k-token first prompt."""
+    """Qwen2.5-Coder with a context that holds Claude Code's ~27k-token first prompt, greedy:
+    neither agent sends a temperature, and ``--temp 0`` makes the small model's turns the same
+    on every run (docs/CLIENTS.md recommends it)."""
     server = start_lmserve(
         tmp_path_factory.mktemp("coding-agents"),
         "models/qwen2.5-coder-0.5b-instruct.gguf",
@@ -79,6 +81,8 @@ def model_server(tmp_path_factory):
         "32768",
         "--kv-slots",
         "2",
+        "--temp",
+        "0",
     )
     yield server
     server.stop()
