@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from inference.engine.numba_cache import BASE_VARIABLE
+from inference.engine.jit.numba_cache import BASE_VARIABLE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 

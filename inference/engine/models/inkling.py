@@ -29,7 +29,7 @@ import numpy as np
 
 from ..gguf_file import GGUFError, GGUFFile
 from ..kv_cache import KVCache
-from ..layers import rms_norm
+from .layers import rms_norm
 from .base import DecoderModel, linear, stack_linears, stacked_linears
 from .inkling_ffn import InklingMoE, swiglu
 from .inkling_shapes import InklingShape, inkling_config, inkling_shape

@@ -6,10 +6,10 @@ import numpy as np
 
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
-from ..layers import ROPE_NEOX, ROPE_NORM, rms_norm, silu
+from .layers import ROPE_NEOX, ROPE_NORM, rms_norm, silu
 from .base import DecoderModel, layer_slots, linear, stack_linears, stacked_linears
 from .config import ModelConfig
-from .fused import LayerWeights
+from ..fused.fused import LayerWeights
 
 QKV = ("attn_q", "attn_k", "attn_v")
 GATE_UP = ("ffn_gate", "ffn_up")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..kv_cache import KVCache
-from ..layers import ROPE_NEOX, rms_norm
+from .layers import ROPE_NEOX, rms_norm
 from .base import linear
 from .llama import LlamaModel
-from .step_kernels import QK_NORM
+from ..fused.step_kernels import QK_NORM
 
 
 class Qwen3Model(LlamaModel):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..gguf_file import GGUFError, GGUFFile
-from ..layers import silu
+from .layers import silu
 from .base import linear
 from .deltanet import sigmoid
 from .experts import routed_experts

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..gguf_file import GGUFFile
-from ..layers import silu
+from .layers import silu
 from .base import linear
 from .config import ModelConfig
 from .experts import routed_experts

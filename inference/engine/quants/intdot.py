@@ -27,8 +27,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..intrinsics import element_pointer, fma32
-from ..simd import host_simd
+from ..jit.intrinsics import element_pointer, fma32
+from ..jit.simd import host_simd
 from .intdot_ir import row_dots
 
 ROW_BLOCK = 4  # activation rows per weight pass in dot_rows_int

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numba
 
-from inference.engine.stage_calls import Sites
+from inference.engine.jit.stage_calls import Sites
 
 
 @numba.njit(cache=True)

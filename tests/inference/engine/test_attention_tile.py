@@ -13,12 +13,12 @@ import numba
 import numpy as np
 import pytest
 
+from inference.engine.fused.attention_tile import LANES, attend_rows_tiled, softmax_rows, tile_lanes
+from inference.engine.fused.kernels import attend_rows, softmax_f16_inplace
+from inference.engine.fused.step_attention import attend_items
+from inference.engine.fused.step_kernels import CACHE_K
 from inference.engine.kv_cache import KVCache, KVGeometry
-from inference.engine.layers import attention
-from inference.engine.models.attention_tile import LANES, attend_rows_tiled, softmax_rows, tile_lanes
-from inference.engine.models.kernels import attend_rows, softmax_f16_inplace
-from inference.engine.models.step_attention import attend_items
-from inference.engine.models.step_kernels import CACHE_K
+from inference.engine.models.layers import attention
 
 TOLERANCE = 4 * 2.0**-11  # tests/inference/engine/test_kernels_attention.py
 

@@ -7,7 +7,7 @@ import time
 import numba
 from numba.core import event
 
-from inference.engine.compile_watch import EVENT, CompileWatch
+from inference.engine.jit.compile_watch import EVENT, CompileWatch
 
 
 def _kernels():

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference.engine.layers import silu, silu_one
-from inference.engine.models.ffn_act import gelu_mul, silu_mul
-from inference.engine.models.rowops import gelu_lookup, gelu_table
+from inference.engine.fused.ffn_act import gelu_mul, silu_mul
+from inference.engine.fused.rowops import gelu_lookup, gelu_table, silu_one
+from inference.engine.models.layers import silu
 
 
 def _inputs() -> np.ndarray:

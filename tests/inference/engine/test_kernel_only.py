@@ -6,8 +6,8 @@ import numba
 import numpy as np
 import pytest
 
-from inference.engine.kernel_only import KernelOnly, kernel_only
-from inference.engine.models import step_region
+from inference.engine.fused import step_region
+from inference.engine.jit.kernel_only import KernelOnly, kernel_only
 
 
 @kernel_only(cache=False)

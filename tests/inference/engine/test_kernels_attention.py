@@ -12,9 +12,7 @@ import numba
 import numpy as np
 import pytest
 
-from inference.engine.kv_cache import KVCache, KVGeometry
-from inference.engine.layers import ROPE_NEOX, ROPE_NORM, apply_rope, attention, rope_angles
-from inference.engine.models.kernels import (
+from inference.engine.fused.kernels import (
     HOST_F16C,
     attend_rows,
     half_value_f16c,
@@ -25,6 +23,8 @@ from inference.engine.models.kernels import (
     scores_into_generic,
     store_half,
 )
+from inference.engine.kv_cache import KVCache, KVGeometry
+from inference.engine.models.layers import ROPE_NEOX, ROPE_NORM, apply_rope, attention, rope_angles
 
 N_HEADS, N_KV, HEAD_DIM, N_CTX = 6, 2, 32, 64
 TOLERANCE = 4 * 2.0**-11  # a few f16 steps of a probability, times |v| <= ~4

@@ -16,14 +16,14 @@ import numba
 import numpy as np
 import pytest
 
-from inference.engine import stage_calls
 from inference.engine.engine import Engine
+from inference.engine.fused import step_kernels as sk
+from inference.engine.fused import step_products as sp
+from inference.engine.fused.fused import FusedForward, LayerWeights
+from inference.engine.fused.rowops import f16_bits, gelu_f16, gelu_tanh_f16, rms_norm_row
+from inference.engine.jit import stage_calls
 from inference.engine.kv_cache import KVCache
-from inference.engine.layers import gelu_tanh, rms_norm
-from inference.engine.models import step_kernels as sk
-from inference.engine.models import step_products as sp
-from inference.engine.models.fused import FusedForward, LayerWeights
-from inference.engine.models.rowops import f16_bits, gelu_f16, gelu_tanh_f16, rms_norm_row
+from inference.engine.models.layers import gelu_tanh, rms_norm
 from inference.engine.quants import load_matrix
 from tests.fixtures.model_files import default_model_path, optional_model_path
 from tests.fixtures.synthetic_gguf import synthetic_path

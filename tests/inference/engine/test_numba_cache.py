@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from inference.engine.numba_cache import (
+from inference.engine.jit.numba_cache import (
     BASE_VARIABLE,
     KEEP_DAYS,
     KEEP_NEWEST,

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference.engine.models import prefill_tiles
-from inference.engine.models import step_kernels as sk
-from inference.engine.models import step_products as sp
-from inference.engine.models.step_items import TILE_ROWS
+from inference.engine.fused import prefill_tiles
+from inference.engine.fused import step_kernels as sk
+from inference.engine.fused import step_products as sp
+from inference.engine.fused.step_items import TILE_ROWS
 from inference.engine.quants.blocks import BLOCK_Q5_0, encode
 from inference.engine.quants.intdot import ROW_BLOCK
 from inference.engine.quants.nibbles import NIBBLE_OFFSET, pack_nibbles

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from inference.engine.numba_cache import cache_key
-from inference.engine.simd import SIMD_VARIABLE, SimdError, choose_simd, missing_features
+from inference.engine.jit.numba_cache import cache_key
+from inference.engine.jit.simd import SIMD_VARIABLE, SimdError, choose_simd, missing_features
 
 ROOT = Path(__file__).resolve().parents[3]
 ZEN4 = frozenset({"avx2", "fma", "avx512f", "avx512vl", "avx512vnni"})

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.engine.simd import SELECTIONS, SIMD_VARIABLE, missing_features, target_features
+from inference.engine.jit.simd import SELECTIONS, SIMD_VARIABLE, missing_features, target_features
 from inference.model_files import DEFAULT_MODEL_FILE, DEFAULT_MODEL_PACKAGE, installed_file
 from tests.fixtures.synthetic_gguf import synthetic_path
 

@@ -13,9 +13,9 @@ import numba
 import numpy as np
 import pytest
 
-from inference.engine import compile_split, stage_calls
-from inference.engine.numba_cache import warm_up_notice
-from inference.engine.stage_calls import Callee, Sites
+from inference.engine.jit import compile_split, stage_calls
+from inference.engine.jit.compile_watch import warm_up_notice
+from inference.engine.jit.stage_calls import Callee, Sites
 from tests.fixtures.model_files import default_model_path
 
 ROOT = Path(__file__).resolve().parents[3]

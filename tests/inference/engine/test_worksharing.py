@@ -7,15 +7,15 @@ import numba
 import numpy as np
 import pytest
 
-from inference.engine.intrinsics import atomic_add, atomic_load
-from inference.engine.models.step_items import (
+from inference.engine.fused.step_items import (
     FEW_ROWS_WORK,
     ITEMS_PER_MATRIX,
     SOLO_ITEM_ROWS,
     TILE_ROWS,
     item_bounds,
 )
-from inference.engine.worksharing import claim, claim_end, mark_done, wait_done
+from inference.engine.jit.intrinsics import atomic_add, atomic_load
+from inference.engine.jit.worksharing import claim, claim_end, mark_done, wait_done
 
 
 @numba.njit(cache=True)

@@ -1,4 +1,4 @@
-"""Element-wise steps of a decoder layer on one row, in numba, as layers.py computes them."""
+"""Element-wise steps of a decoder layer on one row, in numba, as models/layers.py computes them."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numba
 import numpy as np
 
 from ..quants.quantize import round_f16
+from .ggml_math import expf_ggml
 from .kernels import f16_bits
 
 
@@ -38,7 +39,12 @@ def gelu_f16(v):
         return np.float32(0.0)
     if v >= np.float32(10.0):
         return v
-    c, half, one, cubic = np.float32(np.sqrt(2.0 / np.pi)), np.float32(0.5), np.float32(1.0), np.float32(0.044715)
+    c, half, one, cubic = (
+        np.float32(np.sqrt(2.0 / np.pi)),
+        np.float32(0.5),
+        np.float32(1.0),
+        np.float32(0.044715),
+    )
     v16 = round_f16(v)
     return round_f16(half * v16 * (one + np.tanh(c * v16 * (one + cubic * v16 * v16))))
 
@@ -85,3 +91,13 @@ def gelu_tanh_f16(x: np.ndarray) -> np.ndarray:
     out = np.empty_like(x)  # (..., n)
     _gelu_rows(x.reshape(-1, x.shape[-1]), gelu_table(), out.reshape(-1, x.shape[-1]))
     return out
+
+
+@numba.njit(cache=True)
+def silu_one(g, vector_lane):
+    """x * sigmoid(x) of one float32 value as llama.cpp computes it: x / (1 + e) with e from
+    ggml's vector expf for the elements of whole 8-wide blocks (``vector_lane``), libm's expf
+    for the tail of a row."""
+    if vector_lane:
+        return g / (np.float32(1.0) + expf_ggml(np.float32(0.0) - g))
+    return g / (np.float32(1.0) + np.exp(-g))

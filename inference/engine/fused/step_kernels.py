@@ -31,11 +31,11 @@ from collections import namedtuple
 import numba
 import numpy as np
 
-from ..intrinsics import uint16_pointer
-from ..kernel_only import kernel_only
+from ..jit.intrinsics import uint16_pointer
+from ..jit.kernel_only import kernel_only
+from ..jit.stage_calls import Sites, calls_from
+from ..jit.worksharing import claim, mark_done, wait_done
 from ..quants.quantize import round_row, round_row_int
-from ..stage_calls import Sites, calls_from
-from ..worksharing import claim, mark_done, wait_done
 from .kernels import rope_inplace, store_half
 from .rowops import rms_norm_into
 

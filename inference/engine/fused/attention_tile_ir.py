@@ -23,7 +23,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..intrinsics import element_pointer
+from ..jit.intrinsics import element_pointer
 from .attention_ir import _halves_to_floats
 
 WIDTH = 8  # the one-row kernels' accumulator lanes (tinyBLAS's 8-wide vectors)

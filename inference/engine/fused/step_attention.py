@@ -12,9 +12,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..kernel_only import kernel_only
-from ..stage_calls import Sites
-from ..worksharing import claim, mark_done, wait_done
+from ..jit.kernel_only import kernel_only
+from ..jit.stage_calls import Sites
+from ..jit.worksharing import claim, mark_done, wait_done
 from .attention_tile import (
     MIN_TILE_QUERIES,
     attend_tile,

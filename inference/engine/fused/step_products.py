@@ -17,8 +17,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import prefetch
-from ..kernel_only import kernel_only
+from ..jit.intrinsics import prefetch
+from ..jit.kernel_only import kernel_only
+from ..jit.stage_calls import Sites
+from ..jit.worksharing import claim_end, mark_done, wait_done
 from ..quants.blocks import (
     BLOCK_Q4_1,
     BLOCK_Q4_K,
@@ -36,8 +38,6 @@ from ..quants.nibbles import dot_pair_nib, dot_row_nib
 from ..quants.pair_mins import dot_pair_min
 from ..quants.q41 import dot_pair_q41
 from ..quants.quint import dot_pair_quint, dot_row_quint
-from ..stage_calls import Sites
-from ..worksharing import claim_end, mark_done, wait_done
 from . import prefill_tiles
 from .ffn_act import gelu_mul, silu_mul
 from .step_items import TILE_ROWS, item_bounds

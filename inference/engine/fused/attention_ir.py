@@ -10,8 +10,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..intrinsics import element_pointer
-from ..simd import target_features
+from ..jit.intrinsics import element_pointer
+from ..jit.simd import target_features
 
 HOST_F16C = "f16c" in target_features()
 EXACT = ("ninf",)  # see quants/intdot_ir.py: keeps numba's fastmath pass off these operations
@@ -46,16 +46,24 @@ def _score_intrinsic(f16c: bool):
             zero = ir.Constant(ir.IntType(64), 0)
             q0 = element_pointer(context, builder, q_type, q_arr, zero)
             view = context.make_array(keys_type)(context, builder, keys_arr)
-            row = cgutils.get_item_pointer(context, builder, keys_type, view, [context.cast(builder, t_val, t_type, types.int64), zero])
+            row = cgutils.get_item_pointer(
+                context, builder, keys_type, view, [context.cast(builder, t_val, t_type, types.int64), zero]
+            )
             hd = cgutils.unpack_tuple(builder, context.make_array(q_type)(context, builder, q_arr).shape)[0]
             floats = ir.VectorType(F32, 8)
             acc = cgutils.alloca_once_value(builder, ir.Constant(floats, None))
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(floats, [floats] * 3), "llvm.fma.v8f32")
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(floats, [floats] * 3), "llvm.fma.v8f32"
+            )
             with cgutils.for_range(builder, builder.udiv(hd, ir.Constant(hd.type, 8))) as loop:
                 offset = builder.mul(loop.index, ir.Constant(loop.index.type, 8))
                 qv = builder.load(builder.bitcast(builder.gep(q0, [offset]), floats.as_pointer()), align=4)
-                kh = builder.load(builder.bitcast(builder.gep(row, [offset]), ir.VectorType(I16, 8).as_pointer()), align=2)
-                builder.store(builder.call(fma, [qv, _halves_to_floats(builder, kh, f16c), builder.load(acc)]), acc)
+                kh = builder.load(
+                    builder.bitcast(builder.gep(row, [offset]), ir.VectorType(I16, 8).as_pointer()), align=2
+                )
+                builder.store(
+                    builder.call(fma, [qv, _halves_to_floats(builder, kh, f16c), builder.load(acc)]), acc
+                )
             total = builder.load(acc)
             lane = [builder.extract_element(total, ir.Constant(I32, i)) for i in range(8)]
             r = [builder.fadd(lane[4 + i], lane[i], flags=EXACT) for i in range(4)]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from .. import stage_calls
+from ..jit import stage_calls
 from ..kv_cache import KVCache
 from ..quants.blocks import (
     BLOCK_Q4_1,

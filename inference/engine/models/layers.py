@@ -11,8 +11,9 @@ import math
 import numba
 import numpy as np
 
-from .ggml_math import expf_ggml
-from .kv_cache import KVCache
+from ..fused.kernels import rope_rows
+from ..fused.rowops import silu_one
+from ..kv_cache import KVCache
 
 ROPE_NORM = "norm"  # rotate adjacent pairs (x0, x1), (x2, x3) ... — llama
 ROPE_NEOX = "neox"  # rotate halves (x_i, x_{i+d/2}) — qwen2/3, gemma3
@@ -26,16 +27,6 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     mean_sq = np.sum(np.square(x, dtype=np.float32), axis=-1, keepdims=True, dtype=np.float64) / x.shape[-1]
     scale = np.float32(1.0) / np.sqrt(mean_sq.astype(np.float32) + np.float32(eps))
     return (x * scale) * weight
-
-
-@numba.njit(cache=True)
-def silu_one(g, vector_lane):
-    """x * sigmoid(x) of one float32 value as llama.cpp computes it: x / (1 + e) with e from
-    ggml's vector expf for the elements of whole 8-wide blocks (``vector_lane``), libm's expf
-    for the tail of a row."""
-    if vector_lane:
-        return g / (np.float32(1.0) + expf_ggml(np.float32(0.0) - g))
-    return g / (np.float32(1.0) + np.exp(-g))
 
 
 @numba.njit(cache=True)
@@ -94,9 +85,7 @@ def rope_angles(positions: np.ndarray, n_rot: int, base: float) -> tuple[np.ndar
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str) -> np.ndarray:
     """Rotate ``x`` (n, heads, head_dim) by the angles of its positions (n, n_rot/2), with the
-    fused multiply-adds of ggml's rotate_pairs (models/kernels.rope_inplace)."""
-    from .models.kernels import rope_rows  # the models package imports this module
-
+    fused multiply-adds of ggml's rotate_pairs (fused/kernels.rope_inplace)."""
     out = np.array(x, np.float32)  # (n, heads, head_dim)
     rope_rows(
         out, np.ascontiguousarray(cos, np.float32), np.ascontiguousarray(sin, np.float32), style == ROPE_NEOX

@@ -13,16 +13,18 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..ggml_math import expf_ggml, hsum8
-from ..intrinsics import bits_from_float, float_from_bits, fma32, half_bits_to_float
-from ..simd import target_features
+from ..jit.intrinsics import bits_from_float, float_from_bits, fma32, half_bits_to_float
+from ..jit.simd import target_features
 from .attention_ir import score_f16c, score_generic
+from .ggml_math import expf_ggml, hsum8
 
 HOST_F16C = "f16c" in target_features()
 
 F16_MIN_NORMAL = np.float32(2.0**-14)
 F16_SUBNORMAL_STEP = np.float32(2.0**-24)
 HALF_TO_FLOAT_SCALE = np.float32(2.0**112)  # rebias a float16 exponent (15) to float32's (127)
+
+
 @numba.njit(cache=True)
 def round_f16_inplace(a):
     """Round a contiguous float32 vector to nearest-even float16 values, in place.
@@ -128,7 +130,16 @@ def weighted_values(probs, values, first, out, lanes):
         for d in range(out.shape[0]):
             lane[d] = fma32(half_value(row[d]), p, lane[d])
     for d in range(out.shape[0]):
-        out[d] = hsum8(lanes[0, d], lanes[1, d], lanes[2, d], lanes[3, d], lanes[4, d], lanes[5, d], lanes[6, d], lanes[7, d])
+        out[d] = hsum8(
+            lanes[0, d],
+            lanes[1, d],
+            lanes[2, d],
+            lanes[3, d],
+            lanes[4, d],
+            lanes[5, d],
+            lanes[6, d],
+            lanes[7, d],
+        )
 
 
 @numba.njit(cache=True)

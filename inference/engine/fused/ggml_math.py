@@ -6,7 +6,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .intrinsics import bits_from_float, float_from_bits, fma32
+from ..jit.intrinsics import bits_from_float, float_from_bits, fma32
 
 # expf_ggml's constants (the ARM optimized-routines expf that ggml adapted), exact in float32.
 EXP_SHIFT = np.float32(float.fromhex("0x1.8p23"))  # adding it rounds to an integer in the low bits

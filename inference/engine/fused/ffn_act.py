@@ -1,6 +1,6 @@
 """The FFN's activation of a tile of gate and up values (step_products.ffn_stage), in loops LLVM
 vectorizes: out = SiLU(gate) * up or GELU(gate) * up, each value bit for bit the scalar
-form's (layers.silu_one, rowops.gelu_lookup).
+form's (rowops.silu_one, rowops.gelu_lookup).
 
 The scalar forms branch per value (silu_one between ggml's vector expf and libm's, gelu_lookup
 on its range and f16_bits on subnormals) and numba's float division checks for zero, so their
@@ -18,10 +18,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..ggml_math import expf_ggml
-from ..intrinsics import element_pointer
-from ..layers import silu_one
+from ..jit.intrinsics import element_pointer
+from .ggml_math import expf_ggml
 from .kernels import F16_MIN_NORMAL, F16_SUBNORMAL_STEP
+from .rowops import silu_one
 
 
 @numba.njit(cache=True, error_model="numpy")

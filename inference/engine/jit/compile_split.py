@@ -1,22 +1,23 @@
 """Compiling kernels on both cores: part of a cold start's list in a second process.
 
 numba compiles on one thread. On a cold start, ``start`` runs ``python -m
-inference.engine.compile_split`` on the fused forward's caller and its argument types: it finds
-the callees as this process does (stage_calls.discover, by typing) and compiles those of
+inference.engine.jit.compile_child`` on the fused forward's caller and its argument types: it
+finds the callees as this process does (stage_calls.discover, by typing) and compiles those of
 stage_calls.ELSEWHERE, while this process compiles the others (``compile_all``). The second
-process writes what it compiles into numba's on-disk cache (it inherits NUMBA_CACHE_DIR: the
-same keyed directory), and this process then loads them from there. Work is split by
+process writes what it compiles into numba's on-disk cache (it inherits NUMBA_CACHE_DIR and its
+base: the same keyed directory), and this process then loads them from there. Work is split by
 function, never one function's signatures across both processes: two processes never write
 one kernel's cache index. (Small helpers both halves call may be compiled and saved by both:
 the same code under the same name, whichever index write lands last.)
 
 If the second process cannot start, fails or times out, this process compiles its part too,
 and says so on the log: slower, never wrong. LMSERVE_COMPILE_SPLIT=0 compiles in one process.
+This module is the first process's side (stage_calls calls it); compile_child.py is the
+second's (it calls stage_calls), so neither imports the other's importer.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import pickle
@@ -28,7 +29,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]  # holds the `inference` package
+PROJECT_ROOT = Path(__file__).resolve().parents[3]  # holds the `inference` package
 CHILD_TIMEOUT = 900.0  # seconds: a loaded machine compiles several times slower than an idle one
 SPLIT_VARIABLE = "LMSERVE_COMPILE_SPLIT"  # "0": compile everything in this process
 
@@ -60,7 +61,7 @@ def start(caller, signature: tuple, command: list[str] | None = None) -> subproc
         return None  # (a script's own kernel: the second process could not import it)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    argv = command or [sys.executable, "-m", "inference.engine.compile_split"]
+    argv = command or [sys.executable, "-m", "inference.engine.jit.compile_child"]
     errors, report = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # not pipes: a full one stalls
     try:
         child = subprocess.Popen(
@@ -116,28 +117,3 @@ def _finished(child: subprocess.Popen) -> bool:
         return False
     log.info("the second process %s", errors.splitlines()[-1] if errors else "said nothing")
     return True
-
-
-def main() -> None:
-    """The second process: find the callees of the caller pickled on stdin (module, name,
-    argument types) and compile those of stage_calls.ELSEWHERE into numba's on-disk cache."""
-    started, cpu = time.perf_counter(), time.process_time()
-    from . import stage_calls  # the package first keys the cache directory, as the parent's
-
-    module, name, signature = pickle.loads(sys.stdin.buffer.read())
-    caller = getattr(importlib.import_module(module), name)
-    stage_calls.discover(caller, signature, "there")
-    mine = [
-        c
-        for c in [stage_calls.Callee(caller, signature), *stage_calls.all_callees()]
-        if stage_calls.compiled_elsewhere(c)
-    ]
-    for callee in mine:
-        callee.function.compile(callee.argtypes)
-    sys.stdout.buffer.write(pickle.dumps(stage_calls.typed_report()))
-    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-    print(f"compiled {len(mine)} kernels in {wall:.1f} s ({cpu:.1f} s CPU)", file=sys.stderr)
-
-
-if __name__ == "__main__":
-    main()

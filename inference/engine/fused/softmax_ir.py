@@ -17,9 +17,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..ggml_math import EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_POLY, EXP_SHIFT
-from ..intrinsics import element_pointer
+from ..jit.intrinsics import element_pointer
 from .attention_tile_ir import EXACT, _fma, _hsum8, _load_vec, _store_vec, contiguous
+from .ggml_math import EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_POLY, EXP_SHIFT
 
 F32, F64, I32, I64 = ir.FloatType(), ir.DoubleType(), ir.IntType(32), ir.IntType(64)
 

@@ -11,18 +11,27 @@ another CPU or any change to the engine's code gives an empty directory, and num
 Each start stamps its directory's last use; directories unused for a week are removed
 (``prune_cache_dirs``), so engine updates do not pile up kernels nobody loads.
 
-``use_keyed_cache_dir`` runs when the ``inference.engine`` package is imported, before any
-kernel is defined (numba reads the directory when a ``cache=True`` function is decorated).
+numba fixes a kernel's cache directory when the ``cache=True`` function is decorated (its
+locator, tried in numba's list of them) and, with its own locators, creates that directory
+there and then: importing a kernel module would write to the disk. ``KeyedCacheLocator`` goes
+first in that list (``install_cache_locator``, run when the ``inference.engine`` package is
+imported: memory only): it names the keyed directory, hashing the sources once, when the first
+kernel is defined, and creates nothing; numba creates the directory when it saves a kernel.
+``use_keyed_cache_dir`` (``Engine.load`` and the commands) creates and stamps it and exports it
+to child processes; only ``lmserve`` prunes old ones.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
 import shutil
 import time
 from pathlib import Path
+
+from numba.core.caching import CacheImpl, _CacheLocator, _SourceFileBackedLocatorMixin
 
 from .simd import SIMD_VARIABLE
 
@@ -98,42 +107,68 @@ def default_cache_base() -> Path:
     return Path(root) / "lmserve" / "numba"
 
 
-def use_keyed_cache_dir() -> Path:
-    """Point numba's cache at the keyed subdirectory of NUMBA_CACHE_DIR (or of
-    default_cache_base() when it is unset)."""
-    base = os.environ.get(BASE_VARIABLE) or os.environ.get("NUMBA_CACHE_DIR") or str(default_cache_base())
-    keyed = keyed_cache_dir(base)
+def cache_base() -> Path:
+    """The directory the key directories sit in: the one the user asked for (NUMBA_CACHE_DIR,
+    or the base a parent process exported with its keyed NUMBA_CACHE_DIR), else
+    default_cache_base()."""
+    return Path(os.environ.get(BASE_VARIABLE) or os.environ.get("NUMBA_CACHE_DIR") or default_cache_base())
+
+
+@functools.cache
+def kernel_cache_dir() -> Path:
+    """Where this process's kernels are cached: the keyed subdirectory of cache_base(), named
+    once per process (the sources are hashed the first time)."""
+    return keyed_cache_dir(cache_base())
+
+
+class KeyedCacheLocator(_SourceFileBackedLocatorMixin, _CacheLocator):
+    """numba's cache locator for every kernel with a source file: kernel_cache_dir(), beside
+    nothing. Unlike numba's locators it creates no directory when a kernel is defined (numba
+    creates it before saving the first kernel), so importing a kernel module writes nothing."""
+
+    def __init__(self, py_func, py_file):
+        self._py_file = py_file
+        self._lineno = py_func.__code__.co_firstlineno
+        self._cache_path = str(kernel_cache_dir() / self.get_suitable_cache_subpath(py_file))
+
+    def get_cache_path(self):
+        return self._cache_path
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if not os.path.exists(py_file) or not _writable(kernel_cache_dir()):
+            return None  # (a notebook cell, a zipped module, a read-only cache: numba's locators decide)
+        return cls(py_func, py_file)
+
+
+@functools.cache
+def _writable(directory: Path) -> bool:
+    """Whether ``directory``, or the nearest of its parents that exists, may be written to (a
+    question, not a write)."""
+    existing = next(p for p in (directory, *directory.parents) if p.exists())
+    return os.access(existing, os.W_OK)
+
+
+def install_cache_locator() -> None:
+    """Put KeyedCacheLocator first in numba's list of locators (idempotent; memory only). It
+    must run before any ``cache=True`` kernel is defined: the package's import runs it."""
+    if KeyedCacheLocator not in CacheImpl._locator_classes:
+        CacheImpl._locator_classes.insert(0, KeyedCacheLocator)
+
+
+def use_keyed_cache_dir(prune: bool = False) -> Path:
+    """Create and stamp kernel_cache_dir() (its last use, for pruning) and export it, with its
+    base, to child processes (the second compiling process inherits both). ``prune``: remove
+    key directories unused for KEEP_DAYS (prune_cache_dirs); the server's command does, once
+    per start. Returns the directory."""
+    base, keyed = cache_base(), kernel_cache_dir()
     try:
         keyed.mkdir(parents=True, exist_ok=True)
         (keyed / STAMP).touch()
-        prune_cache_dirs(Path(base))
+        if prune:
+            prune_cache_dirs(base)
     except OSError:  # a read-only or vanished cache is numba's to report, not start-up's
         pass
     os.environ[BASE_VARIABLE] = str(base)
     os.environ["NUMBA_CACHE_DIR"] = str(keyed)
-    from numba.core import config
-
-    config.CACHE_DIR = str(keyed)
     return keyed
-
-
-def compiles_kernels() -> bool:
-    """Whether the first forward compiles: this process's cache directory holds no kernels yet,
-    or a second process started ahead is compiling into it (stage_calls.start_early: it may
-    have written some kernels already)."""
-    from .stage_calls import compiling_ahead
-
-    directory = os.environ.get("NUMBA_CACHE_DIR") or str(default_cache_base())
-    return compiling_ahead() or not any(Path(directory).glob("*/*.nbi"))
-
-
-def warm_up_notice() -> str:
-    """One line for a server log before the first forward compiles (or loads) the kernels."""
-    directory = os.environ.get("NUMBA_CACHE_DIR") or str(default_cache_base())
-    if not compiles_kernels():
-        return f"loading the engine's compiled kernels from {directory}"
-    return (
-        f"compiling the engine's kernels for this CPU into {directory}: the first start on a CPU, "
-        "and after an engine update, takes a minute or two (progress below); later starts load "
-        "them in seconds"
-    )

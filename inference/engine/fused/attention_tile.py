@@ -27,9 +27,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..ggml_math import hsum8
-from ..kernel_only import kernel_only
-from ..simd import target_features
+from ..jit.kernel_only import kernel_only
+from ..jit.simd import target_features
 from .attention_tile_ir import (
     halves_f16c,
     halves_generic,
@@ -38,6 +37,7 @@ from .attention_tile_ir import (
     values_lanes8,
     values_lanes16,
 )
+from .ggml_math import hsum8
 from .kernels import HOST_F16C, round_f16_inplace
 from .softmax_ir import (
     exp_lanes8,

@@ -41,11 +41,13 @@ from llvmlite import binding, ir
 from numba.core import cgutils, errors, types
 from numba.extending import intrinsic
 
+from . import compile_split
+from .numba_cache import kernel_cache_dir
 from .typing_only import type_only
 
 log = logging.getLogger(__name__)
 
-SITES_DIR = "lmserve_sites"  # under NUMBA_CACHE_DIR: the persisted argument types of each site
+SITES_DIR = "lmserve_sites"  # under kernel_cache_dir(): the persisted argument types of each site
 
 
 # Slots per table: a callee's slot is a hash of its name and argument types (the same in every
@@ -186,8 +188,6 @@ def start_early(caller, signature: tuple) -> None:
     second compiling process now, so that it types and compiles while this one still loads
     the model (the argument types must be those prepare() will see: else it is stopped
     there and a second process started anew). Nothing on a warm start."""
-    from . import compile_split
-
     key = (caller, signature)
     if key in _early or load_sites(caller, signature) is not None:
         return
@@ -232,8 +232,6 @@ def wanted(callee: Callee, features: frozenset[str]) -> bool:
 
 
 def _prepare(caller, signature: tuple, features: frozenset[str]) -> None:
-    from . import compile_split
-
     saved = load_sites(caller, signature)
     helper = _early.pop((caller, signature), None) if saved is None else None
     cancel_early()  # started for other argument types than the caller's: no use now
@@ -365,8 +363,7 @@ def address(callee: Callee) -> int:
 def _sites_path(caller, signature: tuple) -> Path:
     name = f"{caller.py_func.__module__}.{caller.py_func.__qualname__}"
     digest = hashlib.sha256(f"{name}\0{signature}".encode()).hexdigest()[:20]
-    base = os.environ.get("NUMBA_CACHE_DIR") or "."
-    return Path(base) / SITES_DIR / f"{caller.py_func.__qualname__}-{digest}.pkl"
+    return kernel_cache_dir() / SITES_DIR / f"{caller.py_func.__qualname__}-{digest}.pkl"
 
 
 def save_sites(caller, signature: tuple) -> None:

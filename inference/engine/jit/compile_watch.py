@@ -5,16 +5,22 @@ on-disk cache (numba_cache.py) holds it; on an empty cache the engine's first fo
 some eighty kernels, a minute or more on two cores, inside one call that prints nothing.
 ``CompileWatch`` listens to numba's ``numba:compile`` events (a kernel loaded from the cache
 raises none) and, while a compilation runs, reports every few seconds how many kernels are
-done, for how long, and which one is being compiled now.
+done, for how long, and which one is being compiled now. ``warm_up_notice`` says before the
+first forward whether it will compile or load them.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from numba.core import event
+
+from .numba_cache import kernel_cache_dir
+from .stage_calls import compiling_ahead
 
 EVENT = "numba:compile"
 
@@ -98,3 +104,23 @@ class CompileWatch:
             line = self.progress()
             if line is not None:
                 self.report(line)
+
+
+def compiles_kernels() -> bool:
+    """Whether the first forward compiles: this process's cache directory holds no kernels yet,
+    or a second process started ahead is compiling into it (stage_calls.start_early: it may
+    have written some kernels already)."""
+    directory = os.environ.get("NUMBA_CACHE_DIR") or str(kernel_cache_dir())
+    return compiling_ahead() or not any(Path(directory).glob("*/*.nbi"))
+
+
+def warm_up_notice() -> str:
+    """One line for a server log before the first forward compiles (or loads) the kernels."""
+    directory = os.environ.get("NUMBA_CACHE_DIR") or str(kernel_cache_dir())
+    if not compiles_kernels():
+        return f"loading the engine's compiled kernels from {directory}"
+    return (
+        f"compiling the engine's kernels for this CPU into {directory}: the first start on a CPU, "
+        "and after an engine update, takes a minute or two (progress below); later starts load "
+        "them in seconds"
+    )

@@ -15,18 +15,50 @@ from collections import namedtuple
 import numba
 import numpy as np
 
-from ..borrow import borrowed
-from ..kernel_only import kernel_only
+from ..jit.borrow import borrowed
+from ..jit.kernel_only import kernel_only
+from ..jit.stage_calls import Sites, compile_elsewhere, start_early
 from ..quants.intdot import ROW_BLOCK
-from ..stage_calls import Sites, compile_elsewhere, start_early
 from .attention_tile import attend_scratch_size, attend_tile
 from .kernels import attend_head
 from .step_attention import ATTEND_SITES, attend_stage
 from .step_kernels import (
-    ADD, ATTEND, DOWN, FFN, FFN_POST, FLAGS, GELU, HEAD_DIM, KV, N_FF, N_HEADS, N_KV, OUT, OUT_POST, COLS,
-    POST_NORMS, PREP_DOWN, PREP_FFN, PREP_OUT, PREP_QKV, QKV, SLOT_DOWN, SLOT_GATE, SLOT_OUT, SLOT_Q,
-    ROUND_SITES, SOLO_ROWS, STAGES_PER_LAYER, STORE, Rounded, StepModel, StepRows, StepWeights,
-    add_normed_stage, kv_stage, prepare_stage,
+    ADD,
+    ATTEND,
+    COLS,
+    DOWN,
+    FFN,
+    FFN_POST,
+    FLAGS,
+    GELU,
+    HEAD_DIM,
+    KV,
+    N_FF,
+    N_HEADS,
+    N_KV,
+    OUT,
+    OUT_POST,
+    POST_NORMS,
+    PREP_DOWN,
+    PREP_FFN,
+    PREP_OUT,
+    PREP_QKV,
+    QKV,
+    ROUND_SITES,
+    SLOT_DOWN,
+    SLOT_GATE,
+    SLOT_OUT,
+    SLOT_Q,
+    SOLO_ROWS,
+    STAGES_PER_LAYER,
+    STORE,
+    Rounded,
+    StepModel,
+    StepRows,
+    StepWeights,
+    add_normed_stage,
+    kv_stage,
+    prepare_stage,
 )  # fmt: skip
 from .step_products import KERNEL_SITES, ffn_stage, rows_stage
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..intrinsics import fma32, prefetch
-from ..kernel_only import kernel_only
+from ..jit.intrinsics import fma32, prefetch
+from ..jit.kernel_only import kernel_only
 from ..quants.intdot import ROW_BLOCK, dot_rows_int
 from ..quants.nibbles import dot_rows_nib
 from ..quants.tiles import TILE_W, dot_tile_rows
