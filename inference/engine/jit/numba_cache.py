@@ -35,7 +35,7 @@ from numba.core.caching import CacheImpl, _CacheLocator, _SourceFileBackedLocato
 
 from .simd import SIMD_VARIABLE
 
-ENGINE_DIR = Path(__file__).resolve().parent
+ENGINE_DIR = Path(__file__).resolve().parents[1]  # inference/engine: every source of it is hashed
 # The directory the user asked for, remembered so that child processes (which inherit the keyed
 # NUMBA_CACHE_DIR) key from it again instead of nesting one key inside another.
 BASE_VARIABLE = "LMSERVE_NUMBA_CACHE_BASE"
@@ -161,7 +161,8 @@ def use_keyed_cache_dir(prune: bool = False) -> Path:
     base, to child processes (the second compiling process inherits both). ``prune``: remove
     key directories unused for KEEP_DAYS (prune_cache_dirs); the server's command does, once
     per start. Returns the directory."""
-    base, keyed = cache_base(), kernel_cache_dir()
+    keyed = kernel_cache_dir()
+    base = keyed.parent
     try:
         keyed.mkdir(parents=True, exist_ok=True)
         (keyed / STAMP).touch()

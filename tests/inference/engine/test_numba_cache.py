@@ -1,12 +1,14 @@
-"""numba's disk cache keyed by CPU and engine source (inference/engine/numba_cache.py)."""
+"""numba's disk cache keyed by CPU and engine source (inference/engine/jit/numba_cache.py)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+from inference.engine.jit.compile_watch import warm_up_notice
 from inference.engine.jit.numba_cache import (
     BASE_VARIABLE,
     KEEP_DAYS,
@@ -16,10 +18,11 @@ from inference.engine.jit.numba_cache import (
     host_cpu,
     prune_cache_dirs,
     source_digest,
-    warm_up_notice,
 )
+from inference.engine.jit.numba_cache import ENGINE_DIR as ENGINE_DIR_HASHED
 
 ROOT = Path(__file__).resolve().parents[3]
+ENGINE_DIR = ROOT / "inference" / "engine"
 FEATURES = "+avx2,+fma,-avx512f,-avx512vnni"
 
 
@@ -34,6 +37,10 @@ def test_the_key_changes_with_the_cpu_its_features_the_sources_and_numba_overrid
     assert "/" not in cache_key("a/b c", FEATURES, "abc", {})
 
 
+def test_the_digest_covers_the_whole_engine():
+    assert ENGINE_DIR_HASHED == ENGINE_DIR
+
+
 def test_source_digest_follows_every_file(tmp_path):
     # A kernel compiled into another file's kernel is not re-stamped by numba: any change to
     # any engine source must move the cache.
@@ -46,10 +53,14 @@ def test_source_digest_follows_every_file(tmp_path):
 
 
 def _child(env: dict[str, str]) -> str:
+    """A process that compiles a kernel, then sets the cache up as Engine.load does (the kernel
+    is cached in the keyed directory either way); the directory it exports to children."""
     script = (
         "import os\n"
         "from inference.engine.quants.quantize import round_f16\n"
         "assert round_f16(1.0) == 1.0\n"
+        "from inference.engine.jit.numba_cache import use_keyed_cache_dir\n"
+        "use_keyed_cache_dir()\n"
         "print(os.environ['NUMBA_CACHE_DIR'])\n"
     )
     out = subprocess.run(
@@ -76,6 +87,52 @@ def test_without_numba_cache_dir_kernels_go_to_the_keyed_default_never_beside_th
     keyed = Path(_child(env))
     assert keyed == tmp_path / "lmserve" / "numba" / cache_key(*host_cpu(), source_digest(), {})
     assert any(keyed.rglob("quantize.round_f16*.nbi"))
+
+
+def test_importing_the_engine_writes_nothing_and_sets_no_cache_directory(tmp_path):
+    # Every module of the engine imported (every kernel defined), with HOME in a fresh
+    # directory: no cache directory is created, none is exported, nothing is written beside
+    # the sources. numba's own locators create a kernel's directory when it is defined.
+    env = {k: v for k, v in os.environ.items() if k not in (BASE_VARIABLE, "XDG_CACHE_HOME")}
+    env = {k: v for k, v in env.items() if not k.startswith("NUMBA_")}
+    env["HOME"] = str(tmp_path)
+    script = (
+        "import importlib, os, pkgutil\n"
+        "import inference.engine as engine\n"
+        "for module in pkgutil.walk_packages(engine.__path__, 'inference.engine.'):\n"
+        "    importlib.import_module(module.name)\n"
+        "print(os.environ.get('NUMBA_CACHE_DIR', ''), os.environ.get('" + BASE_VARIABLE + "', ''))\n"
+    )
+    sources_before = sorted(ENGINE_DIR.rglob("*.nb[ic]"))
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == []
+    assert list(tmp_path.iterdir()) == []
+    assert sorted(ENGINE_DIR.rglob("*.nb[ic]")) == sources_before
+
+
+def test_the_server_prunes_and_a_load_does_not(tmp_path):
+    # Only lmserve's start removes old key directories; Engine.load (prune=False) stamps its own.
+    now = time.time()
+    old = _key_dir(tmp_path, 1, days_ago=KEEP_DAYS + 1, now=now)
+    for n in range(2, 2 + KEEP_NEWEST):
+        _key_dir(tmp_path, n, days_ago=0.0, now=now)
+    env = {k: v for k, v in os.environ.items() if k != BASE_VARIABLE and not k.startswith("NUMBA_")}
+    env["NUMBA_CACHE_DIR"] = str(tmp_path)
+    script = (
+        "import sys\n"
+        "from inference.engine.jit.numba_cache import use_keyed_cache_dir\n"
+        "print(use_keyed_cache_dir(prune=sys.argv[1] == 'prune'))\n"
+    )
+    run = [sys.executable, "-c", script]
+    keyed = Path(
+        subprocess.run([*run, "load"], cwd=ROOT, env=env, capture_output=True, text=True).stdout.strip()
+    )
+    assert keyed == tmp_path / cache_key(*host_cpu(), source_digest(), {})
+    assert (keyed / STAMP).exists() and old.exists()
+    subprocess.run([*run, "prune"], cwd=ROOT, env=env, check=True)
+    assert not old.exists() and keyed.exists()
 
 
 def test_the_warm_up_notice_says_whether_kernels_will_be_compiled(tmp_path, monkeypatch):

@@ -49,9 +49,9 @@ def test_the_override_is_part_of_the_cache_key():
 
 def _child(simd: str, tmp_path: Path) -> subprocess.CompletedProcess:
     script = (
-        "import os\n"
+        "from inference.engine.jit.numba_cache import kernel_cache_dir\n"
         "from inference.engine.quants.intdot import HOST_SIMD\n"
-        "print(HOST_SIMD, os.environ['NUMBA_CACHE_DIR'])\n"
+        "print(HOST_SIMD, kernel_cache_dir())\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMBA_", "LMSERVE_"))}
     env.update({SIMD_VARIABLE: simd, "NUMBA_CACHE_DIR": str(tmp_path)})

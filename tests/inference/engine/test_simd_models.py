@@ -30,7 +30,7 @@ CHILD = """
 import hashlib, json, sys
 import numpy as np
 from inference.engine.engine import Engine
-from inference.engine.models.attention_tile import LANES
+from inference.engine.fused.attention_tile import LANES
 from inference.engine.quants.intdot import HOST_SIMD
 from inference.engine.quants.tiles import WIDE
 digests = {}

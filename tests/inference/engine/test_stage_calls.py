@@ -110,8 +110,8 @@ def test_if_the_second_process_fails_this_one_compiles_its_part():
 
 WARM_SCRIPT = """
 import sys
-from inference.engine import stage_calls
-from inference.engine.compile_watch import CompileWatch
+from inference.engine.jit import stage_calls
+from inference.engine.jit.compile_watch import CompileWatch
 from inference.engine.engine import Engine
 discoveries = []
 original = stage_calls.discover
@@ -196,9 +196,9 @@ def test_a_second_process_started_ahead_for_other_types_is_stopped():
 
 SIGNATURE_SCRIPT = """
 import sys
-from inference.engine import stage_calls
+from inference.engine.jit import stage_calls
 from inference.engine.engine import Engine
-from inference.engine.models import step_region
+from inference.engine.fused import step_region
 seen = []
 original = stage_calls.prepare
 def prepare(caller, args, *features):
@@ -221,7 +221,7 @@ def test_the_forward_signature_built_without_a_model_is_the_one_the_forward_pass
 NESTED_SCRIPT = """
 import sys
 import numpy as np
-from inference.engine import stage_calls
+from inference.engine.jit import stage_calls
 from tests.inference.engine import nested_kernels as k
 a = np.zeros(1)
 caller = getattr(k, sys.argv[1])
