@@ -17,10 +17,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 from inference.engine.engine import Engine, GenerationStats
 from inference.generation.constraints import ConstraintCompiler, ConstraintSpec, bound_number_digits
+from inference.generation.lockstep import run_lockstep
 from inference.generation.prompts import raw_prompt_tokens
 from inference.generation.speculative import Speculator
 from inference.generation.stream import BatchItem, DecodeStream
@@ -30,12 +30,11 @@ from inference.kv.prefix_source import PrefixChoice, PrefixSource
 from inference.kv.slots import SlotPool
 from inference.types import (
     ContextOverflow,
-    Embeddings,
     Error,
-    Finish,
     GenerationRequest,
     Message,
     PreparedPrompt,
+    Sink,
 )
 
 DEFAULT_MAX_TOKENS = 1024
@@ -65,20 +64,6 @@ def budgeted(
         return Error(400, message, code="context_length_exceeded", param=param, overflow=overflow)
     wanted = max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
     return PreparedPrompt(tokens, min(wanted, room))
-
-
-class Sink(Protocol):
-    """Where the worker streams a request's events (a StreamPipe)."""
-
-    @property
-    def cancelled(self) -> bool: ...
-
-    def push(self, event) -> None: ...
-
-    def close(self, final: Finish | Error | Embeddings) -> None: ...
-
-    def prefix_chosen(self, documents: tuple[str, ...]) -> None:
-        """The prefix is chosen (before any event): the fleet documents it composes."""
 
 
 def prompt_param(request: GenerationRequest) -> str:
@@ -314,8 +299,6 @@ class ConversationBackend:
     def generate_batch(self, items: Sequence[BatchItem]) -> list[int]:
         """Serve several requests together, one weight pass per step for all of them (see
         lockstep.py); each reply is the one ``generate`` would give. Tokens generated per item."""
-        from inference.generation.lockstep import run_lockstep
-
         try:
             return run_lockstep(self, items)
         finally:
