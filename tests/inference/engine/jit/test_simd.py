@@ -12,7 +12,7 @@ import pytest
 from inference.engine.jit.numba_cache import cache_key
 from inference.engine.jit.simd import SIMD_VARIABLE, SimdError, choose_simd, missing_features
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 ZEN4 = frozenset({"avx2", "fma", "avx512f", "avx512vl", "avx512vnni"})
 ALDER_LAKE = frozenset({"avx2", "fma", "avxvnni"})
 HASWELL = frozenset({"avx2", "fma"})

@@ -21,7 +21,7 @@ from inference.engine.jit.numba_cache import (
 )
 from inference.engine.jit.numba_cache import ENGINE_DIR as ENGINE_DIR_HASHED
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 ENGINE_DIR = ROOT / "inference" / "engine"
 FEATURES = "+avx2,+fma,-avx512f,-avx512vnni"
 

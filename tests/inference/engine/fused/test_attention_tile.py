@@ -20,7 +20,7 @@ from inference.engine.fused.step_kernels import CACHE_K
 from inference.engine.kv_cache import KVCache, KVGeometry
 from inference.engine.models.layers import attention
 
-TOLERANCE = 4 * 2.0**-11  # tests/inference/engine/test_kernels_attention.py
+TOLERANCE = 4 * 2.0**-11  # tests/inference/engine/fused/test_kernels_attention.py
 
 
 def _bits(a: np.ndarray) -> np.ndarray:

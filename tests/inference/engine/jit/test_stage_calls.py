@@ -18,7 +18,7 @@ from inference.engine.jit.compile_watch import warm_up_notice
 from inference.engine.jit.stage_calls import Callee, Sites
 from tests.fixtures.model_files import default_model_path
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 @numba.njit
@@ -222,7 +222,7 @@ NESTED_SCRIPT = """
 import sys
 import numpy as np
 from inference.engine.jit import stage_calls
-from tests.inference.engine import nested_kernels as k
+from tests.inference.engine.jit import nested_kernels as k
 a = np.zeros(1)
 caller = getattr(k, sys.argv[1])
 stage_calls.prepare(caller, (a,))

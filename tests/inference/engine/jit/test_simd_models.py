@@ -24,7 +24,7 @@ from tests.fixtures.synthetic_gguf import synthetic_path
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 ARCHS = ("llama", "qwen3moe")  # every 32- and 16-wide format; the fused step and the expert path
 CHILD = """
 import hashlib, json, sys
