@@ -1,15 +1,15 @@
 """numba's on-disk cache in a directory of its own per CPU and per engine source.
 
-numba stamps a cached kernel with the CPU it was built for and with the mtime and size of the
-one file that defines it, not with the files of the kernels it calls and compiles into itself:
+numba stamps a cached kernel with the CPU it was built for and with a stamp of the one file
+that defines it, not with the files of the kernels it calls and compiles into itself:
 edit quants/intdot_ir.py and the fused step cached from step_region.py keeps running the old
 dot product (it happened while this module was written). And a home directory shared by
 machines with different instruction sets (AVX-512 VNNI on some days, AVX2 only on others) should
 never hand one machine's code to another. So the cache lives in a subdirectory of
 NUMBA_CACHE_DIR named by the CPU and a hash of its features and of every engine source file:
 another CPU or any change to the engine's code gives an empty directory, and numba compiles.
-Each start stamps its directory's last use; directories unused for a week are removed
-(``prune_cache_dirs``), so engine updates do not pile up kernels nobody loads.
+Each load stamps its directory's last use; the server's start removes directories unused for
+a week (``prune_cache_dirs``), so engine updates do not pile up kernels nobody loads.
 
 numba fixes a kernel's cache directory when the ``cache=True`` function is decorated (its
 locator, tried in numba's list of them) and, with its own locators, creates that directory
@@ -44,7 +44,7 @@ BASE_VARIABLE = "LMSERVE_NUMBA_CACHE_BASE"
 NUMBA_TARGET_VARIABLES = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_OPT", SIMD_VARIABLE)
 # Every engine update leaves a directory of kernels behind (~10-20 MB). Directories used within
 # KEEP_DAYS stay (another checkout, CPU or selection may still use them), and so do the KEEP_NEWEST
-# most recently used; older ones are removed when a process starts.
+# most recently used; older ones are removed when the server starts (lmserve).
 KEEP_DAYS = 7
 KEEP_NEWEST = 4
 STAMP = "last-used"
