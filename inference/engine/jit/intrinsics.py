@@ -159,7 +159,7 @@ def fma32(typingctx, a, b, c):
 def half_bits_to_float(typingctx, bits):
     """The float32 value of float16 bits (uint16) through LLVM's half type: one ``vcvtph2ps``
     per 8 values where the CPU has F16C. Only for such CPUs (elsewhere LLVM would call a
-    runtime helper numba does not link); models/kernels.half_value picks."""
+    runtime helper numba does not link); fused/kernels.half_value picks."""
     if bits != types.uint16:
         return None
     sig = types.float32(bits)

@@ -1,4 +1,4 @@
-"""The tiled attention (models/attention_tile.py) against the one-row kernels, bit for bit.
+"""The tiled attention (fused/attention_tile.py) against the one-row kernels, bit for bit.
 
 The tile puts 16 queries in the lanes of a vector and must give each the exact float32
 operations of kernels.attend_head: every comparison here is bitwise (np.array_equal on the

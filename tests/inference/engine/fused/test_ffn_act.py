@@ -1,4 +1,4 @@
-"""The FFN's vectorized activations (models/ffn_act.py) against the scalar forms they replace,
+"""The FFN's vectorized activations (fused/ffn_act.py) against the scalar forms they replace,
 bit for bit, over every kind of float32 input: the f16 table's whole range (subnormal and
 normal f16 values and their float32 neighbours), the +-10 edges of the GELU lookup, huge
 values, infinities and NaN, random bit patterns; SiLU in ggml's vector lanes and the tail."""

@@ -1,4 +1,4 @@
-"""The numba attention kernels (models/kernels.py) against the numpy reference in layers.py.
+"""The numba attention kernels (fused/kernels.py) against the numpy reference in models/layers.py.
 
 The kernels round q, the cached rows and the probabilities to f16 where the reference does, so
 they differ only by float32 summation order, and rarely by one f16 step of one probability

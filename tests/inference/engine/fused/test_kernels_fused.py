@@ -1,4 +1,4 @@
-"""The fused one-region forward (models/fused.py, step_kernels.py) against the numpy layer
+"""The fused one-region forward (fused/fused.py, step_kernels.py) against the numpy layer
 path (each family's ``block``), from one shared prefilled cache.
 
 Both round every activation exactly as ggml does and share the integer group dot products, so

@@ -1,4 +1,4 @@
-"""The fused forward's product of several token rows (models/prefill_tiles.py) against its
+"""The fused forward's product of several token rows (fused/prefill_tiles.py) against its
 one-row path (step_kernels' decode kernels), bit for bit: whole tiles and the rows past them,
 a sub-range of weight rows, padding rows, min terms, biases, accumulating or not."""
 

@@ -1,4 +1,4 @@
-"""CompileWatch: progress of numba's compilation (inference/engine/compile_watch.py)."""
+"""CompileWatch: progress of numba's compilation (inference/engine/jit/compile_watch.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The choice of instruction selection (inference/engine/simd.py) and its override."""
+"""The choice of instruction selection (inference/engine/jit/simd.py) and its override."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Pointer calls between kernels (inference/engine/stage_calls.py) and the two-process cold
-compile (inference/engine/compile_split.py)."""
+"""Pointer calls between kernels (inference/engine/jit/stage_calls.py) and the two-process cold
+compile (inference/engine/jit/compile_split.py, compile_child.py)."""
 
 from __future__ import annotations
 
