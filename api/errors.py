@@ -8,7 +8,6 @@ Status codes are real: the SDKs dispatch on them.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from inference.types import ContextOverflow, Error
@@ -90,9 +89,6 @@ class ApiError:
 
     def openai_payload(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def openai_body(self) -> bytes:
-        return json.dumps(self.openai_payload(), ensure_ascii=False).encode()
 
     @property
     def anthropic_type(self) -> str:

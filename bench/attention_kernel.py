@@ -22,8 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from inference.engine.models.attention_tile import TILE_QUERIES, attend_rows_tiled  # noqa: E402
-from inference.engine.models.kernels import attend_rows  # noqa: E402
+from inference.engine.fused.attention_tile import TILE_QUERIES, attend_rows_tiled  # noqa: E402
+from inference.engine.fused.kernels import attend_rows  # noqa: E402
 
 
 def _cpu_seconds(run, reps: int) -> float:

@@ -28,12 +28,10 @@ from numba.extending import intrinsic
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from inference.engine import stage_calls  # noqa: E402
 from inference.engine.engine import Engine  # noqa: E402
-from inference.engine.models import step_region as sr  # noqa: E402
-from inference.engine.models.base import Run  # noqa: E402
-from inference.engine.models.step_attention import attend_stage  # noqa: E402
-from inference.engine.models.step_kernels import (  # noqa: E402
+from inference.engine.fused import step_region as sr  # noqa: E402
+from inference.engine.fused.step_attention import attend_stage  # noqa: E402
+from inference.engine.fused.step_kernels import (  # noqa: E402
     ATTEND,
     DOWN,
     FFN,
@@ -63,7 +61,9 @@ from inference.engine.models.step_kernels import (  # noqa: E402
     kv_stage,
     prepare_stage,
 )  # fmt: skip
-from inference.engine.models.step_products import ffn_stage, rows_stage  # noqa: E402
+from inference.engine.fused.step_products import ffn_stage, rows_stage  # noqa: E402
+from inference.engine.jit import stage_calls  # noqa: E402
+from inference.engine.models.base import Run  # noqa: E402
 
 START_LAG = 2e-4  # s: steps whose threads started farther apart are left out of the stages
 
@@ -229,8 +229,8 @@ def _all_threads(n_threads, x, model, rows, scratch, logits, counters, solo, sta
 def _scratch(n_threads, x, model, rows):
     """The scratch forward_rows allocates (built here by calling it once with a hook would
     cost more code than this copy of its shapes)."""
-    from inference.engine.models.attention_tile import attend_scratch_size
-    from inference.engine.models.step_kernels import COLS, HEAD_DIM, N_HEADS, N_KV
+    from inference.engine.fused.attention_tile import attend_scratch_size
+    from inference.engine.fused.step_kernels import COLS, HEAD_DIM, N_HEADS, N_KV
 
     dims, n_embd = model.dims, x.shape[1]
     n_heads, hd = dims[N_HEADS], dims[HEAD_DIM]

@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from inference.engine.intrinsics import prefetch  # noqa: E402
+from inference.engine.jit.intrinsics import prefetch  # noqa: E402
 from inference.engine.quants.formats import GGMLType  # noqa: E402
 from inference.engine.quants.intdot import HOST_SIMD, dot_pair_int  # noqa: E402
 from inference.engine.quants.kblocks import (  # noqa: E402

@@ -29,11 +29,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from decode_breakdown import _all_threads, _now, op_times, print_op_table  # noqa: E402
 
-from inference.engine import stage_calls  # noqa: E402
 from inference.engine.engine import Engine  # noqa: E402
-from inference.engine.models import step_region as sr  # noqa: E402
+from inference.engine.fused import step_region as sr  # noqa: E402
+from inference.engine.fused.step_kernels import STAGES_PER_LAYER  # noqa: E402
+from inference.engine.jit import stage_calls  # noqa: E402
 from inference.engine.models.base import Run  # noqa: E402
-from inference.engine.models.step_kernels import STAGES_PER_LAYER  # noqa: E402
 
 
 def _one(engine, tokens, n_threads: int):

@@ -22,10 +22,10 @@ sys.path.insert(0, str(ROOT))
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
-from inference.engine import stage_calls  # noqa: E402
 from inference.engine.engine import Engine  # noqa: E402
-from inference.engine.models import step_kernels as sk  # noqa: E402
-from inference.engine.models import step_products as sp  # noqa: E402
+from inference.engine.fused import step_kernels as sk  # noqa: E402
+from inference.engine.fused import step_products as sp  # noqa: E402
+from inference.engine.jit import stage_calls  # noqa: E402
 from inference.engine.quants.intdot import HOST_SIMD, ROW_BLOCK  # noqa: E402
 
 DEFAULT_MODELS = [ROOT / "models/qwen2.5-coder-0.5b-instruct.gguf", ROOT / "models/gemma-3-270m-q4_k_m.gguf"]

@@ -2,22 +2,68 @@
 
 Every wire dialect (Chat Completions, Responses, Anthropic Messages) parses its own JSON into
 a :class:`GenerationRequest` and encodes the :data:`Event` stream in its own shape. Nothing
-here knows about HTTP or JSON.
+here knows about HTTP or a dialect's JSON shapes (tool arguments and schemas are carried as JSON
+text).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol
 
 import numpy as np
 
 from inference.engine.sampler import SamplingParams
-from inference.generation.constraints import ConstraintSpec
-from inference.generation.toolcall import ToolCall, ToolSpec
 
 Role = Literal["system", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "tool_calls"]
+ConstraintKind = Literal["json_schema", "regex", "lark", "tool_call"]
+PERMISSIVE_ARGUMENTS = {"type": "object"}  # a tool declared without parameters takes any object
+
+
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """What a reply must match. ``source`` is the schema as JSON text, the regex, the Lark
+    grammar, or (``tool_call``) the forced call's tools as JSON text, which becomes a grammar
+    once the family's call convention is known (``toolcall.resolve_forced_call``); ``param``
+    is the request field it came from (named in errors)."""
+
+    kind: ConstraintKind
+    source: str
+    param: str
+
+    @classmethod
+    def json_schema(cls, schema: dict, param: str) -> ConstraintSpec:
+        return cls("json_schema", json.dumps(schema), param)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One declared function: its JSON-schema ``parameters`` and whether they are enforced."""
+
+    name: str
+    description: str = ""
+    parameters: dict | None = None
+    strict: bool = False
+
+    def template_dict(self) -> dict:
+        """The OpenAI tool shape chat templates iterate over."""
+        function = {"name": self.name, "description": self.description}
+        function["parameters"] = self.parameters if self.parameters is not None else PERMISSIVE_ARGUMENTS
+        return {"type": "function", "function": function}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A completed call; ``arguments`` is the arguments object as compact JSON text."""
+
+    name: str
+    arguments: str
+
+    def template_dict(self) -> dict:
+        """The OpenAI shape chat templates read, arguments as an object (templates tojson it)."""
+        return {"type": "function", "function": {"name": self.name, "arguments": json.loads(self.arguments)}}
 
 
 @dataclass(frozen=True)
@@ -287,3 +333,17 @@ class Embeddings:
 
 
 Event = TextDelta | ReasoningDelta | ToolCallDelta | Finish | Error | Embeddings
+
+
+class Sink(Protocol):
+    """Where the worker streams a request's events (a StreamPipe)."""
+
+    @property
+    def cancelled(self) -> bool: ...
+
+    def push(self, event) -> None: ...
+
+    def close(self, final: Finish | Error | Embeddings) -> None: ...
+
+    def prefix_chosen(self, documents: tuple[str, ...]) -> None:
+        """The prefix is chosen (before any event): the fleet documents it composes."""

@@ -25,11 +25,6 @@ def _builder():
     return build
 
 
-def fleet_parameters(spec) -> dict:
-    """The job's JSON parameters for a FleetBuildSpec (paths as strings)."""
-    return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(spec).items()}
-
-
 def spec_from_parameters(parameters: dict):
     """The FleetBuildSpec back from a job's parameters (unknown keys refused)."""
     spec_type = _builder().FleetBuildSpec

@@ -1,9 +1,11 @@
 """The inference engine: GGUF files, tokenizers, quantized kernels and the forward pass.
 
-Importing the package first points numba's disk cache at a directory keyed by this CPU and
-this engine's sources (numba_cache.py), before any kernel is defined.
+Importing the package (or any module in it) reads and writes nothing on disk. It only tells
+numba, in memory, where a ``cache=True`` kernel's compiled code belongs (jit/numba_cache.py):
+numba decides that when the kernel is defined, so it must know before any kernel module runs.
+The directory itself is created by ``Engine.load`` and the commands.
 """
 
-from .numba_cache import use_keyed_cache_dir
+from .jit.numba_cache import install_cache_locator
 
-use_keyed_cache_dir()
+install_cache_locator()

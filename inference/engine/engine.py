@@ -22,15 +22,17 @@ from typing import Protocol
 
 import numpy as np
 
-from . import stage_calls
 from .chat_template import ChatTemplate, map_strings, unused_mark
 from .families import Family, family_of
 from .fingerprint import model_fingerprint
+from .fused import step_region
 from .gguf_file import GGUFFile
 from .heap import loading_heap
+from .jit import stage_calls
+from .jit.numba_cache import use_keyed_cache_dir
 from .kv_cache import KVCache
 from .load_options import ExpertMode, LoadOptions
-from .models import DecoderModel, step_region
+from .models import DecoderModel
 from .models.base import Run
 from .quants.dequant import PARALLEL_ROWS
 from .sampler import Sampler, SamplingParams
@@ -139,6 +141,7 @@ class Engine:
     def load(cls, path: str | os.PathLike, options: LoadOptions | None = None) -> Engine:
         """Open, map and prepare the model; raises GGUFError with a clear message. ``options``
         say how weights are read (e.g. MoE experts borrowed from the mapped file)."""
+        use_keyed_cache_dir()  # the kernels this model compiles go to (and come from) the keyed cache
         f = GGUFFile(path, options)
         family = family_of(f)
         with loading_heap():  # the repacked temporaries' pages do not outlive the load

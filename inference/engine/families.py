@@ -227,8 +227,3 @@ def family_of(f: GGUFFile) -> Family:
             f"{f.path}: architecture {f.architecture!r} is not supported (supported: {supported})"
         )
     return family
-
-
-def load_model(f: GGUFFile) -> DecoderModel:
-    """Build the layer code of the file's family."""
-    return family_of(f).model(f)

@@ -16,28 +16,13 @@ prefix: only installing another one replaces it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from .heap import lazy_zeros
+from .kv_geometry import KVGeometry
+from .prefix import KVPrefix
 
-if TYPE_CHECKING:
-    from .prefix import KVPrefix
-
-
-@dataclass(frozen=True)
-class KVGeometry:
-    """What one cache row looks like; two caches can share rows only if these agree."""
-
-    n_layers: int
-    n_kv_heads: int
-    head_dim_k: int
-    head_dim_v: int
-
-    def bytes_per_position(self, itemsize: int = 2) -> int:
-        return self.n_layers * self.n_kv_heads * (self.head_dim_k + self.head_dim_v) * itemsize
+__all__ = ["ContextFullError", "KVCache", "KVGeometry"]
 
 
 class ContextFullError(ValueError):

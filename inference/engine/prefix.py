@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kv_cache import KVGeometry
+from .kv_geometry import KVGeometry
 
 
 class PrefixMismatchError(ValueError):

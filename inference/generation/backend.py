@@ -23,6 +23,7 @@ from inference.engine.engine import Engine, GenerationStats
 from inference.engine.kv_cache import KVCache
 from inference.generation.capabilities import Capabilities
 from inference.generation.constraints import ConstraintCompiler, ConstraintSpec, bound_number_digits
+from inference.generation.lockstep import run_lockstep
 from inference.generation.prompts import raw_prompt_tokens
 from inference.generation.speculative import Speculator
 from inference.generation.stream import BatchItem, DecodeStream
@@ -32,12 +33,11 @@ from inference.kv.prefix_source import PrefixChoice, PrefixSource
 from inference.kv.slots import SlotPool
 from inference.types import (
     ContextOverflow,
-    Embeddings,
     Error,
-    Finish,
     GenerationRequest,
     Message,
     PreparedPrompt,
+    Sink,
 )
 
 DEFAULT_MAX_TOKENS = 1024
@@ -67,20 +67,6 @@ def budgeted(
         return Error(400, message, code="context_length_exceeded", param=param, overflow=overflow)
     wanted = max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS
     return PreparedPrompt(tokens, min(wanted, room))
-
-
-class Sink(Protocol):
-    """Where the worker streams a request's events (a StreamPipe)."""
-
-    @property
-    def cancelled(self) -> bool: ...
-
-    def push(self, event) -> None: ...
-
-    def close(self, final: Finish | Error | Embeddings) -> None: ...
-
-    def prefix_chosen(self, documents: tuple[str, ...]) -> None:
-        """The prefix is chosen (before any event): the fleet documents it composes."""
 
 
 def prompt_param(request: GenerationRequest) -> str:
@@ -364,8 +350,6 @@ class ConversationBackend:
         """Serve several requests together, one forward per step for all of them (see
         lockstep.py; one pass over the weights where ``capabilities.batch``, the only case the
         worker batches); each reply is the one ``generate`` would give. Tokens generated per item."""
-        from inference.generation.lockstep import run_lockstep
-
         try:
             return run_lockstep(self, items)
         finally:

@@ -13,16 +13,16 @@ import json
 import math
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 from decimal import Decimal, localcontext
-from typing import Literal
 
 import llguidance
 import numpy as np
 
 from inference.engine.tokenizer import Tokenizer
+from inference.types import ConstraintKind, ConstraintSpec
 
-ConstraintKind = Literal["json_schema", "regex", "lark", "tool_call"]
+__all__ = ["ConstraintKind", "ConstraintSpec"]  # defined with the request (inference.types)
+
 CACHED_GRAMMARS = 32
 # Fixed separators: with free whitespace a model may pad a JSON reply until its budget runs out.
 JSON_OPTIONS = {"whitespace_flexible": False}
@@ -47,32 +47,17 @@ SCHEMA_KEYWORDS = (
 )
 
 
-@dataclass(frozen=True)
-class ConstraintSpec:
-    """What a reply must match. ``source`` is the schema as JSON text, the regex, the Lark
-    grammar, or (``tool_call``) the forced call's tools as JSON text, which becomes a grammar
-    once the family's call convention is known (``toolcall.resolve_forced_call``); ``param``
-    is the request field it came from (named in errors)."""
-
-    kind: ConstraintKind
-    source: str
-    param: str
-
-    @classmethod
-    def json_schema(cls, schema: dict, param: str) -> ConstraintSpec:
-        return cls("json_schema", json.dumps(schema), param)
-
-    def grammar(self) -> str:
-        """The llguidance grammar text of this constraint (a JSON schema with its open numbers
-        bounded, see :func:`bound_number_digits`)."""
-        if self.kind == "json_schema":
-            schema = json.dumps(bound_number_digits(json.loads(self.source)))
-            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
-        if self.kind == "regex":
-            return llguidance.LLMatcher.grammar_from_regex(self.source)
-        if self.kind == "tool_call":
-            raise ValueError("a forced call becomes a grammar only with the family's call convention")
-        return llguidance.LLMatcher.grammar_from_lark(self.source)
+def grammar_of(spec: ConstraintSpec) -> str:
+    """The llguidance grammar text of ``spec`` (a JSON schema with its open numbers
+    bounded, see :func:`bound_number_digits`)."""
+    if spec.kind == "json_schema":
+        schema = json.dumps(bound_number_digits(json.loads(spec.source)))
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    if spec.kind == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(spec.source)
+    if spec.kind == "tool_call":
+        raise ValueError("a forced call becomes a grammar only with the family's call convention")
+    return llguidance.LLMatcher.grammar_from_lark(spec.source)
 
 
 def bound_number_digits(schema: object) -> object:
@@ -197,7 +182,7 @@ class ConstraintCompiler:
         """llguidance's error message when the constraint cannot be compiled, else None.
         Safe on any thread: it compiles a throwaway copy."""
         try:
-            grammar = spec.grammar()
+            grammar = grammar_of(spec)
         except (ValueError, TypeError, RuntimeError) as exc:
             return str(exc)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.lltokenizer)
@@ -206,7 +191,7 @@ class ConstraintCompiler:
     def constraint(self, spec: ConstraintSpec) -> TokenConstraint:
         """A fresh constraint for one request, cloned from the cached compiled grammar."""
         self._check_thread()
-        grammar = spec.grammar()
+        grammar = grammar_of(spec)
         base = self._base.get(grammar)
         if base is None:
             base = llguidance.LLMatcher(self.lltokenizer, grammar, log_level=0)

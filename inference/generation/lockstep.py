@@ -16,19 +16,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from inference.engine.engine import BatchRow
+from inference.engine.engine import BatchRow, Engine
 from inference.generation.stream import BatchItem, DecodeStream
-from inference.types import Error
-
-if TYPE_CHECKING:
-    from inference.generation.backend import ConversationBackend
+from inference.types import Error, GenerationRequest, PreparedPrompt, Sink
 
 logger = logging.getLogger("lmserve.lockstep")
 
 
-def run_lockstep(backend: ConversationBackend, items: Sequence[BatchItem]) -> list[int]:
+class LockstepHost(Protocol):
+    """What a lockstep batch needs of its backend (ConversationBackend, which imports this
+    module): the engine that runs the batch's forward, and the streams it opens."""
+
+    engine: Engine
+
+    def open_stream(
+        self, request: GenerationRequest, prompt: PreparedPrompt, sink: Sink
+    ) -> DecodeStream | None: ...
+
+
+def run_lockstep(backend: LockstepHost, items: Sequence[BatchItem]) -> list[int]:
     """Generate every item's reply into its sink; the tokens each generated, in order."""
     streams = [open_stream(backend, item) for item in items]
     live = [s for s in streams if s is not None and s.live]
@@ -38,7 +46,7 @@ def run_lockstep(backend: ConversationBackend, items: Sequence[BatchItem]) -> li
     return [0 if s is None else s.generated for s in streams]
 
 
-def open_stream(backend: ConversationBackend, item: BatchItem) -> DecodeStream | None:
+def open_stream(backend: LockstepHost, item: BatchItem) -> DecodeStream | None:
     """The item's stream, prefilled with its first token taken; None when its client left
     while it was queued (no slot, no prefill) or its slot could not be had (its sink then
     carries the error; the batch goes on without it)."""
@@ -52,7 +60,7 @@ def open_stream(backend: ConversationBackend, item: BatchItem) -> DecodeStream |
         return None
 
 
-def step(backend: ConversationBackend, live: list[DecodeStream]) -> None:
+def step(backend: LockstepHost, live: list[DecodeStream]) -> None:
     """Append each live stream's token to its cache in one forward and let each stream take
     its next token. A forward that fails fails every stream in it (each reports the error)."""
     rows = [BatchRow(stream.cache, stream.token) for stream in live]

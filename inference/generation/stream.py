@@ -16,20 +16,24 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-from inference.engine.engine import PREFILL_CHUNK, GenerationStats
+from inference.engine.engine import PREFILL_CHUNK, Engine, GenerationStats
+from inference.engine.families import Family
+from inference.engine.kv_cache import KVCache
 from inference.engine.logprobs import token_distribution
-from inference.engine.sampler import NonFiniteLogits, Sampler
-from inference.generation.constraints import ConstraintDeadEnd, TokenConstraint
+from inference.engine.sampler import NonFiniteLogits, Sampler, SamplingParams
+from inference.generation.constraints import (
+    ConstraintCompiler,
+    ConstraintDeadEnd,
+    ConstraintSpec,
+    TokenConstraint,
+)
 from inference.generation.emitter import ReplyEmitter
-from inference.types import Error, Finish, GenerationRequest, PreparedPrompt, TokenLogprob, Usage
-
-if TYPE_CHECKING:
-    from inference.engine.kv_cache import KVCache
-    from inference.generation.backend import ConversationBackend, Sink
+from inference.kv.slots import SlotPool
+from inference.types import Error, Finish, GenerationRequest, PreparedPrompt, Sink, TokenLogprob, Usage
 
 logger = logging.getLogger("lmserve.backend")
 
@@ -65,6 +69,19 @@ class BatchItem:
     sink: Sink
 
 
+class StreamHost(Protocol):
+    """What a stream reads from the backend that opens it (ConversationBackend): typed here so
+    that this module, which the backend imports, imports no backend."""
+
+    engine: Engine
+    family: Family
+    defaults: SamplingParams
+    constraints: ConstraintCompiler
+    slots: SlotPool | None
+
+    def constraint_spec(self, request: GenerationRequest) -> ConstraintSpec | None: ...
+
+
 class DecodeStream:
     """One request being generated: :meth:`begin` prefills and takes the first token, then
     each :meth:`advance` takes the logits after :attr:`token` and picks the next one, until
@@ -72,7 +89,7 @@ class DecodeStream:
 
     def __init__(
         self,
-        backend: ConversationBackend,
+        backend: StreamHost,
         request: GenerationRequest,
         prompt: PreparedPrompt,
         sink: Sink,

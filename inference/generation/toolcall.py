@@ -14,14 +14,15 @@ argument numbers digit-bounded like a ``response_format`` schema's.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from inference.engine.families import ToolConvention
 from inference.generation.constraints import ConstraintSpec, bound_number_digits
+from inference.types import PERMISSIVE_ARGUMENTS, ToolCall, ToolSpec
+
+__all__ = ["PERMISSIVE_ARGUMENTS", "ToolCall", "ToolSpec"]  # defined with the request (inference.types)
 
 FENCE = "```"
 FENCE_OPENERS = ("```", "```json")
-PERMISSIVE_ARGUMENTS = {"type": "object"}
 # A call's arguments are laid out as Hermes' examples and json.dumps lay them out, with no other
 # whitespace: with llguidance's flexible default a small model can pad a call with spaces and
 # newlines until its budget runs out (Qwen2.5-0.5B did, for 30 minutes, under Claude Code).
@@ -44,34 +45,6 @@ ANY_OBJECT_ARGUMENTS = {
     "type": "object",
     "additionalProperties": {"$ref": "#/$defs/value"},
 }
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    """One declared function: its JSON-schema ``parameters`` and whether they are enforced."""
-
-    name: str
-    description: str = ""
-    parameters: dict | None = None
-    strict: bool = False
-
-    def template_dict(self) -> dict:
-        """The OpenAI tool shape chat templates iterate over."""
-        function = {"name": self.name, "description": self.description}
-        function["parameters"] = self.parameters if self.parameters is not None else PERMISSIVE_ARGUMENTS
-        return {"type": "function", "function": function}
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """A completed call; ``arguments`` is the arguments object as compact JSON text."""
-
-    name: str
-    arguments: str
-
-    def template_dict(self) -> dict:
-        """The OpenAI shape chat templates read, arguments as an object (templates tojson it)."""
-        return {"type": "function", "function": {"name": self.name, "arguments": json.loads(self.arguments)}}
 
 
 # A scanner item and where it ends in the scanner's input (ToolCallScanner.feed_spans).

@@ -142,9 +142,8 @@ class InferenceWorker:
 
     def _gguf_backend(self) -> GenerationBackend:
         """Load the GGUF file, size the KV tiers, build its family's backend and warm it up."""
-        from inference.engine.compile_watch import CompileWatch
         from inference.engine.engine import Engine
-        from inference.engine.numba_cache import warm_up_notice
+        from inference.engine.jit.compile_watch import CompileWatch, warm_up_notice
 
         engine = Engine.load(self.model_path, self.load_options)
         if self.prefix_source is not None:

@@ -2,7 +2,7 @@
 
 The first start on a CPU (or after an engine update) compiles the engine's kernels for a
 minute or more inside the worker's warm-up; the log must say so and keep reporting, so a user
-is never left at a silent terminal (inference/engine/compile_watch.py).
+is never left at a silent terminal (inference/engine/jit/compile_watch.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from inference.engine.numba_cache import BASE_VARIABLE
+from inference.engine.jit.numba_cache import BASE_VARIABLE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError
 
-from inference.engine.numba_cache import BASE_VARIABLE
+from inference.engine.jit.numba_cache import BASE_VARIABLE
 from inference.management.commands.fetch_models import assemble
 from inference.model_files import ChunkedModel, ModelFileError, resolve_model
 

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..fused.fused import FusedForward, LayerWeights, RowPlan
+from ..fused.kernels import attend_rows
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
-from ..layers import ROPE_NEOX, apply_rope, rms_norm, rope_angles
 from ..quants import GroupedMatrix, QuantMatrix, load_matrix
 from ..quants.lookup import MappedRows
 from .config import ModelConfig
-from .fused import FusedForward, LayerWeights, RowPlan
-from .kernels import attend_rows
+from .layers import ROPE_NEOX, apply_rope, rms_norm, rope_angles
 
 
 def linear(weight: QuantMatrix, x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:

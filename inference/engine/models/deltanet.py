@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..kv_cache import KVCache, KVGeometry
-from ..layers import rms_norm
+from .layers import rms_norm
 
 ONES = np.float32(1.0)
 

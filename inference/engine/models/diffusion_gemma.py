@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..fused.kernels import attend_rows
+from ..fused.rowops import gelu_tanh_f16
 from ..gguf_file import GGUFError, GGUFFile
 from ..kv_cache import KVCache
-from ..layers import rms_norm
 from .base import linear
 from .gemma4 import Gemma4Model, softcap_rows
-from .kernels import attend_rows
-from .rowops import gelu_tanh_f16
+from .layers import rms_norm
 
 SELF_COND = ("self_cond_gate", "self_cond_up", "self_cond_down")
 

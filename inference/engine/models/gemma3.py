@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..fused.fused import LayerWeights
+from ..fused.rowops import gelu_tanh_f16
+from ..fused.step_kernels import GELU, POST_NORMS, QK_NORM
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
-from ..layers import ROPE_NEOX, rms_norm
 from .base import DecoderModel, layer_slots, linear, stack_linears, stacked_linears
 from .config import ModelConfig
-from .fused import LayerWeights
-from .rowops import gelu_tanh_f16
-from .step_kernels import GELU, POST_NORMS, QK_NORM
+from .layers import ROPE_NEOX, rms_norm
 
 GLOBAL_EVERY = 6  # layers 5, 11, 17, ... attend globally; the rest use the sliding window
 LOCAL_ROPE_BASE = 10000.0  # the architecture's value when the GGUF has no rope.freq_base_swa

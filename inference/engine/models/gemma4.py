@@ -14,15 +14,15 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ..fused.kernels import attend_rows
+from ..fused.rowops import gelu_tanh_f16
 from ..gguf_file import GGUFError, GGUFFile
 from ..kv_cache import KVCache
-from ..layers import ROPE_NEOX, apply_rope, rms_norm
 from .base import DecoderModel, linear
 from .gemma4_moe import ExpertFFN
 from .gemma4_ple import PerLayerInject, PerLayerInputs
 from .gemma4_shapes import LayerShape, gemma4_config, layer_shapes
-from .kernels import attend_rows
-from .rowops import gelu_tanh_f16
+from .layers import ROPE_NEOX, apply_rope, rms_norm
 
 NORMS = ("attn_norm", "attn_q_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
 MOE_NORMS = ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2")

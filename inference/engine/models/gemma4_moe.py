@@ -13,13 +13,13 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..ggml_math import expf_ggml
+from ..fused.ggml_math import expf_ggml
+from ..fused.rowops import gelu_tanh_f16
 from ..gguf_file import GGUFError, GGUFFile
-from ..layers import rms_norm
 from ..quants import QuantMatrix, load_matrix
 from .base import linear
 from .experts import repacked_experts, routed_experts
-from .rowops import gelu_tanh_f16
+from .layers import rms_norm
 
 ONES = np.float32(1.0)
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..fused.rowops import gelu_tanh_f16
 from ..gguf_file import GGUFError, GGUFFile
-from ..layers import rms_norm
 from ..quants import QuantMatrix, load_matrix
 from ..quants.lookup import MappedRows
 from .base import linear
-from .rowops import gelu_tanh_f16
+from .layers import rms_norm
 
 INPUT_SCALE = np.float32(1.0) / np.sqrt(np.float32(2.0))  # llama.cpp: 1.0f / sqrtf(2.0f)
 

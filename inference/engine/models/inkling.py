@@ -29,11 +29,11 @@ import numpy as np
 
 from ..gguf_file import GGUFError, GGUFFile
 from ..kv_cache import KVCache
-from ..layers import rms_norm
 from .base import DecoderModel, linear, stack_linears, stacked_linears
 from .inkling_ffn import InklingMoE, swiglu
 from .inkling_shapes import InklingShape, inkling_config, inkling_shape
 from .inkling_state import SITES, ConvGeometry, InklingCache, short_conv
+from .layers import rms_norm
 
 QKVR = ("attn_q", "attn_k", "attn_v", "attn_r")
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..fused.fused import LayerWeights
 from ..gguf_file import GGUFFile
 from ..kv_cache import KVCache
-from ..layers import ROPE_NEOX, ROPE_NORM, rms_norm, silu
 from .base import DecoderModel, layer_slots, linear, stack_linears, stacked_linears
 from .config import ModelConfig
-from .fused import LayerWeights
+from .layers import ROPE_NORM, rms_norm, silu
 
 QKV = ("attn_q", "attn_k", "attn_v")
 GATE_UP = ("ffn_gate", "ffn_up")
@@ -33,6 +33,7 @@ class LlamaModel(DecoderModel):
 
     def qk_norms(self, w: dict) -> tuple[np.ndarray, np.ndarray] | None:
         return None
+
     def load_layer(self, i: int) -> dict:
         p = f"blk.{i}."
         layer = {name: self.matrix(p + name + ".weight") for name in self.MATRICES}

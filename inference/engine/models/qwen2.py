@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..layers import ROPE_NEOX
+from .layers import ROPE_NEOX
 from .llama import LlamaModel
 
 

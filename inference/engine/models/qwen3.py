@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..fused.step_kernels import QK_NORM
 from ..kv_cache import KVCache
-from ..layers import ROPE_NEOX, rms_norm
 from .base import linear
+from .layers import ROPE_NEOX, rms_norm
 from .llama import LlamaModel
-from .step_kernels import QK_NORM
 
 
 class Qwen3Model(LlamaModel):

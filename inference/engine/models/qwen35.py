@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..fused.kernels import attend_rows
 from ..gguf_file import GGUFError, GGUFFile
 from ..kv_cache import KVCache, KVGeometry
-from ..layers import ROPE_NEOX, apply_rope, rms_norm, rope_angles, silu
 from .base import DecoderModel, linear
 from .config import ModelConfig
 from .deltanet import DeltaNetShape, HybridCache, causal_conv, delta_rule, l2_norm, sigmoid, softplus
-from .kernels import attend_rows
+from .layers import ROPE_NEOX, apply_rope, rms_norm, rope_angles, silu
 
 ATTENTION_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output")
 LINEAR_TENSORS = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha", "ssm_out")

@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..gguf_file import GGUFError, GGUFFile
-from ..layers import silu
 from .base import linear
 from .deltanet import sigmoid
 from .experts import routed_experts
 from .gemma4_moe import softmax_rows
+from .layers import silu
 from .qwen35 import Qwen35Model
 
 SHARED = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..gguf_file import GGUFFile
-from ..layers import silu
 from .base import DecoderModel, linear
 from .config import ModelConfig
 from .experts import routed_experts
+from .layers import silu
 from .qwen3 import Qwen3Model
 
 EXPERT_MATRICES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")

@@ -15,7 +15,7 @@ import os
 # sleeping. When another process holds a core (a test run, the web server's threads), a
 # spinning thread waits for one that is descheduled: decode fell to 0.5 tok/s at load 6 on a
 # 2-core machine when every product was its own parallel region. Since a decode step is one
-# region (models/fused.py) sleeping at once costs one wake-up per token: PASSIVE and ACTIVE
+# region (fused/fused.py) sleeping at once costs one wake-up per token: PASSIVE and ACTIVE
 # measured the same (82-87 tok/s on SmolLM2). Any value the user set wins. (libgomp reads
 # these when it loads, at the first parallel kernel call.)
 if "GOMP_SPINCOUNT" not in os.environ:

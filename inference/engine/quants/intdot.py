@@ -27,8 +27,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..intrinsics import element_pointer, fma32
-from ..simd import host_simd
+from ..jit.intrinsics import element_pointer, fma32
+from ..jit.simd import host_simd
 from .intdot_ir import row_dots
 
 ROW_BLOCK = 4  # activation rows per weight pass in dot_rows_int
@@ -284,38 +284,6 @@ def min_sums_pair(mins, m_start, m_next, group_sums, n_groups, out):
     for g in range(n_groups):
         s0, s1 = fma32(mins[m_start + g], group_sums[g], s0), fma32(mins[m_next + g], group_sums[g], s1)
     out[0], out[1] = s0, s1
-
-
-@numba.njit(cache=True)
-def min_sums_tile(mins, m_first, n_weight_rows, group_sums, n0, n_groups, out):
-    """out[r, i] = min_sum of weight row r (mins from m_first + r * n_groups) with activation
-    row n0 + i of the 2-D ``group_sums``, for r < n_weight_rows, i < ROW_BLOCK: each the same
-    in-order chain of fused multiply-adds as min_sum, all chains of a tile advanced together."""
-    out[:n_weight_rows] = 0.0
-    for g in range(n_groups):
-        s0, s1, s2, s3 = (
-            group_sums[n0, g],
-            group_sums[n0 + 1, g],
-            group_sums[n0 + 2, g],
-            group_sums[n0 + 3, g],
-        )
-        for r in range(n_weight_rows):
-            m, row = mins[m_first + r * n_groups + g], out[r]
-            row[0], row[1] = fma32(m, s0, row[0]), fma32(m, s1, row[1])
-            row[2], row[3] = fma32(m, s2, row[2]), fma32(m, s3, row[3])
-
-
-@numba.njit(cache=True)
-def min_sums_block(mins, m_start, group_sums, n0, n_groups, out):
-    """out[i] = min_sum for rows n0 + i (i < ROW_BLOCK) of the 2-D ``group_sums``: the same
-    sums, as four independent chains in one pass over the mins."""
-    s0 = s1 = s2 = s3 = np.float32(0.0)
-    a, b, c, d = group_sums[n0], group_sums[n0 + 1], group_sums[n0 + 2], group_sums[n0 + 3]
-    for g in range(n_groups):
-        m = mins[m_start + g]
-        s0, s1 = fma32(m, a[g], s0), fma32(m, b[g], s1)
-        s2, s3 = fma32(m, c[g], s2), fma32(m, d[g], s3)
-    out[0], out[1], out[2], out[3] = s0, s1, s2, s3
 
 
 def dot_row_reference(q: np.ndarray, ints: np.ndarray, scales: np.ndarray, int_scales: np.ndarray) -> float:

@@ -23,8 +23,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ..intrinsics import element_pointer
-from ..simd import target_features
+from ..jit.intrinsics import element_pointer
+from ..jit.simd import target_features
 from . import wide_ir
 from .formats import GGMLType
 from .intdot import HOST_SIMD

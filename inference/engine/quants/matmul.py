@@ -4,7 +4,7 @@ Every output element is the integer group dot product of matvec.py (exact int32 
 weight codes times the row's int8 codes, scaled per group and accumulated in one fixed order,
 intdot.py), whether one row or a thousand are multiplied: a token's logits must not depend on
 how many tokens were computed with it. This is the product of the per-layer numpy path (the
-fused forward, models/step_kernels.py, calls the same dot product itself).
+fused forward, fused/step_kernels.py, calls the same dot product itself).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ..intrinsics import element_pointer
+from ..jit.intrinsics import element_pointer
 from .intdot import HOST_SIMD
 from .intdot_ir import row_dots
 

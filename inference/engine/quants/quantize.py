@@ -145,10 +145,6 @@ def round_row_int(kind, x, values, ints, int_scales, group_sums, group_size, wit
         _round_q8_32(x, values, group_sums, group_size, with_sums and kind == ACT_Q8_1, ints, int_scales)
 
 
-def is_integer_kind(kind: int) -> bool:
-    return kind in (ACT_Q8_0, ACT_Q8_1, ACT_Q8_K)
-
-
 @numba.njit(cache=True)
 def _round_bf16(x, values):
     """Nearest-even bfloat16, as ggml's FP32_TO_BF16 (activations.round_bf16)."""

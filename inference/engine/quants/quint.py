@@ -19,7 +19,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..simd import target_features
+from ..jit.simd import target_features
 from . import wide, wide_ir
 from .intdot import HOST_SIMD, _group_dot_intrinsic, _group_dot_pair_intrinsic
 from .intdot_ir import QUINT_BLOCK, QUINT_OFFSET

@@ -22,8 +22,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ..intrinsics import element_pointer
-from ..simd import target_features
+from ..jit.intrinsics import element_pointer
+from ..jit.simd import target_features
 from .intdot import HOST_SIMD, ROW_BLOCK, _row_pointer
 from .intdot_ir import row_dots
 from .intdot_reference import dot_row_bitwise_reference

@@ -14,7 +14,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ..intrinsics import element_pointer
+from ..jit.intrinsics import element_pointer
 from .wide_ir import Q4_1, Q5_0, Q8_0, pair_dots
 
 KINDS = (Q5_0, Q4_1, Q8_0)

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..layers import rope_angles
 from ..models.base import DecoderModel
+from ..models.layers import rope_angles
 from . import ops
 from .weights import LayerParams, TrainingWeights, training_weights
 

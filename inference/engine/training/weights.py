@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..layers import ROPE_NEOX
 from ..models.base import DecoderModel
 from ..models.gemma3 import Gemma3Model
+from ..models.layers import ROPE_NEOX
 from ..models.llama import LlamaModel
 
 

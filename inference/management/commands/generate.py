@@ -15,12 +15,11 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.engine.chat_template import ChatTemplateError
-from inference.engine.compile_watch import CompileWatch
 from inference.engine.engine import Engine, GenerationStats
 from inference.engine.gguf_file import GGUFError
+from inference.engine.jit.compile_watch import CompileWatch, compiles_kernels, warm_up_notice
 from inference.engine.kv_cache import ContextFullError
 from inference.engine.load_options import ExpertMode, LoadOptions
-from inference.engine.numba_cache import compiles_kernels, warm_up_notice
 from inference.engine.sampler import SamplingParams
 from inference.generation.capabilities import Capabilities, ServingFlags, refusal
 from inference.generation.speculative import Speculator

@@ -8,6 +8,7 @@ import os
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, DjangoHelpFormatter
 
+from inference.engine.jit.numba_cache import use_keyed_cache_dir
 from inference.kv.prefix_source import PrefixSource, load_prefix_source
 from inference.management.options import (
     add_experts_argument,
@@ -264,6 +265,7 @@ class Command(BaseCommand):
     def serve(self, options: dict, model_path, prefix_source: PrefixSource | None) -> None:
         """Serve ``model_path`` (a GGUF, or the --nanochat directory) until stopped."""
         prepare_database(self.stdout)
+        use_keyed_cache_dir(prune=True)  # the server's start removes kernels of old engine versions
         config = ServeConfig(
             model=options["model"] or "",
             ctx=options["ctx"],

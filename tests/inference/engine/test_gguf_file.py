@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from inference.engine.engine import Engine
-from inference.engine.families import load_model
+from inference.engine.families import family_of
 from inference.engine.gguf_file import GGUFError, GGUFFile
 from inference.model_files import default_model_path
 
@@ -65,7 +65,7 @@ def test_truncated_file(tmp_path):
 def test_unknown_architecture(tmp_path):
     path = write_gguf(tmp_path / "odd.gguf", arch="mamba9")
     with pytest.raises(GGUFError, match="architecture 'mamba9' is not supported"):
-        load_model(GGUFFile(path))
+        family_of(GGUFFile(path)).model(GGUFFile(path))
 
 
 def test_unsupported_tensor_type(tmp_path):
@@ -74,4 +74,4 @@ def test_unsupported_tensor_type(tmp_path):
     raw = np.zeros((2, 256 // block * size), np.uint8)
     path = write_gguf(tmp_path / "iq.gguf", tensors=[("token_embd.weight", raw, iq2)])
     with pytest.raises(GGUFError, match="IQ2_XS is not supported"):
-        load_model(GGUFFile(path))
+        family_of(GGUFFile(path)).model(GGUFFile(path))

@@ -8,6 +8,7 @@ import numba
 import numpy as np
 import pytest
 
+from inference.engine.jit.simd import SELECTIONS, missing_features, target_features
 from inference.engine.quants import intdot, nibbles
 from inference.engine.quants.intdot import (
     dot_row_int,
@@ -25,7 +26,6 @@ from inference.engine.quants.nibbles import (
     unpack_nibbles,
 )
 from inference.engine.quants.quantize import ACT_Q8_0, ACT_Q8_1, ACT_Q8_K, round_row_int
-from inference.engine.simd import SELECTIONS, missing_features, target_features
 
 
 def _runnable(simd: str) -> str:

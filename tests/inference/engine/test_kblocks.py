@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from inference.engine.jit.simd import SELECTIONS, missing_features, target_features
 from inference.engine.quants import intdot, kblocks, pair_mins, wide_ir
 from inference.engine.quants.formats import GGMLType
 from inference.engine.quants.kquants import Q4_K, Q6_K
 from inference.engine.quants.nibbles import pack_nibbles, packable_offset
-from inference.engine.simd import SELECTIONS, missing_features, target_features
 
 COLS = 768  # three super-blocks
 
@@ -142,7 +142,7 @@ def test_a_k_quant_step_reads_the_files_blocks_and_decodes_as_prefill_does(famil
     """llama: Q6_K down, Q4_K gate|up stacked (two file parts); qwen2: Q6_K and Q4_K down,
     a Q4_K head. Decode (one row: the blocks) gives prefill's (the tiles: codes) logits."""
     from inference.engine.engine import Engine
-    from inference.engine.models import step_kernels as sk
+    from inference.engine.fused import step_kernels as sk
     from inference.engine.quants import blocks
     from inference.engine.quants.quint import DECODE_BLOCKS
     from tests.fixtures.synthetic_gguf import synthetic_path

@@ -7,11 +7,11 @@ import numba
 import numpy as np
 import pytest
 
+from inference.engine.jit.simd import SELECTIONS, missing_features, target_features
 from inference.engine.quants import intdot, nibbles, pair_mins
 from inference.engine.quants.intdot import min_sum, min_sums_pair
 from inference.engine.quants.intdot_reference import dot_row_bitwise_reference, fma_float32
 from inference.engine.quants.nibbles import NIBBLE_OFFSET, pack_nibbles
-from inference.engine.simd import SELECTIONS, missing_features, target_features
 
 
 @numba.njit(cache=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from inference.engine.jit.simd import missing_features, target_features
 from inference.engine.quants import blocks, intdot, pair_mins, q41
 from inference.engine.quants.formats import Q4_1
 from inference.engine.quants.intdot_ir import Q41_BLOCK
@@ -14,7 +15,6 @@ from inference.engine.quants.nibbles import pack_nibbles
 from inference.engine.quants.q41 import pack_q41, q41_packable, q41_row_bytes, unpack_q41
 from inference.engine.quants.quint import DECODE_BLOCKS
 from inference.engine.quants.wide_ir import fits
-from inference.engine.simd import missing_features, target_features
 
 COLS = 576
 
@@ -104,7 +104,7 @@ def test_every_selection_gives_the_nibble_kernels_bits(simd):
 
 def test_a_q4_1_step_reads_the_blocks_and_decodes_as_prefill_does(synthetic_dir):
     from inference.engine.engine import Engine
-    from inference.engine.models import step_kernels as sk
+    from inference.engine.fused import step_kernels as sk
     from tests.fixtures.synthetic_gguf import synthetic_path
 
     engine = Engine.load(synthetic_path("llama", synthetic_dir))

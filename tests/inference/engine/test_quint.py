@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from inference.engine.jit.simd import SELECTIONS, missing_features, target_features
 from inference.engine.quants import intdot, quint
 from inference.engine.quants.formats import Q5_0
 from inference.engine.quants.intdot_ir import QUINT_BLOCK
@@ -20,7 +21,6 @@ from inference.engine.quants.quint import (
     wide_dot_quad_quint,
 )
 from inference.engine.quants.wide_ir import fits
-from inference.engine.simd import SELECTIONS, missing_features, target_features
 
 COLS = 896
 
@@ -141,7 +141,7 @@ def test_the_512_bit_pair_and_quad_give_the_int8_copys_bits():
 
 def test_the_fused_step_reads_q5_0_matrices_as_blocks(synthetic_dir):
     from inference.engine.engine import Engine
-    from inference.engine.models import step_kernels as sk
+    from inference.engine.fused import step_kernels as sk
     from tests.fixtures.synthetic_gguf import synthetic_path
 
     model = Engine.load(synthetic_path("llama", synthetic_dir)).model

@@ -8,11 +8,11 @@ import numba
 import numpy as np
 import pytest
 
+from inference.engine.jit.simd import SELECTIONS, missing_features, target_features
 from inference.engine.quants import tiles
 from inference.engine.quants.intdot import ROW_BLOCK, dot_row_int
 from inference.engine.quants.nibbles import NIBBLE_OFFSET, pack_nibbles
 from inference.engine.quants.tiles import TILE_W, WIDE_FEATURES, dot_tile_reference
-from inference.engine.simd import SELECTIONS, missing_features, target_features
 
 CASES = [(4, -1, -128, 128), (5, -1, -128, 128), (5, -1, -16, 16), (5, 0, 0, 16), (5, NIBBLE_OFFSET, -8, 8)]
 

@@ -14,8 +14,8 @@ import sys
 import numba
 import pytest
 
-from inference.engine.compile_watch import CompileWatch
 from inference.engine.engine import Engine, GenerationStats
+from inference.engine.jit.compile_watch import CompileWatch
 from inference.generation.backend import ConversationBackend
 from inference.types import Finish, GenerationRequest, Message, SamplingOverrides
 from tests.fixtures.model_files import default_model_path

@@ -15,7 +15,7 @@ from inference.engine.gguf_file import GGUFFile
 from inference.engine.sampler import SamplingParams
 from inference.engine.tokenizer import load_tokenizer
 from inference.generation.backend import ConversationBackend
-from inference.generation.constraints import SAFE_INTEGER, ConstraintCompiler, ConstraintSpec
+from inference.generation.constraints import SAFE_INTEGER, ConstraintCompiler, ConstraintSpec, grammar_of
 from inference.generation.toolcall import (
     ToolCall,
     ToolCallScanner,
@@ -223,7 +223,7 @@ def test_forced_call_is_spelled_in_the_family_convention():
     spec = forced_call_spec([WEATHER], True)
     assert spec.kind == "tool_call" and "<tool_call>" not in spec.source
     with pytest.raises(ValueError, match="convention"):
-        spec.grammar()
+        grammar_of(spec)
     with pytest.raises(ValueError, match="function-calling convention"):
         resolve_forced_call(spec, None)
     other = ToolConvention("angle", "<call>", "</call>")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference.engine.layers import rope_angles
+from inference.engine.models.layers import rope_angles
 from inference.engine.training import ops
 
 RNG = np.random.default_rng(7)
@@ -51,7 +51,7 @@ def test_rope_backward_is_the_inverse_rotation(neox):
 
 
 def test_rope_matches_the_engine_rotation():
-    from inference.engine.layers import ROPE_NEOX, ROPE_NORM, apply_rope
+    from inference.engine.models.layers import ROPE_NEOX, ROPE_NORM, apply_rope
 
     x = RNG.normal(size=(5, 2, 8)).astype(np.float32)
     cos, sin = rope_angles(np.arange(3, 8), 8, 10000.0)
@@ -93,7 +93,7 @@ def test_gated_units_backward(forward, backward):
 
 
 def test_geglu_is_the_engines_gelu_up_to_f16_rounding():
-    from inference.engine.layers import gelu_tanh
+    from inference.engine.models.layers import gelu_tanh
 
     x = np.linspace(-6, 6, 101).astype(np.float32)
     assert np.abs(ops.gelu_tanh(x) - gelu_tanh(x)).max() < 1e-2

@@ -1,0 +1,173 @@
+"""The fused forward's product of a tile of weight rows with several activation rows (prefill
+chunks, lockstep batches, verify runs), through the register tiles of quants/tiles.py.
+
+Each output element is the one-row kernel's value (tiles.py), plus the row's min term (the
+same in-order chain intdot.min_sum computes) and bias, added in the order the one-row path
+adds them: a row's result does not depend on how many rows run with it.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ..jit.intrinsics import fma32, prefetch
+from ..jit.kernel_only import kernel_only
+from ..quants.intdot import ROW_BLOCK, dot_rows_int
+from ..quants.nibbles import dot_rows_nib
+from ..quants.tiles import TILE_W, dot_tile_rows
+from . import step_kernels as sk  # a module object: step_kernels imports this module too
+
+# Blocks of ROW_BLOCK activation rows a weight tile takes while it sits in L1: 16 rows (a
+# 16-token prefill in one pass, its weights streamed once with their prefetch spread over four
+# blocks), at most 16 x 4864 bytes of codes (L2).
+PASS_BLOCKS = 4
+
+
+@kernel_only()
+def _finish(block, min_tile, has_mins, bias, has_bias, out, accumulate):
+    """out (+)= block (+ min terms) (+ bias), per element in the one-row path's order of adds;
+    rows of ``out`` as many as it has (the block's padding rows are dropped)."""
+    for i in range(out.shape[0]):
+        values, dst, terms = block[i], out[i], min_tile[i]
+        for c in range(values.shape[0]):
+            acc = values[c]
+            if has_mins:
+                acc += terms[c]
+            if has_bias:
+                acc += bias[c]
+            if accumulate:
+                dst[c] += acc
+            else:
+                dst[c] = acc
+
+
+@numba.njit(cache=True)
+def _prefetch_rows(q, start, stop, end):
+    for i in range(start, min(stop, end), 64):
+        prefetch(q, i)
+
+
+@numba.njit(cache=True)
+def _prefetch_codes(codes, first, stop, cols):
+    """Ask for activation rows first..stop of ``codes`` (the next block's): a tile's weight
+    rows sit in L1, the activation rows of the whole chunk do not."""
+    for n in range(first, stop):
+        row = codes[n]
+        for j in range(0, cols, 64):
+            prefetch(row, j)
+
+
+@kernel_only()
+def transpose_mins(mins, m_first, n_weight_rows, n_groups, out):
+    """out[g, r] = mins[m_first + r * n_groups + g] for r < n_weight_rows: a tile's mins
+    group-major, so that each group's min terms advance as one vector over the rows."""
+    for r in range(n_weight_rows):
+        for g in range(n_groups):
+            out[g, r] = mins[m_first + r * n_groups + g]
+
+
+@numba.njit(cache=True)
+def min_terms(mins_t, n_weight_rows, group_sums, n0, n_groups, out):
+    """out[i, r] = intdot.min_sum of weight row r (mins_t from transpose_mins) with activation
+    row n0 + i of the 2-D ``group_sums``, i < ROW_BLOCK: each the same in-order chain of fused
+    multiply-adds from g = 0, the chains of all rows advanced together (vectorized over r)."""
+    out[:, :n_weight_rows] = 0.0
+    for g in range(n_groups):
+        m = mins_t[g, :n_weight_rows]
+        for i in range(ROW_BLOCK):
+            s, terms = group_sums[n0 + i, g], out[i, :n_weight_rows]
+            for r in range(n_weight_rows):
+                terms[r] = fma32(m[r], s, terms[r])
+
+
+@numba.njit(cache=True)
+def _prefetch_share(q, first, tile_bytes, share, n_shares, end):
+    """Ask for part ``share`` of ``n_shares`` of the tile_bytes bytes from ``first`` (the next
+    tile's lines, spread over the blocks of rows the current tile runs)."""
+    part = (tile_bytes + n_shares - 1) // n_shares
+    lo = first + share * part
+    _prefetch_rows(q, lo, min(lo + part, first + tile_bytes), end)
+
+
+@kernel_only()
+def _tile_pass(weights, lin, rounded, k, s0, s_blocks, r0, r1, block, first, end):
+    """block[b, i, r - r0] := the products of weight rows r0..r1 with activation row s0 + b *
+    ROW_BLOCK + i, b < s_blocks: weight tile by weight tile, each against every block of rows
+    of the pass while it sits in L1. ``first``: whether the weights come from memory (the first
+    pass), then the next tile's lines are asked for a share per block, so the streaming is
+    spread over the whole tile's work instead of stalling its first block."""
+    q, scales = weights.q, weights.scales
+    cols, shift, nib = lin[sk.COLS], lin[sk.SHIFT], lin[sk.NIB]
+    groups = cols >> shift
+    codes, code_scales = rounded.ints[k], rounded.int_scales[k]
+    row_bytes = cols if nib < 0 else cols >> 1
+    tile_bytes = TILE_W * row_bytes
+    tiled_end = r0 + (r1 - r0) // TILE_W * TILE_W
+    if first:  # the item's first tile: every line asked for at once
+        _prefetch_rows(q, lin[sk.Q_OFF] + r0 * row_bytes, lin[sk.Q_OFF] + r0 * row_bytes + tile_bytes, end)
+    for r in range(r0, tiled_end, TILE_W):
+        row_start, s_start = lin[sk.Q_OFF] + r * row_bytes, lin[sk.S_OFF] + r * groups
+        for b in range(s_blocks):
+            if first:
+                _prefetch_share(q, row_start + tile_bytes, tile_bytes, b, s_blocks, end)
+            dot_tile_rows(
+                q, row_start, row_bytes, codes, s0 + b * ROW_BLOCK, scales, s_start, groups, code_scales,
+                shift, nib, block[b], r - r0,
+            )  # fmt: skip
+
+
+@kernel_only()
+def _rest_rows(weights, lin, rounded, k, s0, s_blocks, r0, r1, block, one):
+    """The weight rows past the item's whole tiles, one at a time, into ``block`` as _tile_pass."""
+    q, scales = weights.q, weights.scales
+    cols, shift, nib = lin[sk.COLS], lin[sk.SHIFT], lin[sk.NIB]
+    groups = cols >> shift
+    codes, code_scales = rounded.ints[k], rounded.int_scales[k]
+    row_bytes = cols if nib < 0 else cols >> 1
+    for r in range(r0 + (r1 - r0) // TILE_W * TILE_W, r1):
+        row_start, s_start = lin[sk.Q_OFF] + r * row_bytes, lin[sk.S_OFF] + r * groups
+        for b in range(s_blocks):
+            n0 = s0 + b * ROW_BLOCK
+            if nib >= 0:
+                dot_rows_nib(q, row_start, codes, n0, scales, s_start, code_scales, groups, nib, one)
+            else:
+                dot_rows_int(q, row_start, codes, n0, scales, s_start, code_scales, groups, shift, one)
+            # Element stores, not a slice store: numba compiles a slice store's shape-mismatch
+            # message (string formatting, ~3 s of a cold start) though it never raises.
+            for i in range(ROW_BLOCK):
+                block[b, i, r - r0] = one[i]
+
+
+@numba.njit(cache=True, no_cfunc_wrapper=True)
+def dot_tile_many(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scratch):
+    """out[n, 0 : r1-r0] (+)= rows r0..r1 of the block-format linear ``lin`` times row n of
+    slot k's rounded input, n < n_rows (> 1): TILE_W weight rows x ROW_BLOCK activation rows
+    per register tile, in passes over PASS_BLOCKS blocks of activation rows (each weight tile
+    against every block of a pass while it sits in L1), the rows past a whole tile one at a
+    time; ``scratch[0]`` (ROW_BLOCK,) holds the latter's values."""
+    mins, bias = weights.mins, weights.bias
+    cols, shift, nib = lin[sk.COLS], lin[sk.SHIFT], lin[sk.NIB]
+    groups = cols >> shift
+    group_sums = rounded.sums[k]
+    row_bytes = cols if nib < 0 else cols >> 1
+    end = lin[sk.Q_OFF] + lin[sk.ROWS] * row_bytes
+    has_mins, has_bias, b_first = lin[sk.M_OFF] >= 0, lin[sk.B_OFF] >= 0, lin[sk.B_OFF]
+    block = np.empty((PASS_BLOCKS, ROW_BLOCK, r1 - r0), np.float32)  # (blocks, rows, weight rows) dots
+    min_tile = np.zeros((PASS_BLOCKS, ROW_BLOCK, r1 - r0), np.float32)  # (blocks, rows, w rows) min terms
+    row_bias = bias[b_first + r0 : b_first + r1] if has_bias else bias[:0]
+    mins_t = np.empty((groups if has_mins else 0, r1 - r0), np.float32)  # (groups, weight rows)
+    if has_mins:
+        transpose_mins(mins, lin[sk.M_OFF] + r0 * groups, r1 - r0, groups, mins_t)
+    for s0 in range(0, n_rows, PASS_BLOCKS * ROW_BLOCK):
+        s_blocks = min(PASS_BLOCKS, (n_rows - s0 + ROW_BLOCK - 1) // ROW_BLOCK)
+        next_rows = s0 + PASS_BLOCKS * ROW_BLOCK
+        _prefetch_codes(rounded.ints[k], next_rows, min(n_rows, next_rows + PASS_BLOCKS * ROW_BLOCK), cols)
+        _tile_pass(weights, lin, rounded, k, s0, s_blocks, r0, r1, block, s0 == 0, end)
+        _rest_rows(weights, lin, rounded, k, s0, s_blocks, r0, r1, block, scratch[0])
+        for b in range(s_blocks):
+            n0 = s0 + b * ROW_BLOCK
+            live = min(ROW_BLOCK, n_rows - n0)  # rows past n_rows are zero padding: computed, not stored
+            if has_mins:
+                min_terms(mins_t, r1 - r0, group_sums, n0, groups, min_tile[b])
+            _finish(block[b], min_tile[b], has_mins, row_bias, has_bias, out[n0 : n0 + live], accumulate)
