@@ -63,7 +63,7 @@ TILE_QUERIES = 64  # queries per tile: rows x the q heads of one kv head
 # A tile of this many queries or fewer goes in one 8-lane vector (on an AVX-512 core 8 lanes
 # cost ~1.75x the time of 16 for half the work); fewer than MIN_TILE_QUERIES go one head at a
 # time instead. Per useful query an 8-lane vector costs 4.9 ns x 8 / used lanes per key against
-# 6.3-7.5 ns for the one-row kernel (bench/attention_kernel.py, head_dim 64): 6 lanes break even,
+# 6.3-7.5 ns for the one-row kernel (bench/lab/attention_kernel.py, head_dim 64): 6 lanes break even,
 # 7 win 1.3x. A decode step of Qwen2.5 (7 q heads per kv head) is one 8-lane tile per kv head;
 # SmolLM2 (3) and Gemma 3 (4) decode one head at a time.
 NARROW_QUERIES = 8

@@ -61,7 +61,7 @@ N_HEADS, N_KV, HEAD_DIM, N_FF, FLAGS, NEOX = range(6)
 CACHE_K, CACHE_V, CACHE_CTX = range(3)
 PREFETCH_BYTES = 3072
 # Q5_0 blocks take more instructions a byte: two threads streaming 151936x896 of them ran at
-# 34-39 Gweights/s prefetching 6-12 KB ahead against 22-23 at 3 KB (bench/q5_stream.py).
+# 34-39 Gweights/s prefetching 6-12 KB ahead against 22-23 at 3 KB (bench/lab/q5_stream.py).
 QUINT_PREFETCH_BYTES = 12288
 # A stage's work items: step_items.py (one token row: large at the ends of a matrix, halving
 # toward the middle; several: whole tiles, several tiles an item when the rows are few).

@@ -106,7 +106,7 @@ def dot_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_bl
     q_first = block_offset(lin[QUINT]) if quint else lin[Q_OFF]
     step = 4 if kind == BLOCK_Q4_K or kind == BLOCK_Q6_K else 2  # rows a unit
     ahead = max(1, (QUINT_PREFETCH_BYTES if quint else PREFETCH_BYTES) // row_bytes)
-    if step == 4:  # quads: two units ahead (bench/k_stream.py --far: 12 KB was within a unit)
+    if step == 4:  # quads: two units ahead (bench/lab/k_stream.py --far: 12 KB was within a unit)
         ahead = max(ahead, 2 * step)
     ahead *= row_bytes
     end = q_first + lin[ROWS] * row_bytes

@@ -288,7 +288,7 @@ def _nests(callee: Callee) -> bool:
 def _loaded_nested() -> list[Callee]:
     """The functions making pointer calls that numba loaded from its cache for a direct call
     (a caller typed above calls them directly): loaded, they were not typed, so their sites
-    are found only by typing them here (bench/decode_breakdown's stages, called directly)."""
+    are found only by typing them here (bench/lab/decode_breakdown's stages, called directly)."""
     return [
         Callee(function, signature)
         for function, _ in NESTED

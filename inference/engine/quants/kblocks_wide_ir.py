@@ -2,7 +2,7 @@
 register (kblocks_ir.py's products, the same bits, fewer instructions).
 
 kblocks_ir runs each row's groups as intdot_ir does, 256 or 128 bits at a time: one thread
-then computes Q6_K at ~15 Gweights/s from L2, below the int8 copy's 24 (bench/k_stream.py).
+then computes Q6_K at ~15 Gweights/s from L2, below the int8 copy's 24 (bench/lab/k_stream.py).
 Here row A's codes fill the low half of a register and row B's the high half (as wide_ir
 does for Q5_0), so each step runs once for both rows:
 

@@ -26,7 +26,7 @@ from .intdot_ir import QUINT_BLOCK, QUINT_OFFSET
 
 GROUP = 32
 # Whether the one-row products read Q5_0 matrices as blocks (a second copy beside the int8
-# codes the tiles read). Two threads streaming 151936x896 (bench/q5_stream.py): the 512-bit
+# codes the tiles read). Two threads streaming 151936x896 (bench/lab/q5_stream.py): the 512-bit
 # pair reads the blocks 1.0-1.56x as fast as the int8 copy (the more the memory bus is shared,
 # the more); the avx2 selection's 256-bit unpack is instruction-bound below the int8 copy
 # (21-22 against 26 Gweights/s), so the other selections keep that.

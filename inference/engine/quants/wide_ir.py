@@ -17,7 +17,7 @@ Lanes 0-7 are row A's lanes of intdot_ir (lane j: codes 4j..4j+3), lanes 8-15 ro
 integer lanes are exact whatever sequence makes them, and every float lane sees the same
 operations in the same order, so each row's sum (lane_sum of its half, plus its min chain)
 has the bits of the int8 copy's. Needs AVX-512 BW, VNNI and GFNI (``fits``). One thread from
-L2 (bench/q5_stream.py --rows 1024 --passes 400 --threads 1): Q5_0 44 Gweights/s against 27
+L2 (bench/lab/q5_stream.py --rows 1024 --passes 400 --threads 1): Q5_0 44 Gweights/s against 27
 for two 256-bit streams; the fifth bits built in a general register (kmovq) or the scales
 inserted as scalars (vpinsrw) cost ~1.5x each.
 """

@@ -244,7 +244,7 @@ print(a[0])
 
 
 def test_a_caller_whose_direct_callee_comes_from_the_cache_finds_that_callees_sites(tmp_path):
-    """A new caller of a cached kernel that makes pointer calls (bench/prefill_breakdown after
+    """A new caller of a cached kernel that makes pointer calls (bench/lab/prefill_breakdown after
     decode_breakdown): numba loads the kernel without typing it, so its sites are found by
     typing it anew, and get addresses."""
     env = {

@@ -23,7 +23,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from inference.engine.jit.intrinsics import prefetch  # noqa: E402
 from inference.engine.quants.formats import GGMLType  # noqa: E402

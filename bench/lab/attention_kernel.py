@@ -20,7 +20,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from inference.engine.fused.attention_tile import TILE_QUERIES, attend_rows_tiled  # noqa: E402
 from inference.engine.fused.kernels import attend_rows  # noqa: E402
