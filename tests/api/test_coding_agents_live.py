@@ -172,7 +172,10 @@ def test_claude_code_answers_then_reads_a_file_from_the_warm_cache(agents, model
     )
     assert not second["is_error"], second
     reads = [use for use in tool_uses(events) if use["name"] == "Read"]
-    assert reads and reads[0]["input"]["file_path"].endswith("notes.txt"), (tool_uses(events), second["result"])
+    assert reads and reads[0]["input"]["file_path"].endswith("notes.txt"), (
+        tool_uses(events),
+        second["result"],
+    )
     assert FACT in second["result"], second["result"]
     usage = second["usage"]
     prompt_tokens = (
