@@ -204,15 +204,17 @@ class ReplyEmitter:
         reasoning: bool = False,
         tools: ToolConvention | None = None,
         think: ThinkTags | None = None,
+        tool_names: frozenset[str] | None = None,
     ):
         """``think``: split off a leading think block between these tags (the family writes
         them); ``reasoning``: send that block as ReasoningDelta events, else it is dropped;
-        ``tools``: capture function calls written in this convention."""
+        ``tools``: capture function calls written in this convention; ``tool_names``: the
+        declared tools, the only names a call written without the markers may take."""
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.text = StopScanner(stop)
         self.router = ThinkRouter(think) if think is not None else None
         self.reasoning = reasoning  # route the think block to reasoning (else it is dropped)
-        self.scanner = ToolCallScanner(tools) if tools is not None else None
+        self.scanner = ToolCallScanner(tools, tool_names) if tools is not None else None
         self.reasoning_tokens = 0  # tokens fed while inside the think block
         self.calls = 0  # function calls emitted
         self._decoded = 0  # characters decoded so far: the coordinates of the spans below

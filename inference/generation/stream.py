@@ -107,6 +107,7 @@ class DecodeStream:
             request.stop,
             reasoning=request.reasoning,
             tools=family.tools if request.tools else None,
+            tool_names=frozenset(tool.name for tool in request.tools),
             # A constrained reply is the grammar's from token 0, a prefilled one starts with the
             # client's text, and a raw prompt's is the model's text as written: no think head.
             think=family.think

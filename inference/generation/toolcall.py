@@ -105,10 +105,13 @@ def _may_be_bare_call(lead: str) -> bool | None:
 class ToolCallScanner:
     """Splits streamed reply text into plain text and completed :class:`ToolCall` s. A reply
     that opens like a bare call (``{`` or a json fence) is held whole and becomes a call if it
-    is exactly one (:func:`bare_call`), else plain text."""
+    is exactly one call to a ``declared`` tool (:func:`bare_call`), else plain text: a client
+    handed a call to a tool it never declared fails the turn (Codex CLI exits 1 on one), where
+    the same JSON as text ends the turn as an answer."""
 
-    def __init__(self, convention: ToolConvention):
+    def __init__(self, convention: ToolConvention, declared: frozenset[str] | None = None):
         self.open, self.close = convention.open, convention.close
+        self.declared = declared  # the tools a bare call may name; None: any
         self._held = ""  # text that may start a call marker
         self._region: list[str] | None = None  # the text inside an open call region
         self._lead: str | None = ""  # the reply's opening while it may be a bare call
@@ -152,7 +155,7 @@ class ToolCallScanner:
         if self._lead is not None:
             lead, self._lead = self._lead, None
             call = bare_call(lead)
-            if call is not None:
+            if call is not None and (self.declared is None or call.name in self.declared):
                 return [(call, self.fed)]
             return self._scan(lead) + self.flush_spans()
         out: list[Span] = []

@@ -127,6 +127,18 @@ def test_anything_else_that_looks_like_json_stays_text(reply):
     assert scan(list(reply)) == [reply]
 
 
+def test_an_unmarked_call_to_a_tool_nobody_declared_stays_text():
+    """Qwen2.5-Coder-0.5B under Codex CLI wrote its shell command as the tool's name; Codex
+    exits 1 on a call to a tool it did not declare, and answers on text."""
+    invented = '{"name": "cat notes.txt", "arguments": {"cmd": "cat notes.txt"}}'
+    declared = frozenset({"get_weather", "exec_command"})
+    assert ToolCallScanner(HERMES_TOOLS, declared).feed(invented) == []  # held: it may be a call
+    scanner = ToolCallScanner(HERMES_TOOLS, declared)
+    assert scanner.feed(invented) + scanner.flush() == [invented]
+    scanner = ToolCallScanner(HERMES_TOOLS, declared)
+    assert scanner.feed(BARE) + scanner.flush() == [PARIS]
+
+
 def test_text_that_cannot_be_a_bare_call_streams_at_once():
     scanner = ToolCallScanner(HERMES_TOOLS)
     assert scanner.feed("Hello") == ["Hello"]
