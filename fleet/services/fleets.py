@@ -11,6 +11,8 @@ import dataclasses
 import functools
 from pathlib import Path
 
+from django.db import transaction
+
 from fleet.models import BuildJob, Document, Fleet
 
 from . import jobs
@@ -77,22 +79,10 @@ def record_fleet(directory: str | Path, model: str | Path = "", job: BuildJob | 
 
     directory = Path(directory).resolve()
     manifest = read_manifest(directory)
-    fleet, _ = Fleet.objects.update_or_create(
-        directory=str(directory),
-        defaults={
-            "model_path": str(model),
-            "model_fingerprint": manifest.model_fingerprint,
-            "prefix_tokens": manifest.p,
-            "documents_count": len(manifest.documents),
-            "chunks": sum(doc.chunks for doc in manifest.documents),
-            "steps": manifest.steps,
-            "job": job,
-        },
-    )
-    fleet.documents.all().delete()
-    Document.objects.bulk_create(
+    # Every file is read before the rows change, and the rows change together: a fleet whose
+    # cartridge went missing keeps the rows it had rather than losing its documents.
+    documents = [
         Document(
-            fleet=fleet,
             name=doc.name,
             tokens=doc.tokens,
             steps=doc.steps,
@@ -101,5 +91,22 @@ def record_fleet(directory: str | Path, model: str | Path = "", job: BuildJob | 
             chunks=doc.chunks,
         )
         for doc in manifest.documents
-    )
+    ]
+    with transaction.atomic():
+        fleet, _ = Fleet.objects.update_or_create(
+            directory=str(directory),
+            defaults={
+                "model_path": str(model),
+                "model_fingerprint": manifest.model_fingerprint,
+                "prefix_tokens": manifest.p,
+                "documents_count": len(manifest.documents),
+                "chunks": sum(doc.chunks for doc in manifest.documents),
+                "steps": manifest.steps,
+                "job": job,
+            },
+        )
+        fleet.documents.all().delete()
+        for document in documents:
+            document.fleet = fleet
+        Document.objects.bulk_create(documents)
     return fleet

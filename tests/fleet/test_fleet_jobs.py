@@ -13,7 +13,7 @@ from django.core.management import CommandError, call_command
 from fleet.cartridges.file import load_cartridge
 from fleet.fleets.format import read_manifest
 from fleet.models import BuildJob, Document, Fleet
-from fleet.services.fleets import create_fleet_job, run_fleet_job
+from fleet.services.fleets import create_fleet_job, record_fleet, run_fleet_job
 from tests.fixtures.synthetic_gguf import synthetic_path
 
 DOCS = {
@@ -60,6 +60,21 @@ def test_a_fleet_job_builds_and_records_the_fleet_and_its_documents(docs_dir, tm
         row = rows[doc.name]
         assert (row.tokens, row.chunks, row.cartridge_file) == (doc.tokens, doc.chunks, doc.cartridge)
         assert row.cartridge_bytes == (tmp_path / "fleet" / doc.cartridge).stat().st_size > 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_recording_a_fleet_changes_its_rows_all_at_once_or_not_at_all(docs_dir, tmp_path, synthetic_dir):
+    model = synthetic_path("llama", synthetic_dir)
+    job = run_fleet_job(
+        create_fleet_job(_parameters(docs_dir, tmp_path / "fleet", model)).pk, celery_fanout=False
+    )
+    assert job.state == "succeeded", job.error
+    before = sorted(Document.objects.values_list("name", "cartridge_bytes"))
+    doc = read_manifest(tmp_path / "fleet").documents[1]
+    (tmp_path / "fleet" / doc.cartridge).unlink()
+    with pytest.raises(FileNotFoundError):
+        record_fleet(tmp_path / "fleet", model)
+    assert sorted(Document.objects.values_list("name", "cartridge_bytes")) == before
 
 
 @pytest.mark.django_db
