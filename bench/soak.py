@@ -149,6 +149,7 @@ class SoakReport:
     requests: int
     by_status: dict[str, int]
     by_dialect_status: dict[str, dict[str, int]]
+    by_kind_status: dict[str, dict[str, int]]  # plain, json (constrained), tool
     server_statuses: dict[str, int]  # /metrics' lmserve_http_requests_total by status
     five_xx: int
     other_statuses: dict[str, int]
@@ -564,6 +565,9 @@ def run(config: SoakConfig) -> SoakReport:
     by_dialect: dict[str, Counter] = {d: Counter() for d in DIALECTS}
     for o in outcomes:
         by_dialect[o.dialect][o.status] += 1
+    by_kind: dict[str, Counter] = {}
+    for o in outcomes:
+        by_kind.setdefault(o.kind, Counter())[o.status] += 1
     greedy_ids = {r.index for r in greedy}
     ttfts = [o.ttft for o in outcomes if o.ttft is not None]
     report = SoakReport(
@@ -572,6 +576,7 @@ def run(config: SoakConfig) -> SoakReport:
         requests=len(outcomes),
         by_status=dict(by_status),
         by_dialect_status={d: dict(c) for d, c in by_dialect.items()},
+        by_kind_status={k: dict(c) for k, c in sorted(by_kind.items())},
         server_statuses=metrics,
         five_xx=five_xx(by_status),
         other_statuses=unexpected_statuses(by_status),
@@ -603,6 +608,10 @@ def table(report: SoakReport) -> str:
         ),
         ("requests", str(report.requests)),
         ("by status", ", ".join(f"{s}: {n}" for s, n in sorted(report.by_status.items()))),
+        *(
+            (f"  {name}", ", ".join(f"{s}: {n}" for s, n in sorted(counts.items())))
+            for name, counts in {**report.by_dialect_status, **report.by_kind_status}.items()
+        ),
         ("server /metrics", ", ".join(f"{s}: {n}" for s, n in sorted(report.server_statuses.items()))),
         ("5xx", str(report.five_xx)),
         ("streams without terminator", str(report.unterminated)),

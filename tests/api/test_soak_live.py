@@ -36,6 +36,7 @@ def clean_report(**changes) -> SoakReport:
         requests=12,
         by_status={"200": 8, "429": 3, "cancelled": 1},
         by_dialect_status={},
+        by_kind_status={},
         server_statuses={"200": 9, "429": 3},
         five_xx=0,
         other_statuses={},
