@@ -43,6 +43,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 
@@ -56,6 +57,7 @@ DIALECTS = ("chat", "responses", "messages")
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
 CANCELLED = "cancelled"  # the client hung up mid-stream on purpose
 RSS_TOLERANCE = 0.05
+RSS_EVERY = 30.0  # seconds between the RSS samples kept in the report (the trend, not just two ends)
 KV_DISK_SLOTS = 8  # the server's --kv-disk-slots: the most sidecars the KV directory may hold
 SIDECAR_NAME = re.compile(r"[0-9a-f]{32}\.kv")  # inference.kv.disk names its files uuid4().hex + .kv
 # Conversations repeat from a small pool, so slots are reused, evicted to the disk tier and
@@ -142,6 +144,13 @@ class Outcome:
     reply: str = ""  # the reply as comparable text (greedy requests only)
 
 
+class RssSample(NamedTuple):
+    """The server's VmRSS (KiB) some seconds into the load."""
+
+    seconds: float
+    kib: int
+
+
 @dataclass
 class SoakReport:
     """The figures and checks of one run (the --out JSON)."""
@@ -161,6 +170,7 @@ class SoakReport:
     greedy_mismatches: list[dict]
     rss_kib: dict[str, int]
     rss_growth: float
+    rss_samples: list[RssSample]
     kv_files_idle: list[str]
     stale_kv_files: list[str]
     ttft_p50: float | None
@@ -481,9 +491,11 @@ def server_statuses(url: str) -> dict[str, int]:
     return dict(counts)
 
 
-def soak(server: ServerProcess, config: SoakConfig, tools: bool) -> tuple[list[Outcome], list[Planned], int]:
+def soak(
+    server: ServerProcess, config: SoakConfig, tools: bool
+) -> tuple[list[Outcome], list[Planned], int, list[RssSample]]:
     """Drive ``server`` with the client threads until the time or the request budget runs out;
-    the outcomes, the greedy requests sent, and the RSS (KiB) after the warm-up."""
+    the outcomes, the greedy requests sent, the RSS (KiB) after the warm-up and its samples."""
     deadline = time.monotonic() + config.minutes * 60
     warm_at = time.monotonic() + config.minutes * 60 * config.warmup_share
     lock = threading.Lock()
@@ -511,12 +523,21 @@ def soak(server: ServerProcess, config: SoakConfig, tools: bool) -> tuple[list[O
     threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(config.n_clients)]
     for thread in threads:
         thread.start()
-    while time.monotonic() < warm_at and any(t.is_alive() for t in threads):
+    started = time.monotonic()
+    samples: list[RssSample] = []
+    baseline = None
+    while any(t.is_alive() for t in threads):
+        now = time.monotonic()
+        if baseline is None and now >= warm_at:
+            baseline = rss_kib(server.process.pid)
+        if not samples or now - started >= samples[-1].seconds + RSS_EVERY:
+            samples.append(RssSample(round(now - started, 1), rss_kib(server.process.pid)))
         time.sleep(0.5)
-    baseline = rss_kib(server.process.pid)
     for thread in threads:
         thread.join()
-    return outcomes, greedy, baseline
+    if baseline is None:  # the request budget ran out before the warm-up did
+        baseline = rss_kib(server.process.pid)
+    return outcomes, greedy, baseline, samples
 
 
 def solo_replies(model: str, greedy: list[Planned], log_dir: Path) -> dict[int, str]:
@@ -553,7 +574,7 @@ def run(config: SoakConfig) -> SoakReport:
             tools = bool(server.health()["capabilities"]["tools"])
             rss_start = rss_kib(server.process.pid)
             started = time.monotonic()
-            outcomes, greedy, rss_warm = soak(server, config, tools)
+            outcomes, greedy, rss_warm, samples = soak(server, config, tools)
             seconds = time.monotonic() - started
             server.wait_idle(timeout=600)
             rss_end = rss_kib(server.process.pid)
@@ -589,6 +610,7 @@ def run(config: SoakConfig) -> SoakReport:
         greedy_mismatches=greedy_mismatches([o for o in outcomes if o.index in greedy_ids], solo),
         rss_kib={"start": rss_start, "after_warmup": rss_warm, "end": rss_end},
         rss_growth=round(rss_growth(rss_warm, rss_end), 4),
+        rss_samples=samples,
         kv_files_idle=kv_idle,
         stale_kv_files=sorted(set(stale) | set(stale_after)),
         ttft_p50=percentile(ttfts, 0.50),
@@ -598,6 +620,12 @@ def run(config: SoakConfig) -> SoakReport:
     if code != 0:
         report.failures.append(f"the server under test exited with {code} on SIGTERM")
     return report
+
+
+def trend(samples: list[RssSample], points: int = 12) -> str:
+    """At most ``points`` RSS samples, evenly spaced, as "seconds: MiB"."""
+    step = max(1, -(-len(samples) // points))
+    return ", ".join(f"{s.seconds:.0f}s: {s.kib // 1024}" for s in samples[::step]) + " MiB"
 
 
 def table(report: SoakReport) -> str:
@@ -625,6 +653,7 @@ def table(report: SoakReport) -> str:
             f"{rss['start'] // 1024} / {rss['after_warmup'] // 1024} / {rss['end'] // 1024} MiB",
         ),
         ("RSS growth after warm-up", f"{report.rss_growth:+.1%}"),
+        ("RSS over the run", trend(report.rss_samples)),
         ("KV files when idle", f"{len(report.kv_files_idle)} sidecars"),
         ("stale KV files", str(len(report.stale_kv_files))),
         ("TTFT p50 / p99 (streams)", f"{ms(report.ttft_p50)} / {ms(report.ttft_p99)}"),

@@ -46,6 +46,7 @@ def clean_report(**changes) -> SoakReport:
         greedy_mismatches=[],
         rss_kib={"start": 1000, "after_warmup": 1000, "end": 1040},
         rss_growth=0.04,
+        rss_samples=[],
         kv_files_idle=["a" * 32 + ".kv"],
         stale_kv_files=[],
         ttft_p50=0.5,
