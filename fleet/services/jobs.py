@@ -14,6 +14,7 @@ import socket
 import threading
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 from django.conf import settings
 from django.db import close_old_connections, connection
@@ -139,7 +140,13 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:  # someone else's process: alive
         return True
-    return True
+    # A killed worker's pool process stays a zombie until something reaps it, and signal 0
+    # reaches a zombie: an init that is slow to reap (a VM's) kept such jobs "running".
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no /proc (not Linux), or it ended meanwhile: signal 0 is all we know
+        return True
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def fail_orphans() -> int:
