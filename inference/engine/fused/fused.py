@@ -44,8 +44,14 @@ from .rowops import gelu_table
 row_bytes = block_row_bytes.py_func
 
 SUPPORTED_GROUP_SIZES = (16, 32)  # every block format's
-# The blocks of the formats whose file bytes a GroupedMatrix keeps (matrix.FILE_BLOCK_TYPES).
-FILE_BLOCK_KINDS = {GGMLType.Q4_K: BLOCK_Q4_K, GGMLType.Q6_K: BLOCK_Q6_K}
+# The blocks of the formats a GroupedMatrix keeps the file's bytes of (matrix.BLOCK_NATIVE_TYPES).
+NATIVE_KINDS = {
+    GGMLType.Q8_0: BLOCK_Q8_0,
+    GGMLType.Q5_0: BLOCK_Q5_0,
+    GGMLType.Q4_1: BLOCK_Q4_1,
+    GGMLType.Q4_K: BLOCK_Q4_K,
+    GGMLType.Q6_K: BLOCK_Q6_K,
+}
 
 
 @dataclass(frozen=True)
@@ -64,23 +70,26 @@ class LayerWeights:
 
 class _Arena:
     """Flat arrays holding every matrix of the step; matrices are re-pointed at their slices
-    so the weights are held once. 4-bit codes go in as packed nibbles (quants/nibbles.py)
-    and only so: their layout unpacks the int8 codes when the numpy path or a test reads them.
-    Five-bit codes (Q5_0) go in twice where DECODE_BLOCKS: int8 codes for the tiles of several
-    rows, and the file's blocks after all codes for one row's products (quants/quint.py); so
-    do Q4_1's nibbles with their scales and mins (quants/q41.py), Q8_0's int8 codes with
-    f16-exact scales (quants/blocks.py), and Q4_K and Q6_K as the file's super-blocks, copied
-    from the file (quants/kblocks.py)."""
+    so the weights are held once. A matrix that holds only the file's blocks (Q8_0, Q5_0,
+    Q4_1, Q4_K, Q6_K: ``GroupedMatrix.blocks_only``) goes in as those bytes, copied from the
+    file and nothing else: one-row products read them in registers (quants/blocks.py), tiles
+    of several rows unpack them a tile at a time (tile_unpack.py); its table row has Q_OFF
+    BLOCKS_ONLY. Other formats go in as int8 codes, 4-bit ones as packed nibbles
+    (quants/nibbles.py), and where DECODE_BLOCKS also as blocks packed from those codes for
+    one row's products (Q4_0 as Q5_0 blocks: quants/quint.py). ``release(part)`` is called on
+    each file part once copied, so the file's pages leave the process as the arena fills."""
 
-    def __init__(self, matrices: list[QuantMatrix]):
+    def __init__(self, matrices: list[QuantMatrix], release=None):
         unique = list({id(m): m for m in matrices}.values())
-        grouped = [m for m in unique if isinstance(m, GroupedMatrix)]
+        blocks_only = [m for m in unique if isinstance(m, GroupedMatrix) and m.blocks_only]
+        grouped = [m for m in unique if isinstance(m, GroupedMatrix) and not m.blocks_only]
         floating = [m for m in unique if isinstance(m, FloatMatrix)]
         self.nibble_offsets = {id(m): packable_offset(m.layout.q, m.layout.group_size) for m in grouped}
         q_bytes = sum(m.layout.q.size // (1 if self.nibble_offsets[id(m)] is None else 2) for m in grouped)
         kinds = {id(m): self._block_kind(m) for m in grouped}
+        kinds.update({id(m): NATIVE_KINDS[m.qtype] for m in blocks_only})
         self.block_kinds = {key: kind for key, kind in kinds.items() if kind is not None}
-        self.quint = [m for m in grouped if id(m) in self.block_kinds]  # (matrices with blocks)
+        self.quint = [m for m in grouped + blocks_only if id(m) in self.block_kinds]  # (with blocks)
         self.quint_at = q_bytes
         q_bytes += sum(m.rows * row_bytes(self.block_kinds[id(m)], m.cols) for m in self.quint)
         self.q = np.empty(q_bytes, np.int8)  # (int8 codes and packed nibbles of every matrix,)
@@ -90,7 +99,7 @@ class _Arena:
         self.floats = np.empty(max(sum(m.weights.size for m in floating), 1), np.float32)  # (float weights,)
         self.rows: dict[int, list[int]] = {}
         self._place_grouped(grouped)
-        self._place_blocks()
+        self._place_blocks(release)
         at = 0
         for m in floating:
             view = self.floats[at : at + m.weights.size].reshape(m.weights.shape)
@@ -134,7 +143,7 @@ class _Arena:
         if not DECODE_BLOCKS:
             return None
         if m.file_blocks is not None:
-            return FILE_BLOCK_KINDS[m.qtype]
+            return NATIVE_KINDS[m.qtype]
         if lay.mins is not None:
             ok = nib == 0 and q41_packable(lay.q, lay.scales, lay.mins, lay.group_size)
             return BLOCK_Q4_1 if ok else None
@@ -144,16 +153,27 @@ class _Arena:
             return BLOCK_Q5_0
         return BLOCK_Q8_0 if q80_packable(lay.q, lay.scales, lay.group_size) else None
 
-    def _place_blocks(self) -> None:
+    def _place_blocks(self, release) -> None:
         at = self.quint_at
         for m in self.quint:
             kind, first = self.block_kinds[id(m)], at
+            if m.blocks_only:
+                shift = m.group_size.bit_length() - 1
+                mins = 0 if m.format.has_mins else -1  # (M_OFF >= 0: the blocks carry mins)
+                self.rows[id(m)] = [
+                    sk.BLOCKS_ONLY, m.rows, m.cols, -1, mins, shift, m.activation_kind, -1, -1, -1
+                ]  # fmt: skip
             self.rows[id(m)][sk.QUINT] = encode(at, kind)
             if m.file_blocks is not None:  # the file's bytes as they are
                 for part in m.file_blocks:
                     self.q[at : at + part.size] = part.view(np.int8).ravel()
+                    if release is not None:
+                        release(part)
                     at += part.size
                 assert at == first + m.rows * row_bytes(kind, m.cols)
+                if m.blocks_only:  # the arena's copy from now on: the file's pages are let go
+                    arena_bytes = self.q[first:at].view(np.uint8).reshape(m.rows, -1)
+                    m.file_blocks = (arena_bytes,)
                 continue
             lay = m.layout
             slab = max(1, (1 << 20) // m.cols)  # rows packed at a time: ~1M weights
@@ -187,17 +207,19 @@ class _Arena:
 def fusable(matrix: QuantMatrix | None) -> bool:
     """Whether the fused step has a kernel for this matrix (None: an empty slot)."""
     if isinstance(matrix, GroupedMatrix):
-        return matrix.layout.group_size in SUPPORTED_GROUP_SIZES
+        return matrix.group_size in SUPPORTED_GROUP_SIZES
     return matrix is None or isinstance(matrix, FloatMatrix)
 
 
 class FusedForward:
     """A forward of N rows through the whole model in one kernel call (module docstring)."""
 
-    def __init__(self, layers: list[LayerWeights], dims: np.ndarray, eps, scale, head, output_norm):
+    def __init__(
+        self, layers: list[LayerWeights], dims: np.ndarray, eps, scale, head, output_norm, release=None
+    ):
         self.dims = dims
         matrices = [m for w in layers for m in w.linears if m is not None]
-        arena = _Arena(matrices + [head])
+        arena = _Arena(matrices + [head], release)
         linears = np.array(
             [[arena.row(m, b) for m, b in zip(w.linears, w.biases, strict=True)] for w in layers], np.int64
         )  # (layers, slots, fields)
@@ -217,7 +239,7 @@ class FusedForward:
         weights = sk.StepWeights(arena.q, arena.scales, arena.mins, arena.bias_array(), arena.floats, gelu)
         # What one decode step reads: every weight of every layer and the head, once (the
         # matrices it reads as Q5_0 blocks not as their int8 codes and scales).
-        unread = sum(m.layout.nbytes for m in arena.quint)  # (codes the one-row kernels skip)
+        unread = sum(m.layout.nbytes for m in arena.quint if not m.blocks_only)  # (codes they skip)
         self.weight_bytes = sum(a.nbytes for a in weights[:5]) - unread
         self.vocab = int(head_row[0, sk.ROWS])
         self._prepared = False  # the stages' addresses ready for this model's argument types
@@ -232,11 +254,18 @@ class FusedForward:
 
     @classmethod
     def build(
-        cls, layers: list[LayerWeights], config, head: QuantMatrix, output_norm, flags: int, neox: bool
+        cls,
+        layers: list[LayerWeights],
+        config,
+        head: QuantMatrix,
+        output_norm,
+        flags: int,
+        neox: bool,
+        release=None,
     ):
         """A FusedForward for these layers, or None if a matrix has no kernel here (block
         formats with groups of 16 or 32, and float matrices, have) or k and v heads differ in
-        size."""
+        size. ``release(part)``: called on each file part the arena has copied (_Arena)."""
         if config.head_dim_k != config.head_dim_v:
             return None
         if not all(fusable(m) for w in layers for m in w.linears) or not fusable(head):
@@ -244,7 +273,8 @@ class FusedForward:
         dims = np.array(
             [config.n_heads, config.n_kv_heads, config.head_dim_k, config.n_ff, flags, int(neox)], np.int64
         )  # (6,)
-        return cls(layers, dims, config.norm_eps, 1.0 / np.sqrt(config.head_dim_k), head, output_norm)
+        scale = 1.0 / np.sqrt(config.head_dim_k)
+        return cls(layers, dims, config.norm_eps, scale, head, output_norm, release)
 
     def __call__(self, x: np.ndarray, rows: RowPlan) -> np.ndarray:
         """x (N, n_embd) of the rows ``rows`` describes -> logits (M, vocab) of its head rows.

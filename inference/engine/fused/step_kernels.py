@@ -43,8 +43,11 @@ from .rowops import rms_norm_into
 # matrix (F32/F16/BF16) has SHIFT 0 and Q_OFF into the float arena. NIB: -1 for int8 codes,
 # else the weights are packed nibbles (quants/nibbles.py) stored plus this offset. QUINT: -1,
 # or where in the q arena a one-row product reads the matrix as the file's blocks, and which
-# (quants/blocks.py encode: Q5_0, Q4_1 or Q8_0; a second copy: the tiles read Q_OFF's codes).
+# (quants/blocks.py encode). Q_OFF BLOCKS_ONLY: the blocks are all the arena holds of the
+# matrix (no codes, scales or mins: tiles unpack them, fused/tile_unpack.py), and M_OFF >= 0
+# says only that the format has mins.
 Q_OFF, ROWS, COLS, S_OFF, M_OFF, SHIFT, KIND, B_OFF, NIB, QUINT = range(10)
+BLOCKS_ONLY = -1
 FLOAT_SHIFT = 0
 LINEAR_FIELDS = 10
 # Linear slots of a layer: q/k/v (or the stacked qkv in slot 0), output, gate/up (or stacked

@@ -43,6 +43,7 @@ from .ffn_act import gelu_mul, silu_mul
 from .step_items import TILE_ROWS, item_bounds
 from .step_kernels import (
     B_OFF,
+    BLOCKS_ONLY,
     COLS,
     COLUMN0,
     FLOAT_MATRICES,
@@ -60,21 +61,41 @@ from .step_kernels import (
     SLOT0,
     SLOT1,
     STORE,
+    UPWARD,
+    StepWeights,
 )  # fmt: skip
+from .tile_unpack import group_size, has_mins, unpack_rows
 
 # Item bounds of a stage whose items span one matrix's rows, or gate's and up's (step_items).
 ONE_MATRIX, TWO_MATRICES = np.int64(1), np.int64(2)
+ROW0 = np.int64(0)  # dot_one_row's token row when there is one
+# Up to this many token rows, a blocks-only matrix's products are one-row products per token
+# row, a tile of weight rows at a time (its blocks stay in cache across the token rows); more
+# rows share the cost of unpacking a tile into int8 codes for the register tiles.
+FEW_BLOCK_ROWS = 8
 
 
 @numba.njit(cache=True)
-def _lone_row(weights, lin, rounded, k, r, kind):
-    """Row r's product with one activation row, its min term included, as dot_one_row takes a
-    row without a partner: Q5_0 from its blocks, every other format from the arena's codes."""
+def _lone_row(weights, lin, rounded, k, n, r, kind, pair_out):
+    """Row r's product with token row n, its min term included, as dot_one_row takes a row
+    without a partner: Q5_0 from its blocks, the other blocks of a blocks-only matrix as a
+    pair of the row with itself (into ``pair_out``), every other format from the arena's codes."""
     q, scales, mins = weights.q, weights.scales, weights.mins
     cols, shift, nib = lin[COLS], lin[SHIFT], lin[NIB]
     groups = cols >> shift
-    codes, code_scales, group_sums = rounded.ints[k, 0], rounded.int_scales[k, 0], rounded.sums[k, 0]
+    codes, code_scales, group_sums = rounded.ints[k, n], rounded.int_scales[k, n], rounded.sums[k, n]
     s_start, own_start = lin[S_OFF] + r * groups, lin[Q_OFF] + r * (cols if nib < 0 else cols >> 1)
+    if lin[Q_OFF] == BLOCKS_ONLY and kind != BLOCK_Q5_0:
+        at = block_offset(lin[QUINT]) + r * block_row_bytes(kind, cols)
+        if kind == BLOCK_Q4_K:
+            dot_pair_q4k(q, at, at, codes, code_scales, group_sums, cols >> 8, pair_out)
+        elif kind == BLOCK_Q6_K:
+            dot_pair_q6k(q, at, at, codes, code_scales, group_sums, cols >> 8, pair_out)
+        elif kind == BLOCK_Q8_0:
+            dot_pair_q80(q, at, at, codes, scales, code_scales, groups, pair_out)
+        else:
+            dot_pair_q41(q, at, at, codes, scales, code_scales, mins, group_sums, groups, pair_out)
+        return pair_out[0]
     if kind == BLOCK_Q5_0:
         row_start = block_offset(lin[QUINT]) + r * block_row_bytes(kind, cols)
         value = dot_row_quint(q, row_start, codes, scales, s_start, code_scales, groups)
@@ -88,16 +109,15 @@ def _lone_row(weights, lin, rounded, k, r, kind):
 
 
 @numba.njit(cache=True, no_cfunc_wrapper=True)
-def dot_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_block, out_at, backward):
-    """One activation row: weight rows two at a time (two independent sums in flight), four
-    for K-quant blocks (two pairs of rows, kblocks.dot_quad_*); row r's product goes to
-    out[0, out_at + r - r0]. ``backward``: the same units, last first (the thread that takes
-    a stage's items from the back streams downward). ``min_block`` is unused (kept for
-    stage_calls' signature)."""
+def dot_one_row(weights, lin, rounded, k, n, r0, r1, out, accumulate, block, min_block, out_at, backward):
+    """Token row n: weight rows two at a time (two independent sums in flight), four for
+    K-quant blocks (two pairs of rows, kblocks.dot_quad_*); row r's product goes to
+    out[n, out_at + r - r0]. ``backward``: the same units, last first (the thread that takes
+    a stage's items from the back streams downward). ``min_block``: scratch for a lone row."""
     q, scales, mins = weights.q, weights.scales, weights.mins
     cols, shift = lin[COLS], lin[SHIFT]
     groups = cols >> shift
-    codes, code_scales, group_sums = rounded.ints[k, 0], rounded.int_scales[k, 0], rounded.sums[k, 0]
+    codes, code_scales, group_sums = rounded.ints[k, n], rounded.int_scales[k, n], rounded.sums[k, n]
     nib, quint, has_mins = lin[NIB], lin[QUINT] >= 0, lin[M_OFF] >= 0
     # The file's blocks (quants/blocks.py: Q5_0, Q4_1, Q8_0, Q4_K or Q6_K) or the arena's codes.
     kind = block_kind(lin[QUINT]) if quint else -1
@@ -114,8 +134,8 @@ def dot_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_bl
     n_units = (r1 - r0 + step - 1) // step
     for p in range(n_units):
         r = r0 + step * (n_units - 1 - p if backward else p)
-        n = min(step, r1 - r)  # the unit's rows: a pair (its last alone when odd) or a quad
-        pair = n >= 2
+        m = min(step, r1 - r)  # the unit's rows: a pair (its last alone when odd) or a quad
+        pair = m >= 2
         row_start, s_start = q_first + r * row_bytes, lin[S_OFF] + r * groups
         m_start = lin[M_OFF] + r * groups
         # Prefetch ~3 KB ahead: the hardware prefetcher alone left single-thread reads of short
@@ -125,9 +145,9 @@ def dot_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_bl
         for i in range(max(base, q_first), min(base + step * row_bytes, end), 64):
             prefetch(q, i)
         after = row_start + row_bytes
-        if n == 4 and kind == BLOCK_Q4_K:  # super-blocks of 256, mins inside: two pairs a call
+        if m == 4 and kind == BLOCK_Q4_K:  # super-blocks of 256, mins inside: two pairs a call
             dot_quad_q4k(q, row_start, after, codes, code_scales, group_sums, cols >> 8, block)
-        elif n == 4:
+        elif m == 4:
             dot_quad_q6k(q, row_start, after, codes, code_scales, group_sums, cols >> 8, block)
         elif pair and kind == BLOCK_Q4_K:
             dot_pair_q4k(q, row_start, after, codes, code_scales, group_sums, cols >> 8, block)
@@ -154,16 +174,16 @@ def dot_one_row(weights, lin, rounded, k, r0, r1, out, accumulate, block, min_bl
                 q, row_start, row_start + cols, codes, scales, s_start, s_start + groups, code_scales,
                 groups, shift, block,
             )  # fmt: skip
-        if n % 2 == 1:  # (a lone row of Q4_1, Q8_0 or K-quant blocks reads the arena's codes)
-            block[n - 1] = _lone_row(weights, lin, rounded, k, r + n - 1, kind)
-        for i in range(n):
+        if m % 2 == 1:
+            block[m - 1] = _lone_row(weights, lin, rounded, k, n, r + m - 1, kind, min_block)
+        for i in range(m):
             acc = block[i]
             if has_bias:
                 acc += weights.bias[b_first + r + i]
             if accumulate:
-                out[0, out_at + r + i - r0] += acc
+                out[n, out_at + r + i - r0] += acc
             else:
-                out[0, out_at + r + i - r0] = acc
+                out[n, out_at + r + i - r0] = acc
 
 
 @numba.njit(fastmath=True, cache=True)
@@ -200,19 +220,59 @@ def dot_run(weights, lin, rounded, k, n_rows, r0, r1, out, out_at, accumulate, s
     C-contiguous ``out``: one row of a block format by dot_one_row, which writes ``out``
     itself (the strided view the tiles write through cost ~20% of a 32-row item's time,
     measured on Qwen2.5's head), walking the weight rows downward with ``backward`` (same
-    products, same bits); several rows by prefill_tiles.dot_tile_many, a float matrix by
-    dot_tile_float. All through pointers (module docstring): no level between dot_run and the
-    tiles whose compile would optimize the tile kernels' code once more."""
+    products, same bits); several rows by prefill_tiles.dot_tile_many (of a blocks-only
+    matrix: by dot_one_row per token row up to FEW_BLOCK_ROWS, else on tiles unpacked into
+    scratch), a float matrix by dot_tile_float. All through pointers (module docstring): no
+    level between dot_run and the tiles whose compile would optimize the tile kernels' code
+    once more."""
     if lin[SHIFT] == FLOAT_SHIFT:
         view = out[:, out_at : out_at + r1 - r0]
         product_call(FLOAT_AT, (weights, lin, rounded, k, n_rows, r0, r1, view, accumulate, scratch))
     elif n_rows == 1:
         product_call(ONE_ROW_AT, (
-            weights, lin, rounded, k, r0, r1, out, accumulate, scratch[0], scratch[1], out_at, backward,
+            weights, lin, rounded, k, ROW0, r0, r1, out, accumulate, scratch[0], scratch[1], out_at, backward,
         ))  # fmt: skip
+    elif lin[Q_OFF] == BLOCKS_ONLY and n_rows <= FEW_BLOCK_ROWS:
+        for a in range(r0, r1, TILE_ROWS):
+            b = min(r1, a + TILE_ROWS)
+            for n in range(n_rows):
+                product_call(ONE_ROW_AT, (
+                    weights, lin, rounded, k, n, a, b, out, accumulate, scratch[0], scratch[1],
+                    out_at + a - r0, UPWARD,
+                ))  # fmt: skip
+    elif lin[Q_OFF] == BLOCKS_ONLY:
+        _unpacked_tiles(
+            weights, lin, rounded, k, n_rows, r0, r1, out[:, out_at : out_at + r1 - r0], accumulate, scratch
+        )
     else:
         view = out[:, out_at : out_at + r1 - r0]
         product_call(TILE_AT, (weights, lin, rounded, k, n_rows, r0, r1, view, accumulate, scratch))
+
+
+@kernel_only()
+def _unpacked_tiles(weights, lin, rounded, k, n_rows, r0, r1, view, accumulate, scratch):
+    """view[:, 0 : r1 - r0] (+)= rows r0..r1 of the blocks-only ``lin`` with n_rows token rows:
+    TILE_ROWS weight rows at a time unpacked into int8 codes and scales (tile_unpack.py), then
+    prefill_tiles.dot_tile_many over them as over the arena's codes."""
+    cols, kind = lin[COLS], block_kind(lin[QUINT])
+    groups, row_bytes = cols // group_size(kind), block_row_bytes(kind, cols)
+    mins_too = has_mins(kind)
+    codes = np.empty(TILE_ROWS * cols, np.int8)  # (tile rows * cols,)
+    scales = np.empty(TILE_ROWS * groups, np.float32)  # (tile rows * groups,)
+    mins = np.empty(TILE_ROWS * groups if mins_too else 1, np.float32)  # (tile rows * groups,)
+    tile = StepWeights(codes, scales, mins, weights.bias, weights.floats, weights.gelu)
+    tile_lin = lin.copy()
+    tile_lin[Q_OFF], tile_lin[S_OFF], tile_lin[NIB], tile_lin[QUINT] = 0, 0, -1, -1
+    tile_lin[M_OFF] = 0 if mins_too else -1
+    for a in range(r0, r1, TILE_ROWS):
+        b = min(r1, a + TILE_ROWS)
+        unpack_rows(
+            weights.q, block_offset(lin[QUINT]) + a * row_bytes, kind, cols, b - a, codes, scales, mins
+        )
+        tile_lin[ROWS] = b - a
+        tile_lin[B_OFF] = lin[B_OFF] + a if lin[B_OFF] >= 0 else -1
+        part = view[:, a - r0 : b - r0]
+        product_call(TILE_AT, (tile, tile_lin, rounded, k, n_rows, ROW0, b - a, part, accumulate, scratch))
 
 
 @numba.njit(cache=True, no_cfunc_wrapper=True)

@@ -104,7 +104,9 @@ class DecoderModel(ABC):
     def matrix(self, name: str) -> QuantMatrix:
         t = self.file.tensor(name)
         matrix = load_matrix(t.type, t.data, t.shape, name)
-        self.file.release_pages(t.data)  # repacked: the file's pages are not read again here
+        # Repacked, or (blocks_only) read once more when the fused step copies the blocks: either
+        # way nothing reads these pages now.
+        self.file.release_pages(t.data)
         return matrix
 
     def vector(self, name: str) -> np.ndarray:
@@ -138,7 +140,9 @@ class DecoderModel(ABC):
         if layers is None:
             return None
         neox = self.rope_style == ROPE_NEOX
-        return FusedForward.build(layers, self.config, self.output, self.output_norm, self.step_flags, neox)
+        return FusedForward.build(
+            layers, self.config, self.output, self.output_norm, self.step_flags, neox, self.file.release_pages
+        )
 
     def row_plan(self, runs: Sequence[Run]) -> RowPlan:
         """Where the rows of ``runs`` go, with their RoPE angles and the rows whose logits come

@@ -13,10 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..gguf_file import GGUFError
-from .dequant import dequantize_rows
-from .formats import FORMATS
-from .layout import repack
-from .matrix import FLOAT_TYPES, load_matrix
+from .matrix import FLOAT_TYPES, dequantize_blocks, load_matrix, lookup_rows
 
 
 class MappedRows:
@@ -33,13 +30,9 @@ class MappedRows:
 
     def take_rows(self, ids: np.ndarray) -> np.ndarray:
         """Rows ``ids`` (k,) dequantized -> (k, cols) float32, bitwise the repacked matrix's."""
-        rows, cols = self.rows, self.cols
-        ids = np.asarray(ids, np.int64).reshape(-1)  # (k,)
-        if ids.size and (ids.min() < -rows or ids.max() >= rows):
-            raise IndexError(f"{self.name or 'table'}: row id out of range for {rows} rows")
-        unique, where = np.unique(np.where(ids < 0, ids + rows, ids), return_inverse=True)
+        return lookup_rows(self.rows, ids, self._dequantize, self.name or "table")
+
+    def _dequantize(self, rows: np.ndarray) -> np.ndarray:
         if self.qtype in FLOAT_TYPES:
-            picked = load_matrix(self.qtype, self.data[unique], (unique.size, cols), self.name)
-            return picked.take_rows(where)  # (k, cols)
-        layout = repack(FORMATS[self.qtype], self.data[unique], cols)  # only the rows asked for
-        return dequantize_rows(layout, where)  # (k, cols)
+            return load_matrix(self.qtype, self.data[rows], (rows.size, self.cols), self.name).dequantize()
+        return dequantize_blocks(self.qtype, self.data[rows], self.cols)  # only the rows asked for

@@ -19,8 +19,10 @@ from .quantize import ACTIVATION_KIND
 
 FLOAT_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 SUPPORTED_TYPES = frozenset(FLOAT_TYPES | FORMATS.keys())
-# Formats whose file bytes a GroupedMatrix keeps a reference to (kblocks.py reads them).
-FILE_BLOCK_TYPES = frozenset({GGMLType.Q4_K, GGMLType.Q6_K})
+# Formats the fused step reads as the file packs them, one row (quants/blocks.py) or a tile of
+# rows unpacked at a time (fused/tile_unpack.py): a matrix of these keeps the file's bytes only,
+# and builds the int8 layout the numpy path reads the first time that path asks for it.
+BLOCK_NATIVE_TYPES = frozenset({GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.Q4_1, GGMLType.Q4_K, GGMLType.Q6_K})
 
 
 class QuantMatrix(ABC):
@@ -52,21 +54,56 @@ class QuantMatrix(ABC):
 
 
 class GroupedMatrix(QuantMatrix):
-    """A block-quantized matrix repacked to int8 values + float32 group scales (and mins).
+    """A block-quantized matrix: the file's blocks, or int8 values with float32 group scales
+    (and mins) repacked from them (layout.py), or both.
 
     Products first round the activations as ggml does for this format (activations.py), so
-    results agree with llama.cpp's to float noise. ``file_blocks``: for the K-quants a decode
-    step reads as the file packs them (quants/kblocks.py), the file's bytes (rows, row bytes)
-    uint8 the layout was built from, in row order (several parts once stacked), left in the
-    mapped file until the fused step copies them."""
+    results agree with llama.cpp's to float noise. ``file_blocks``: the blocks (rows, row bytes)
+    uint8 in row order (several parts once stacked), for the formats of BLOCK_NATIVE_TYPES;
+    their ``layout`` is built from them on first use (the numpy path, tests), and a matrix
+    the fused step holds never needs it (``blocks_only``)."""
 
     def __init__(
-        self, qtype: GGMLType, layout: GroupLayout, file_blocks: tuple[np.ndarray, ...] | None = None
+        self,
+        qtype: GGMLType,
+        layout: GroupLayout | None = None,
+        file_blocks: tuple[np.ndarray, ...] | None = None,
     ):
-        self.qtype, self.layout, self.file_blocks = qtype, layout, file_blocks
-        self.rows, self.cols = layout.q.shape
-        self.nbytes = layout.nbytes
+        if layout is None and not file_blocks:
+            raise ValueError("a GroupedMatrix needs its layout or its file blocks")
+        self.qtype, self._layout, self.file_blocks = qtype, layout, file_blocks
+        self.format = FORMATS[qtype]
+        self.group_size = self.format.group_size
+        if layout is not None:
+            self.rows, self.cols = layout.shape
+        else:
+            self.rows = sum(part.shape[0] for part in file_blocks)
+            self.cols = file_blocks[0].shape[1] // self.format.type_size() * self.format.block_size
         self.activation_kind = ACTIVATION_KIND[qtype]
+
+    @property
+    def blocks_only(self) -> bool:
+        """Whether the matrix holds just the file's blocks (no int8 layout built)."""
+        return self._layout is None
+
+    @property
+    def layout(self) -> GroupLayout:
+        """The int8 layout, repacked from the file's blocks the first time it is asked for."""
+        if self._layout is None:
+            parts = [repack(self.format, part, self.cols) for part in self.file_blocks]
+            self._layout = parts[0] if len(parts) == 1 else _concatenate(parts)
+        return self._layout
+
+    @layout.setter
+    def layout(self, value: GroupLayout) -> None:
+        self._layout = value
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held: the layout's arrays, or the blocks where there is no layout."""
+        if self._layout is None:
+            return sum(part.nbytes for part in self.file_blocks)
+        return self._layout.nbytes
 
     def matvec(self, x, bias=None):
         return matvec(self.layout, x, self.activation_kind, bias)
@@ -85,17 +122,49 @@ class GroupedMatrix(QuantMatrix):
     @classmethod
     def stack(cls, matrices: list[GroupedMatrix]) -> GroupedMatrix:
         """The rows of several matrices of one format as one matrix, so that linears sharing an
-        input (q/k/v, gate/up) round it once and run as one parallel kernel."""
-        layouts = [m.layout for m in matrices]
-        mins = None if layouts[0].mins is None else np.concatenate([lay.mins for lay in layouts])
-        q = np.concatenate([lay.q for lay in layouts])  # (sum rows, cols)
-        scales = np.concatenate([lay.scales for lay in layouts])  # (sum rows, groups)
+        input (q/k/v, gate/up) round it once and run as one parallel kernel. Blocks stay
+        blocks: the fused step places the parts one after another."""
         parts = [m.file_blocks for m in matrices]
         file_blocks = None if any(p is None for p in parts) else tuple(b for p in parts for b in p)
-        return cls(matrices[0].qtype, GroupLayout(q, scales, mins, layouts[0].group_size), file_blocks)
+        if file_blocks is not None and all(m.blocks_only for m in matrices):
+            return cls(matrices[0].qtype, None, file_blocks)
+        return cls(matrices[0].qtype, _concatenate([m.layout for m in matrices]), file_blocks)
 
     def take_rows(self, ids):
-        return dequantize_rows(self.layout, ids)
+        if self._layout is None:
+            blocks, cols = self._block_rows, self.cols
+            return lookup_rows(self.rows, ids, lambda rows: dequantize_blocks(self.qtype, blocks(rows), cols))
+        return dequantize_rows(self._layout, ids)
+
+    def _block_rows(self, ids: np.ndarray) -> np.ndarray:
+        """The blocks of rows ``ids`` (k,) (in range, not negative) -> (k, row bytes) uint8."""
+        if len(self.file_blocks) == 1:
+            return self.file_blocks[0][ids]
+        return np.concatenate(self.file_blocks)[ids]
+
+
+def _concatenate(layouts: list[GroupLayout]) -> GroupLayout:
+    """The rows of several layouts of one format as one layout."""
+    mins = None if layouts[0].mins is None else np.concatenate([lay.mins for lay in layouts])
+    q = np.concatenate([lay.q for lay in layouts])  # (sum rows, cols)
+    scales = np.concatenate([lay.scales for lay in layouts])  # (sum rows, groups)
+    return GroupLayout(q, scales, mins, layouts[0].group_size)
+
+
+def lookup_rows(rows: int, ids, dequantize, label: str = "matrix") -> np.ndarray:
+    """Rows ``ids`` (k,) of a table of ``rows`` (negative ids count from the end) -> (k, cols)
+    float32, where ``dequantize(unique ids)`` dequantizes just the distinct rows asked for."""
+    ids = np.asarray(ids, np.int64).reshape(-1)  # (k,)
+    if ids.size and (ids.min() < -rows or ids.max() >= rows):
+        raise IndexError(f"{label}: row id out of range for {rows} rows")
+    unique, where = np.unique(np.where(ids < 0, ids + rows, ids), return_inverse=True)
+    return dequantize(unique)[where]  # (k, cols)
+
+
+def dequantize_blocks(qtype: GGMLType, blocks: np.ndarray, cols: int) -> np.ndarray:
+    """Blocks (k, row bytes) uint8 -> (k, cols) float32: repacked, then dequantized by the
+    kernel ``dequantize_rows`` runs on a whole layout (the same bits)."""
+    return dequantize_rows(repack(FORMATS[qtype], blocks, cols), np.arange(blocks.shape[0]))
 
 
 class FloatMatrix(QuantMatrix):
@@ -158,8 +227,9 @@ def load_matrix(
         raise GGUFError(
             f"{label}: {qtype.name} data should be uint8 {expected}, got {data.dtype} {data.shape}"
         )
-    file_blocks = (data,) if qtype in FILE_BLOCK_TYPES else None
-    return GroupedMatrix(qtype, repack(fmt, data, cols), file_blocks)
+    if qtype in BLOCK_NATIVE_TYPES:
+        return GroupedMatrix(qtype, None, (data,))
+    return GroupedMatrix(qtype, repack(fmt, data, cols))
 
 
 _FLOAT_FILE_DTYPES = {
