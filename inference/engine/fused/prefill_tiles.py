@@ -14,6 +14,7 @@ import numpy as np
 from ..jit.intrinsics import fma32, prefetch
 from ..jit.kernel_only import kernel_only
 from ..quants.intdot import ROW_BLOCK, dot_rows_int
+from ..quants.intdot_ir import Q80_BLOCK, Q80_OFFSET, QUINT_BLOCK, QUINT_OFFSET
 from ..quants.nibbles import dot_rows_nib
 from ..quants.tiles import TILE_W, dot_tile_rows
 from . import step_kernels as sk  # a module object: step_kernels imports this module too
@@ -22,6 +23,20 @@ from . import step_kernels as sk  # a module object: step_kernels imports this m
 # 16-token prefill in one pass, its weights streamed once with their prefetch spread over four
 # blocks), at most 16 x 4864 bytes of codes (L2).
 PASS_BLOCKS = 4
+
+
+@numba.njit(cache=True)
+def tile_row_bytes(cols, nib):
+    """Bytes of a weight row as the tiles read it (the NIB field): int8 codes (-1), the file's
+    Q5_0 or Q8_0 blocks (QUINT_OFFSET, Q80_OFFSET: whole tiles only, no _rest_rows), or
+    packed nibbles."""
+    if nib < 0:
+        return cols
+    if nib == QUINT_OFFSET:
+        return cols // 32 * QUINT_BLOCK
+    if nib == Q80_OFFSET:
+        return cols // 32 * Q80_BLOCK
+    return cols >> 1
 
 
 @kernel_only()
@@ -101,7 +116,7 @@ def _tile_pass(weights, lin, rounded, k, s0, s_blocks, r0, r1, block, first, end
     cols, shift, nib = lin[sk.COLS], lin[sk.SHIFT], lin[sk.NIB]
     groups = cols >> shift
     codes, code_scales = rounded.ints[k], rounded.int_scales[k]
-    row_bytes = cols if nib < 0 else cols >> 1
+    row_bytes = tile_row_bytes(cols, nib)
     tile_bytes = TILE_W * row_bytes
     tiled_end = r0 + (r1 - r0) // TILE_W * TILE_W
     if first:  # the item's first tile: every line asked for at once
@@ -124,7 +139,7 @@ def _rest_rows(weights, lin, rounded, k, s0, s_blocks, r0, r1, block, one):
     cols, shift, nib = lin[sk.COLS], lin[sk.SHIFT], lin[sk.NIB]
     groups = cols >> shift
     codes, code_scales = rounded.ints[k], rounded.int_scales[k]
-    row_bytes = cols if nib < 0 else cols >> 1
+    row_bytes = tile_row_bytes(cols, nib)
     for r in range(r0 + (r1 - r0) // TILE_W * TILE_W, r1):
         row_start, s_start = lin[sk.Q_OFF] + r * row_bytes, lin[sk.S_OFF] + r * groups
         for b in range(s_blocks):
@@ -150,7 +165,7 @@ def dot_tile_many(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scr
     cols, shift, nib = lin[sk.COLS], lin[sk.SHIFT], lin[sk.NIB]
     groups = cols >> shift
     group_sums = rounded.sums[k]
-    row_bytes = cols if nib < 0 else cols >> 1
+    row_bytes = tile_row_bytes(cols, nib)
     end = lin[sk.Q_OFF] + lin[sk.ROWS] * row_bytes
     has_mins, has_bias, b_first = lin[sk.M_OFF] >= 0, lin[sk.B_OFF] >= 0, lin[sk.B_OFF]
     block = np.empty((PASS_BLOCKS, ROW_BLOCK, r1 - r0), np.float32)  # (blocks, rows, weight rows) dots

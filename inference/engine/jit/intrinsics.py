@@ -168,3 +168,40 @@ def half_bits_to_float(typingctx, bits):
         return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
 
     return sig, codegen
+
+
+def _byte_array(array) -> bool:
+    return isinstance(array, types.Array) and array.dtype in (types.int8, types.uint8)
+
+
+@intrinsic
+def load_word(typingctx, array, index):
+    """The 8 bytes from byte ``index`` of an int8/uint8 array as one little-endian uint64 (an
+    unaligned load): eight codes a step where numba's byte loops do not vectorize."""
+    if not _byte_array(array) or not isinstance(index, types.Integer):
+        return None
+    sig = types.uint64(array, index)
+
+    def codegen(context, builder, signature, args):
+        at = _integer_arg(context, builder, args[1], signature.args[1], types.intp)
+        pointer = element_pointer(context, builder, signature.args[0], args[0], at)
+        return builder.load(builder.bitcast(pointer, ir.IntType(64).as_pointer()), align=1)
+
+    return sig, codegen
+
+
+@intrinsic
+def store_word(typingctx, array, index, value):
+    """Write ``value`` (uint64) as 8 little-endian bytes from byte ``index`` of an int8/uint8
+    array (an unaligned store)."""
+    if not _byte_array(array) or not isinstance(index, types.Integer) or value != types.uint64:
+        return None
+    sig = types.void(array, index, value)
+
+    def codegen(context, builder, signature, args):
+        at = _integer_arg(context, builder, args[1], signature.args[1], types.intp)
+        pointer = element_pointer(context, builder, signature.args[0], args[0], at)
+        builder.store(args[2], builder.bitcast(pointer, ir.IntType(64).as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return sig, codegen

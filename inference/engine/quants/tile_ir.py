@@ -24,7 +24,28 @@ from __future__ import annotations
 from llvmlite import ir
 from numba.core import cgutils
 
-from .intdot_ir import EXACT, I8, I16, I32, LANES, _call, _constant_vector, _load_codes, _load_nibbles
+from .intdot_ir import (
+    EXACT,
+    I8,
+    I16,
+    I32,
+    LANES,
+    Q80_BLOCK,
+    Q80_OFFSET,
+    Q80_QS,
+    QUINT_BLOCK,
+    QUINT_OFFSET,
+    _call,
+    _constant_vector,
+    _load_codes,
+    _load_nibbles,
+    _load_quint,
+    _quint_scale,
+)
+
+# nibble_offset markers of the file's blocks a wide tile reads (intdot_ir.py): their signed
+# codes and f16 scales, unpacked in registers, go through the int8 codes' arithmetic.
+BLOCK_BYTES = {QUINT_OFFSET: QUINT_BLOCK, Q80_OFFSET: Q80_BLOCK}
 
 WIDE = 2 * LANES  # float lanes of a 512-bit vector: two weight rows' eight
 I64 = ir.IntType(64)
@@ -76,18 +97,31 @@ class _PairGroup:
 
     def __init__(self, builder, group: int, nibble_offset, first, second, g):
         """first, second: (q pointer, scales pointer) of the pair's rows; g: the group index."""
-        self.group, self.nibbles = group, nibble_offset is not None
-        w_bytes = group if nibble_offset is None else group // 2
-        at = builder.mul(g, ir.Constant(g.type, w_bytes))
-        rows = [self._codes(builder, builder.gep(q, [at])) for q, _ in (first, second)]
+        self.group, self.nibbles = group, nibble_offset == 0
+        if nibble_offset in BLOCK_BYTES:  # a block a group: codes and scale from its bytes
+            at = builder.mul(g, ir.Constant(g.type, BLOCK_BYTES[nibble_offset]))
+            blocks = [builder.gep(q, [at]) for q, _ in (first, second)]
+            rows = [self._block_codes(builder, block, nibble_offset) for block in blocks]
+            scales = [_quint_scale(builder, block) for block in blocks]  # (both start with f16 d)
+        else:
+            w_bytes = group if nibble_offset is None else group // 2
+            at = builder.mul(g, ir.Constant(g.type, w_bytes))
+            rows = [self._codes(builder, builder.gep(q, [at])) for q, _ in (first, second)]
+            scales = [builder.load(builder.gep(s, [g])) for _, s in (first, second)]
         self.codes = _concat(builder, *rows)  # <64 x i8> or <32 x i16>
-        scales = [builder.load(builder.gep(s, [g])) for _, s in (first, second)]
         self.scales = _pair_scales(builder, *scales)  # <16 x float>
         zero = ir.Constant(WORDS, None)
         self.start = zero
         if group == 32 and not self.nibbles:  # signed codes: -128 * each lane's four codes
             moved = ir.Constant(ir.VectorType(I8, 64), [-128] * 64)
             self.start = builder.sub(zero, _dpbusd(builder, zero, moved, self.codes))
+
+    @staticmethod
+    def _block_codes(builder, block, marker):
+        """A Q5_0 or Q8_0 block's 32 signed codes -> <32 x i8>."""
+        if marker == QUINT_OFFSET:
+            return _load_quint(builder, block, subtract=True)
+        return _load_codes(builder, builder.gep(block, [ir.Constant(I64, Q80_QS)]), 32)
 
     def _codes(self, builder, pointer):
         if self.nibbles:
@@ -128,8 +162,10 @@ def wide_tile_dots(builder, group: int, weight_rows, act_rows, n_groups, nibble_
     """For every weight row (q pointer, scales pointer; an even number of them) and activation
     row (codes pointer, code scales pointer): the one-row kernel's value, as row_dots returns
     it ([weight row][activation row] float32), through 512-bit vectors of weight pairs.
-    ``nibble_offset``: None for int8 codes, 0 for unsigned 4-bit codes packed two a byte."""
-    assert len(weight_rows) % 2 == 0 and nibble_offset in (None, 0) and group in (16, 32)
+    ``nibble_offset``: None for int8 codes, 0 for unsigned 4-bit codes packed two a byte,
+    QUINT_OFFSET or Q80_OFFSET for the file's Q5_0 or Q8_0 blocks (scale pointers unused)."""
+    assert len(weight_rows) % 2 == 0 and group in (16, 32)
+    assert nibble_offset in (None, 0) or nibble_offset in BLOCK_BYTES
     assert group == 32 or nibble_offset is None
     pairs = [(weight_rows[i], weight_rows[i + 1]) for i in range(0, len(weight_rows), 2)]
     accs = [[cgutils.alloca_once_value(builder, ir.Constant(FLOATS, None)) for _ in act_rows] for _ in pairs]
@@ -138,7 +174,7 @@ def wide_tile_dots(builder, group: int, weight_rows, act_rows, n_groups, nibble_
         prepared = [_PairGroup(builder, group, nibble_offset, first, second, g) for first, second in pairs]
         a_at = builder.mul(g, ir.Constant(g.type, group))
         for t, (a0, d0) in enumerate(act_rows):
-            act = act_group(builder, group, nibble_offset is not None, builder.gep(a0, [a_at]))
+            act = act_group(builder, group, nibble_offset == 0, builder.gep(a0, [a_at]))
             code_scale = _splat(builder, builder.load(builder.gep(d0, [g])), WIDE)
             for pair, pair_accs in zip(prepared, accs, strict=True):
                 factor = builder.fmul(pair.scales, code_scale, flags=EXACT)

@@ -25,7 +25,7 @@ from numba.extending import intrinsic
 from ..jit.intrinsics import element_pointer
 from ..jit.simd import target_features
 from .intdot import HOST_SIMD, ROW_BLOCK, _row_pointer
-from .intdot_ir import row_dots
+from .intdot_ir import Q80_OFFSET, QUINT_OFFSET, row_dots
 from .intdot_reference import dot_row_bitwise_reference
 from .tile_ir import wide_tile_dots
 
@@ -89,12 +89,16 @@ def _tile_intrinsic(group: int, simd: str, nibble_offset: int | None, wide: bool
 
 
 def _variants(simd: str, wide: bool):
-    """(int8 groups of 16, int8 groups of 32, nibbles offset 0, nibbles offset 8) tiles."""
+    """(int8 groups of 16, int8 groups of 32, nibbles offset 0, nibbles offset 8, Q5_0 blocks,
+    Q8_0 blocks) tiles. Nibbles stored with an offset take the 256-bit tile of the selection
+    (the wide tile takes unsigned 4-bit codes only)."""
     return (
         _tile_intrinsic(16, simd, None, wide),
         _tile_intrinsic(32, simd, None, wide),
         _tile_intrinsic(32, simd, 0, wide),
-        _tile_intrinsic(32, simd, 8, False),  # the wide tile takes unsigned codes only
+        _tile_intrinsic(32, simd, 8, False),
+        _tile_intrinsic(32, simd, QUINT_OFFSET, wide),
+        _tile_intrinsic(32, simd, Q80_OFFSET, wide),
     )
 
 
@@ -102,10 +106,10 @@ _generic = _variants("generic", False)
 _avx2 = _variants("avx2", False)
 _vnni = _variants("vnni", False)
 _wide = _variants("vnni", True)
-_g16, _g32, _g0, _g8 = _generic
-_a16, _a32, _a0, _a8 = _avx2
-_v16, _v32, _v0, _v8 = _vnni
-_w16, _w32, _w0, _w8 = _wide
+_g16, _g32, _g0, _g8, _g5, _g80 = _generic
+_a16, _a32, _a0, _a8, _a5, _a80 = _avx2
+_v16, _v32, _v0, _v8, _v5, _v80 = _vnni
+_w16, _w32, _w0, _w8, _w5, _w80 = _wide
 
 
 @numba.njit(cache=True, inline="always")  # no call per tile: no reference counts
@@ -115,6 +119,10 @@ def generic_dot_tile_rows(
     """dot_tile_rows through the generic instruction selection."""
     if nib == 0:
         _g0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
+    elif nib == QUINT_OFFSET:
+        _g5(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
+    elif nib == Q80_OFFSET:
+        _g80(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif nib > 0:
         _g8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif group_shift == 4:
@@ -130,6 +138,10 @@ def avx2_dot_tile_rows(
     """dot_tile_rows through AVX2 (only where the CPU has AVX2)."""
     if nib == 0:
         _a0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
+    elif nib == QUINT_OFFSET:
+        _a5(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
+    elif nib == Q80_OFFSET:
+        _a80(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif nib > 0:
         _a8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif group_shift == 4:
@@ -145,6 +157,10 @@ def vnni_dot_tile_rows(
     """dot_tile_rows through 256-bit VNNI (AVX-VNNI or AVX-512 VL; only where the CPU has it)."""
     if nib == 0:
         _v0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
+    elif nib == QUINT_OFFSET:
+        _v5(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
+    elif nib == Q80_OFFSET:
+        _v80(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif nib > 0:
         _v8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif group_shift == 4:
@@ -160,6 +176,10 @@ def wide_dot_tile_rows(
     """dot_tile_rows through 512-bit VNNI pairs (only where the CPU has AVX-512 VNNI and BW)."""
     if nib == 0:
         _w0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
+    elif nib == QUINT_OFFSET:
+        _w5(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
+    elif nib == Q80_OFFSET:
+        _w80(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif nib > 0:
         _w8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif group_shift == 4:
@@ -180,8 +200,9 @@ SELECTED = {
 # < TILE_W (codes from byte q_start + w * row_bytes of the flat ``q``, scales from s_start + w *
 # n_groups of the flat ``scales``) and activation row n0 + i < n0 + ROW_BLOCK of the 2-D
 # ``ints`` (rows, cols) and ``int_scales`` (rows, groups). nib -1: int8 codes in groups of
-# 1 << group_shift; else packed nibbles (groups of 32) stored plus nib. ``out`` is a C-contiguous
-# 2-D float32 array of at least ROW_BLOCK rows.
+# 1 << group_shift; QUINT_OFFSET or Q80_OFFSET: the file's Q5_0 or Q8_0 blocks (scales
+# inside them, ``scales`` unused); else packed nibbles (groups of 32) stored plus nib.
+# ``out`` is a C-contiguous 2-D float32 array of at least ROW_BLOCK rows.
 dot_tile_rows = SELECTED["wide" if WIDE else HOST_SIMD]
 
 
