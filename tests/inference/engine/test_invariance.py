@@ -16,7 +16,7 @@ from inference.engine.engine import BatchRow, Engine
 from inference.engine.models.base import Run
 from tests.fixtures.synthetic_gguf import SYNTHETIC_ARCHS, synthetic_path
 
-N_TOKENS = 24
+N_TOKENS = 40  # (32 rows and more: tiles of blocks unpacked into scratch codes)
 SEEDS = (0, 1)
 
 
@@ -52,6 +52,8 @@ def test_prefill_chunks_equal_one_token_decode(engine, seed):
         got = engine.verify(cache, tokens[at : at + n])  # every row's logits of this chunk
         assert np.array_equal(got, reference[at : at + n]), f"chunks {chunks}: rows {at}..{at + n} differ"
         at += n
+    whole = engine.verify(engine.new_cache(N_TOKENS + 8), tokens)  # every row in one forward
+    assert np.array_equal(whole, reference), "all rows in one forward differ"
     # The facade's prefill (last logits only) agrees too.
     assert np.array_equal(engine.prefill(engine.new_cache(N_TOKENS), tokens), reference[-1])
 

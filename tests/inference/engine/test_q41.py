@@ -1,6 +1,6 @@
 """Q4_1 read as the file packs it (quants/q41.py): the blocks are the file's bytes and round-trip,
 every selection's pair kernel gives the nibble kernel's bits (min terms included), and a
-fused step of a Q4_1 model reads the blocks where DECODE_BLOCKS, with decode's bits."""
+fused step of a Q4_1 model holds only the blocks, and prefill has decode's bits."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 
 from inference.engine.jit.simd import missing_features, target_features
 from inference.engine.quants import blocks, intdot, pair_mins, q41
+from inference.engine.quants.blocks import BLOCK_Q4_1, KINDS
 from inference.engine.quants.formats import Q4_1
 from inference.engine.quants.intdot_ir import Q41_BLOCK
 from inference.engine.quants.nibbles import pack_nibbles
 from inference.engine.quants.q41 import pack_q41, q41_packable, q41_row_bytes, unpack_q41
-from inference.engine.quants.quint import DECODE_BLOCKS
 from inference.engine.quants.wide_ir import fits
 
 COLS = 576
@@ -110,11 +110,12 @@ def test_a_q4_1_step_reads_the_blocks_and_decodes_as_prefill_does(synthetic_dir)
     engine = Engine.load(synthetic_path("llama", synthetic_dir))
     linears = engine.model.fused.model.linears.reshape(-1, sk.LINEAR_FIELDS)  # (layers * slots, fields)
     used = linears[linears[:, sk.ROWS] > 0]
-    with_mins = used[(used[:, sk.NIB] == 0) & (used[:, sk.M_OFF] >= 0)]  # Q4_1, Q4_K (mins not f16)
-    assert (with_mins[:, sk.QUINT] >= 0).any() == DECODE_BLOCKS
+    q4_1 = used[(used[:, sk.QUINT] >= 0) & (used[:, sk.QUINT] % KINDS == BLOCK_Q4_1)]
+    assert len(q4_1) > 0 and (q4_1[:, sk.Q_OFF] == sk.BLOCKS_ONLY).all()  # the blocks, nothing else
+    assert (q4_1[:, sk.M_OFF] >= 0).all()  # (the format has mins: the inputs' group sums are made)
     tokens = [3, 9, 4, 1, 7, 2]
     prefilled = engine.new_cache(32)
-    expected = engine.model.forward(tokens, prefilled, all_logits=True)  # tiles: the nibbles
+    expected = engine.model.forward(tokens, prefilled, all_logits=True)  # tiles: unpacked blocks
     decoded = engine.new_cache(32)
     for i, token in enumerate(tokens):
         np.testing.assert_array_equal(engine.decode_one(decoded, token), expected[i])  # the blocks

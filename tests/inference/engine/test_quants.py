@@ -177,12 +177,21 @@ def test_take_rows_matches_dequantize():
         matrix.take_rows(np.array([10]))
 
 
-def test_nbytes_counts_the_repacked_layout():
-    matrix = load_matrix(Q.Q4_1, random_quant_bytes(Q.Q4_1, 48, 576), (48, 576))
-    assert isinstance(matrix, GroupedMatrix)
+def test_nbytes_counts_what_a_matrix_holds():
+    # A format the fused step reads as blocks holds the file's bytes until a numpy path asks
+    # for the int8 layout; the others are repacked at load.
+    data = random_quant_bytes(Q.Q4_1, 48, 576)
+    matrix = load_matrix(Q.Q4_1, data, (48, 576))
+    assert isinstance(matrix, GroupedMatrix) and matrix.blocks_only
+    assert matrix.nbytes == data.nbytes == 48 * (576 // 32) * 20
+    assert matrix.layout.q.shape == (48, 576) and not matrix.blocks_only
     assert matrix.nbytes == 48 * 576 + 2 * 48 * (576 // 32) * 4  # int8 values + scales + mins
     q6 = load_matrix(Q.Q6_K, random_quant_bytes(Q.Q6_K, 4, 256), (4, 256))
+    assert q6.nbytes == 4 * 210
+    assert q6.layout.q.shape == (4, 256)
     assert q6.nbytes == 4 * 256 + 4 * (256 // 16) * 4  # no mins
+    q5_1 = load_matrix(Q.Q5_1, random_quant_bytes(Q.Q5_1, 4, 256), (4, 256))
+    assert not q5_1.blocks_only and q5_1.nbytes == 4 * 256 + 2 * 4 * (256 // 32) * 4
 
 
 def test_unsupported_type_names_the_type_and_tensor():

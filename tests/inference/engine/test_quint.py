@@ -9,6 +9,7 @@ import pytest
 
 from inference.engine.jit.simd import SELECTIONS, missing_features, target_features
 from inference.engine.quants import intdot, quint
+from inference.engine.quants.blocks import BLOCK_Q5_0, KINDS
 from inference.engine.quants.formats import Q5_0
 from inference.engine.quants.intdot_ir import QUINT_BLOCK
 from inference.engine.quants.quint import (
@@ -148,8 +149,9 @@ def test_the_fused_step_reads_q5_0_matrices_as_blocks(synthetic_dir):
     linears = model.fused.model.linears.reshape(-1, sk.LINEAR_FIELDS)  # (layers * slots, fields)
     used = linears[linears[:, sk.ROWS] > 0]
     with_blocks = used[used[:, sk.QUINT] >= 0]
-    assert (len(with_blocks) > 0) == quint.DECODE_BLOCKS
-    # Q5_0 or Q8_0 blocks: int8 codes, no mins; Q4_1 blocks (quants/q41.py): nibbles with mins.
-    q5_0 = (with_blocks[:, sk.NIB] == -1) & (with_blocks[:, sk.M_OFF] == -1)
-    q4_1 = (with_blocks[:, sk.NIB] == 0) & (with_blocks[:, sk.M_OFF] >= 0)
-    assert (q5_0 | q4_1).all() and (q5_0.any() == quint.DECODE_BLOCKS)
+    kinds = with_blocks[:, sk.QUINT] % KINDS
+    # The file's Q5_0 matrices are held as their blocks alone, on every instruction selection.
+    own = with_blocks[kinds == BLOCK_Q5_0]
+    assert (own[:, sk.Q_OFF] == sk.BLOCKS_ONLY).any() and (own[:, sk.M_OFF] == -1).all()
+    # Another format's matrices keep their codes for the tiles (Q4_0's nibbles: no blocks).
+    assert ((used[:, sk.Q_OFF] == sk.BLOCKS_ONLY) == (used[:, sk.QUINT] >= 0)).all()

@@ -1,6 +1,7 @@
 """The register-tiled multi-row product (quants/tiles.py): bit for bit the one-row kernel's
 values and the numpy reference's, in every instruction selection the CPU can run, for every
-code packing the fused forward uses (int8 in groups of 16 and 32, nibbles with offset 0 and 8)."""
+code packing the fused forward uses (int8 in groups of 16 and 32, nibbles with offset 0 and 8,
+and the file's Q5_0 and Q8_0 blocks)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,23 @@ import pytest
 
 from inference.engine.jit.simd import SELECTIONS, missing_features, target_features
 from inference.engine.quants import tiles
+from inference.engine.quants.blocks import pack_q80
 from inference.engine.quants.intdot import ROW_BLOCK, dot_row_int
+from inference.engine.quants.intdot_ir import Q80_OFFSET, QUINT_OFFSET
 from inference.engine.quants.nibbles import NIBBLE_OFFSET, pack_nibbles
+from inference.engine.quants.quint import pack_quint
 from inference.engine.quants.tiles import TILE_W, WIDE_FEATURES, dot_tile_reference
 
-CASES = [(4, -1, -128, 128), (5, -1, -128, 128), (5, -1, -16, 16), (5, 0, 0, 16), (5, NIBBLE_OFFSET, -8, 8)]
+CASES = [
+    (4, -1, -128, 128),
+    (5, -1, -128, 128),
+    (5, -1, -16, 16),
+    (5, 0, 0, 16),
+    (5, NIBBLE_OFFSET, -8, 8),
+    (5, QUINT_OFFSET, -16, 16),
+    (5, Q80_OFFSET, -128, 128),
+]
+BLOCKS = {QUINT_OFFSET: pack_quint, Q80_OFFSET: pack_q80}  # the file's blocks, scales inside
 
 
 def _runnable(simd: str) -> str:
@@ -77,6 +90,10 @@ def _problem(rng, group_shift, nib, low, high, n_w, cols=512, n_act=8):
     n_groups = cols >> group_shift
     scales = rng.standard_normal((n_w, n_groups)).astype(np.float32)  # (w, groups)
     int_scales = rng.random((n_act, n_groups), dtype=np.float32)  # (n, groups)
+    if nib in BLOCKS:  # an f16 scale in each block
+        scales = scales.astype(np.float16).astype(np.float32)
+        blocks = BLOCKS[nib](q8, scales).view(np.int8)  # (w, row bytes)
+        return q8, blocks.ravel(), blocks.shape[1], ints, scales, int_scales, n_groups
     if nib < 0:
         return q8, q8.ravel(), cols, ints, scales, int_scales, n_groups
     packed = pack_nibbles(q8, nib).view(np.int8)  # (w, cols // 2)

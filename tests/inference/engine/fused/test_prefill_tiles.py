@@ -81,7 +81,9 @@ def test_several_rows_equal_each_row_alone(group_shift, nib, low, high, with_min
             alone = start[t : t + 1].copy()  # (1, r1 - r0)
             one = _one_row(rounded, t)  # as a decode step takes it
             block, mins, at = scratch[0], scratch[1], sk.COLUMN0
-            sp.dot_one_row(weights, lin, one, 0, r0, r1, alone, accumulate, block, mins, at, sk.UPWARD)
+            sp.dot_one_row(
+                weights, lin, one, 0, sp.ROW0, r0, r1, alone, accumulate, block, mins, at, sk.UPWARD
+            )
             np.testing.assert_array_equal(many[t], alone[0])
         if not accumulate:
             assert not np.array_equal(many, start)
