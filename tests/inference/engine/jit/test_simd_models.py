@@ -3,7 +3,9 @@
 Each selection runs in a process of its own (LMSERVE_SIMD is read once, at import, and keys
 the numba cache): synthetic models whose matrices hold every block format (the fused step's
 int8 and packed-nibble kernels, the expert path's) and SmolLM2 (Q4_1 nibbles), each through a
-multi-row verify run (the row-block kernels) and one-token decode steps (the pair kernels).
+multi-row verify runs (the row-block kernels: file blocks read as they are below 32 rows,
+unpacked from 32, one-row kernels per row for 2 rows) and one-token decode steps (the pair
+kernels).
 A selection the CPU lacks is skipped naming the missing features. Slow: each selection
 compiles the engine's kernels once (kept in its own numba cache directory).
 """
@@ -36,10 +38,11 @@ from inference.engine.quants.tiles import WIDE
 digests = {}
 for path in sys.argv[1:]:
     engine = Engine.load(path)
-    tokens = np.random.default_rng(0).integers(3, min(engine.config.vocab_size, 5000), 20).tolist()
+    tokens = np.random.default_rng(0).integers(3, min(engine.config.vocab_size, 5000), 60).tolist()
     cache = engine.new_cache(64)
-    logits = [engine.verify(cache, tokens[:16])]
-    logits += [engine.decode_one(cache, t)[None] for t in tokens[16:]]
+    logits = [engine.verify(cache, tokens[:16]), engine.verify(cache, tokens[16:20])]
+    logits += [engine.verify(cache, tokens[20:22]), engine.verify(cache, tokens[22:56])]
+    logits += [engine.decode_one(cache, t)[None] for t in tokens[56:]]
     digests[path] = hashlib.sha256(np.concatenate(logits).astype(np.float32).tobytes()).hexdigest()
 print(json.dumps({"simd": HOST_SIMD, "wide": WIDE, "lanes": LANES, "digests": digests}))
 """
