@@ -14,10 +14,11 @@ import numpy as np
 from ..jit.intrinsics import fma32, prefetch
 from ..jit.kernel_only import kernel_only
 from ..quants.intdot import ROW_BLOCK, dot_rows_int
-from ..quants.intdot_ir import Q80_BLOCK, Q80_OFFSET, QUINT_BLOCK, QUINT_OFFSET
+from ..quants.intdot_ir import Q41_BLOCK, Q41_OFFSET, Q80_BLOCK, Q80_OFFSET, QUINT_BLOCK, QUINT_OFFSET
 from ..quants.nibbles import dot_rows_nib
 from ..quants.tiles import TILE_W, dot_tile_rows
-from . import step_kernels as sk  # a module object: step_kernels imports this module too
+from . import step_kernels as sk
+from .kernels import half_value  # a module object: step_kernels imports this module too
 
 # Blocks of ROW_BLOCK activation rows a weight tile takes while it sits in L1: 16 rows (a
 # 16-token prefill in one pass, its weights streamed once with their prefetch spread over four
@@ -28,10 +29,12 @@ PASS_BLOCKS = 4
 @numba.njit(cache=True)
 def tile_row_bytes(cols, nib):
     """Bytes of a weight row as the tiles read it (the NIB field): int8 codes (-1), the file's
-    Q5_0 or Q8_0 blocks (QUINT_OFFSET, Q80_OFFSET: whole tiles only, no _rest_rows), or
-    packed nibbles."""
+    Q5_0, Q8_0 or Q4_1 blocks (QUINT_OFFSET, Q80_OFFSET, Q41_OFFSET: whole tiles only, no
+    _rest_rows), or packed nibbles."""
     if nib < 0:
         return cols
+    if nib == Q41_OFFSET:
+        return cols // 32 * Q41_BLOCK
     if nib == QUINT_OFFSET:
         return cols // 32 * QUINT_BLOCK
     if nib == Q80_OFFSET:
@@ -80,6 +83,16 @@ def transpose_mins(mins, m_first, n_weight_rows, n_groups, out):
     for r in range(n_weight_rows):
         for g in range(n_groups):
             out[g, r] = mins[m_first + r * n_groups + g]
+
+
+@kernel_only()
+def transpose_block_mins(q, first, row_bytes, n_weight_rows, n_groups, out):
+    """transpose_mins of Q4_1 blocks from byte ``first`` of q: each block's f16 min m."""
+    u = q.view(np.uint8)
+    for r in range(n_weight_rows):
+        for g in range(n_groups):
+            at = first + r * row_bytes + g * Q41_BLOCK + 2
+            out[g, r] = half_value(np.uint16(np.uint16(u[at]) | (np.uint16(u[at + 1]) << np.uint16(8))))
 
 
 @numba.njit(cache=True)
@@ -172,7 +185,9 @@ def dot_tile_many(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scr
     min_tile = np.zeros((PASS_BLOCKS, ROW_BLOCK, r1 - r0), np.float32)  # (blocks, rows, w rows) min terms
     row_bias = bias[b_first + r0 : b_first + r1] if has_bias else bias[:0]
     mins_t = np.empty((groups if has_mins else 0, r1 - r0), np.float32)  # (groups, weight rows)
-    if has_mins:
+    if has_mins and nib == Q41_OFFSET:
+        transpose_block_mins(weights.q, lin[sk.Q_OFF] + r0 * row_bytes, row_bytes, r1 - r0, groups, mins_t)
+    elif has_mins:
         transpose_mins(mins, lin[sk.M_OFF] + r0 * groups, r1 - r0, groups, mins_t)
     for s0 in range(0, n_rows, PASS_BLOCKS * ROW_BLOCK):
         s_blocks = min(PASS_BLOCKS, (n_rows - s0 + ROW_BLOCK - 1) // ROW_BLOCK)

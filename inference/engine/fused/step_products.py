@@ -33,7 +33,7 @@ from ..quants.blocks import (
     dot_pair_q80,
 )
 from ..quants.intdot import ROW_BLOCK, dot_pair_int, dot_row_int, min_sum
-from ..quants.intdot_ir import Q80_OFFSET, QUINT_OFFSET
+from ..quants.intdot_ir import Q41_OFFSET, Q80_OFFSET, QUINT_OFFSET
 from ..quants.kblocks import dot_pair_q4k, dot_pair_q6k, dot_quad_q4k, dot_quad_q6k
 from ..quants.nibbles import dot_pair_nib, dot_row_nib
 from ..quants.pair_mins import dot_pair_min
@@ -76,11 +76,13 @@ ROW0 = np.int64(0)  # dot_one_row's token row when there is one
 # blocks stay in cache across the token rows). Qwen2.5-Coder-0.5B, a step of 2 / 4 / 8 rows:
 # 34 / 58 / 106 ms this way, 52 / 55 / 77 ms through the tiles.
 FEW_BLOCK_ROWS = 3
-# Below this many token rows the tiles read Q5_0 and Q8_0 blocks as they are, unpacking each
-# group in registers for every block of ROW_BLOCK token rows; from it on a tile of weight
-# rows is unpacked once into scratch codes for all of them (Qwen2.5-Coder-0.5B against
-# llama.cpp, pp16 / pp64 / pp256: blocks 0.93x / 0.84x / 0.79x, unpacked 0.86x / 0.89x / 0.95x).
-BLOCK_TILE_ROWS = 32
+# The tiles read Q8_0 and Q4_1 blocks as they are (the codes or nibbles where the int8 copy
+# had them, the f16 scale widened in registers), and Q5_0 blocks below this many token rows:
+# its fifth bits are merged in registers again for every block of ROW_BLOCK token rows, so
+# from here on a tile of weight rows is unpacked once into scratch codes for all of them
+# (Qwen2.5-Coder-0.5B against llama.cpp, pp16 / pp64 / pp256: blocks 0.93x / 0.84x / 0.79x,
+# unpacked 0.86x / 0.89x / 0.95x).
+QUINT_TILE_ROWS = 32
 
 
 @numba.njit(cache=True)
@@ -248,13 +250,13 @@ def dot_run(weights, lin, rounded, k, n_rows, r0, r1, out, out_at, accumulate, s
                     weights, lin, rounded, k, n, a, b, out, accumulate, scratch[0], scratch[1],
                     out_at + a - r0, UPWARD,
                 ))  # fmt: skip
-    elif lin[Q_OFF] == BLOCKS_ONLY and n_rows < BLOCK_TILE_ROWS and tile_reads(kind_of(lin)):
+    elif lin[Q_OFF] == BLOCKS_ONLY and tile_reads(kind_of(lin), n_rows):
         # Whole tiles straight from the blocks (prefill_tiles reads them as it reads codes);
         # the rows past them unpacked.
         whole = r0 + (r1 - r0) // TILE_W * TILE_W
         tile_lin = lin.copy()
         tile_lin[Q_OFF] = block_offset(lin[QUINT])
-        tile_lin[NIB] = QUINT_OFFSET if kind_of(lin) == BLOCK_Q5_0 else Q80_OFFSET
+        tile_lin[NIB] = tile_marker(kind_of(lin))
         if whole > r0:
             view = out[:, out_at : out_at + whole - r0]
             product_call(
@@ -273,9 +275,20 @@ def dot_run(weights, lin, rounded, k, n_rows, r0, r1, out, out_at, accumulate, s
 
 
 @numba.njit(cache=True)
-def tile_reads(kind):
-    """Whether the tiles read blocks of ``kind`` as they are (quants/tiles.py)."""
-    return kind == BLOCK_Q5_0 or kind == BLOCK_Q8_0
+def tile_reads(kind, n_rows):
+    """Whether the tiles read blocks of ``kind`` as they are (quants/tiles.py) for a product
+    of ``n_rows`` token rows, or take them unpacked."""
+    if kind == BLOCK_Q5_0:
+        return n_rows < QUINT_TILE_ROWS
+    return kind == BLOCK_Q8_0 or kind == BLOCK_Q4_1
+
+
+@numba.njit(cache=True)
+def tile_marker(kind):
+    """The tiles' NIB marker of the blocks of ``kind`` they read (tile_reads)."""
+    if kind == BLOCK_Q5_0:
+        return QUINT_OFFSET
+    return Q80_OFFSET if kind == BLOCK_Q8_0 else Q41_OFFSET
 
 
 @numba.njit(cache=True)

@@ -30,6 +30,9 @@ from .intdot_ir import (
     I16,
     I32,
     LANES,
+    Q41_BLOCK,
+    Q41_OFFSET,
+    Q41_QS,
     Q80_BLOCK,
     Q80_OFFSET,
     Q80_QS,
@@ -43,9 +46,11 @@ from .intdot_ir import (
     _quint_scale,
 )
 
-# nibble_offset markers of the file's blocks a wide tile reads (intdot_ir.py): their signed
-# codes and f16 scales, unpacked in registers, go through the int8 codes' arithmetic.
-BLOCK_BYTES = {QUINT_OFFSET: QUINT_BLOCK, Q80_OFFSET: Q80_BLOCK}
+# nibble_offset markers of the file's blocks a wide tile reads (intdot_ir.py): their codes and
+# f16 scales, unpacked in registers, go through the arithmetic of int8 codes (Q5_0, Q8_0) or
+# of unsigned nibbles (Q4_1; its mins are the caller's: prefill_tiles reads them).
+BLOCK_BYTES = {QUINT_OFFSET: QUINT_BLOCK, Q80_OFFSET: Q80_BLOCK, Q41_OFFSET: Q41_BLOCK}
+UNSIGNED = (0, Q41_OFFSET)  # nibble_offset of unsigned 4-bit codes
 
 WIDE = 2 * LANES  # float lanes of a 512-bit vector: two weight rows' eight
 I64 = ir.IntType(64)
@@ -97,7 +102,7 @@ class _PairGroup:
 
     def __init__(self, builder, group: int, nibble_offset, first, second, g):
         """first, second: (q pointer, scales pointer) of the pair's rows; g: the group index."""
-        self.group, self.nibbles = group, nibble_offset == 0
+        self.group, self.nibbles = group, nibble_offset in UNSIGNED
         if nibble_offset in BLOCK_BYTES:  # a block a group: codes and scale from its bytes
             at = builder.mul(g, ir.Constant(g.type, BLOCK_BYTES[nibble_offset]))
             blocks = [builder.gep(q, [at]) for q, _ in (first, second)]
@@ -118,9 +123,11 @@ class _PairGroup:
 
     @staticmethod
     def _block_codes(builder, block, marker):
-        """A Q5_0 or Q8_0 block's 32 signed codes -> <32 x i8>."""
+        """A Q5_0 or Q8_0 block's 32 signed codes, or a Q4_1 block's unsigned ones -> <32 x i8>."""
         if marker == QUINT_OFFSET:
             return _load_quint(builder, block, subtract=True)
+        if marker == Q41_OFFSET:
+            return _load_nibbles(builder, builder.gep(block, [ir.Constant(I64, Q41_QS)]), 0)
         return _load_codes(builder, builder.gep(block, [ir.Constant(I64, Q80_QS)]), 32)
 
     def _codes(self, builder, pointer):
@@ -163,7 +170,8 @@ def wide_tile_dots(builder, group: int, weight_rows, act_rows, n_groups, nibble_
     row (codes pointer, code scales pointer): the one-row kernel's value, as row_dots returns
     it ([weight row][activation row] float32), through 512-bit vectors of weight pairs.
     ``nibble_offset``: None for int8 codes, 0 for unsigned 4-bit codes packed two a byte,
-    QUINT_OFFSET or Q80_OFFSET for the file's Q5_0 or Q8_0 blocks (scale pointers unused)."""
+    QUINT_OFFSET, Q80_OFFSET or Q41_OFFSET for the file's Q5_0, Q8_0 or Q4_1 blocks (scale
+    pointers unused; Q4_1's mins left out)."""
     assert len(weight_rows) % 2 == 0 and group in (16, 32)
     assert nibble_offset in (None, 0) or nibble_offset in BLOCK_BYTES
     assert group == 32 or nibble_offset is None
@@ -174,7 +182,7 @@ def wide_tile_dots(builder, group: int, weight_rows, act_rows, n_groups, nibble_
         prepared = [_PairGroup(builder, group, nibble_offset, first, second, g) for first, second in pairs]
         a_at = builder.mul(g, ir.Constant(g.type, group))
         for t, (a0, d0) in enumerate(act_rows):
-            act = act_group(builder, group, nibble_offset == 0, builder.gep(a0, [a_at]))
+            act = act_group(builder, group, nibble_offset in UNSIGNED, builder.gep(a0, [a_at]))
             code_scale = _splat(builder, builder.load(builder.gep(d0, [g])), WIDE)
             for pair, pair_accs in zip(prepared, accs, strict=True):
                 factor = builder.fmul(pair.scales, code_scale, flags=EXACT)

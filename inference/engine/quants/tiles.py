@@ -25,7 +25,7 @@ from numba.extending import intrinsic
 from ..jit.intrinsics import element_pointer
 from ..jit.simd import target_features
 from .intdot import HOST_SIMD, ROW_BLOCK, _row_pointer
-from .intdot_ir import Q80_OFFSET, QUINT_OFFSET, row_dots
+from .intdot_ir import Q41_OFFSET, Q80_OFFSET, QUINT_OFFSET, row_dots
 from .intdot_reference import dot_row_bitwise_reference
 from .tile_ir import wide_tile_dots
 
@@ -90,8 +90,8 @@ def _tile_intrinsic(group: int, simd: str, nibble_offset: int | None, wide: bool
 
 def _variants(simd: str, wide: bool):
     """(int8 groups of 16, int8 groups of 32, nibbles offset 0, nibbles offset 8, Q5_0 blocks,
-    Q8_0 blocks) tiles. Nibbles stored with an offset take the 256-bit tile of the selection
-    (the wide tile takes unsigned 4-bit codes only)."""
+    Q8_0 blocks, Q4_1 blocks without their mins) tiles. Nibbles stored with an offset take the
+    256-bit tile of the selection (the wide tile takes unsigned 4-bit codes only)."""
     return (
         _tile_intrinsic(16, simd, None, wide),
         _tile_intrinsic(32, simd, None, wide),
@@ -99,6 +99,7 @@ def _variants(simd: str, wide: bool):
         _tile_intrinsic(32, simd, 8, False),
         _tile_intrinsic(32, simd, QUINT_OFFSET, wide),
         _tile_intrinsic(32, simd, Q80_OFFSET, wide),
+        _tile_intrinsic(32, simd, Q41_OFFSET, wide),
     )
 
 
@@ -106,10 +107,10 @@ _generic = _variants("generic", False)
 _avx2 = _variants("avx2", False)
 _vnni = _variants("vnni", False)
 _wide = _variants("vnni", True)
-_g16, _g32, _g0, _g8, _g5, _g80 = _generic
-_a16, _a32, _a0, _a8, _a5, _a80 = _avx2
-_v16, _v32, _v0, _v8, _v5, _v80 = _vnni
-_w16, _w32, _w0, _w8, _w5, _w80 = _wide
+_g16, _g32, _g0, _g8, _g5, _g80, _g41 = _generic
+_a16, _a32, _a0, _a8, _a5, _a80, _a41 = _avx2
+_v16, _v32, _v0, _v8, _v5, _v80, _v41 = _vnni
+_w16, _w32, _w0, _w8, _w5, _w80, _w41 = _wide
 
 
 @numba.njit(cache=True, inline="always")  # no call per tile: no reference counts
@@ -123,6 +124,8 @@ def generic_dot_tile_rows(
         _g5(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif nib == Q80_OFFSET:
         _g80(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
+    elif nib == Q41_OFFSET:
+        _g41(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif nib > 0:
         _g8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif group_shift == 4:
@@ -142,6 +145,8 @@ def avx2_dot_tile_rows(
         _a5(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif nib == Q80_OFFSET:
         _a80(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
+    elif nib == Q41_OFFSET:
+        _a41(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif nib > 0:
         _a8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif group_shift == 4:
@@ -161,6 +166,8 @@ def vnni_dot_tile_rows(
         _v5(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif nib == Q80_OFFSET:
         _v80(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
+    elif nib == Q41_OFFSET:
+        _v41(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif nib > 0:
         _v8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif group_shift == 4:
@@ -180,6 +187,8 @@ def wide_dot_tile_rows(
         _w5(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif nib == Q80_OFFSET:
         _w80(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
+    elif nib == Q41_OFFSET:
+        _w41(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif nib > 0:
         _w8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
     elif group_shift == 4:
@@ -200,8 +209,9 @@ SELECTED = {
 # < TILE_W (codes from byte q_start + w * row_bytes of the flat ``q``, scales from s_start + w *
 # n_groups of the flat ``scales``) and activation row n0 + i < n0 + ROW_BLOCK of the 2-D
 # ``ints`` (rows, cols) and ``int_scales`` (rows, groups). nib -1: int8 codes in groups of
-# 1 << group_shift; QUINT_OFFSET or Q80_OFFSET: the file's Q5_0 or Q8_0 blocks (scales
-# inside them, ``scales`` unused); else packed nibbles (groups of 32) stored plus nib.
+# 1 << group_shift; QUINT_OFFSET, Q80_OFFSET or Q41_OFFSET: the file's Q5_0, Q8_0 or Q4_1
+# blocks (scales inside them, ``scales`` unused; Q4_1's min terms left to the caller); else
+# packed nibbles (groups of 32) stored plus nib.
 # ``out`` is a C-contiguous 2-D float32 array of at least ROW_BLOCK rows.
 dot_tile_rows = SELECTED["wide" if WIDE else HOST_SIMD]
 

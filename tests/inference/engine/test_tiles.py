@@ -1,7 +1,7 @@
 """The register-tiled multi-row product (quants/tiles.py): bit for bit the one-row kernel's
 values and the numpy reference's, in every instruction selection the CPU can run, for every
 code packing the fused forward uses (int8 in groups of 16 and 32, nibbles with offset 0 and 8,
-and the file's Q5_0 and Q8_0 blocks)."""
+and the file's Q5_0, Q8_0 and Q4_1 blocks)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from inference.engine.jit.simd import SELECTIONS, missing_features, target_featu
 from inference.engine.quants import tiles
 from inference.engine.quants.blocks import pack_q80
 from inference.engine.quants.intdot import ROW_BLOCK, dot_row_int
-from inference.engine.quants.intdot_ir import Q80_OFFSET, QUINT_OFFSET
+from inference.engine.quants.intdot_ir import Q41_OFFSET, Q80_OFFSET, QUINT_OFFSET
 from inference.engine.quants.nibbles import NIBBLE_OFFSET, pack_nibbles
+from inference.engine.quants.q41 import pack_q41
 from inference.engine.quants.quint import pack_quint
 from inference.engine.quants.tiles import TILE_W, WIDE_FEATURES, dot_tile_reference
 
@@ -26,8 +27,14 @@ CASES = [
     (5, NIBBLE_OFFSET, -8, 8),
     (5, QUINT_OFFSET, -16, 16),
     (5, Q80_OFFSET, -128, 128),
+    (5, Q41_OFFSET, 0, 16),
 ]
-BLOCKS = {QUINT_OFFSET: pack_quint, Q80_OFFSET: pack_q80}  # the file's blocks, scales inside
+# The file's blocks, scales inside (Q4_1's mins too: the tile leaves them to its caller).
+BLOCKS = {
+    QUINT_OFFSET: pack_quint,
+    Q80_OFFSET: pack_q80,
+    Q41_OFFSET: lambda q, scales: pack_q41(q, scales, -scales),
+}
 
 
 def _runnable(simd: str) -> str:
