@@ -103,9 +103,10 @@ class DecoderModel(ABC):
     # -- weights -------------------------------------------------------------------------
     def matrix(self, name: str) -> QuantMatrix:
         t = self.file.tensor(name)
-        matrix = load_matrix(t.type, t.data, t.shape, name)
-        # Repacked, or (blocks_only) read once more when the fused step copies the blocks: either
-        # way nothing reads these pages now.
+        # A family with a fused forward keeps the file's blocks of the formats its arena holds as
+        # they are; any other matrix is repacked now. Either way nothing reads these pages now
+        # (the arena's copy maps back the pages it copies, and lets them go again).
+        matrix = load_matrix(t.type, t.data, t.shape, name, keep_blocks=self.may_fuse())
         self.file.release_pages(t.data)
         return matrix
 

@@ -199,13 +199,20 @@ class FloatMatrix(QuantMatrix):
 
 
 def load_matrix(
-    qtype: GGMLType | int, data: np.ndarray, shape: tuple[int, int], name: str = ""
+    qtype: GGMLType | int,
+    data: np.ndarray,
+    shape: tuple[int, int],
+    name: str = "",
+    keep_blocks: bool = False,
 ) -> QuantMatrix:
     """Build a QuantMatrix from a tensor's raw data as ``GGUFFile`` exposes it.
 
     ``data`` is (rows, row_bytes) uint8 or, for F32/F16, typed (rows, cols); ``shape`` is
     (rows, cols) in numpy order. 3-D tensors (experts) are sliced by the caller. Raises
     GGUFError naming the tensor for an unsupported type or bytes that do not fit the shape.
+    ``keep_blocks``: a format of BLOCK_NATIVE_TYPES keeps ``data`` (the fused step's arena
+    copies it) and builds no layout unless the numpy path asks; otherwise the matrix is
+    repacked now and keeps no reference to ``data``.
     """
     label = name or "tensor"
     try:
@@ -227,7 +234,7 @@ def load_matrix(
         raise GGUFError(
             f"{label}: {qtype.name} data should be uint8 {expected}, got {data.dtype} {data.shape}"
         )
-    if qtype in BLOCK_NATIVE_TYPES:
+    if keep_blocks and qtype in BLOCK_NATIVE_TYPES:
         return GroupedMatrix(qtype, None, (data,))
     return GroupedMatrix(qtype, repack(fmt, data, cols))
 

@@ -166,31 +166,34 @@ def test_half_formats_from_raw_bytes(qtype):
 # ---- the rest of the public API ----
 
 
-def test_take_rows_matches_dequantize():
+@pytest.mark.parametrize("keep_blocks", [False, True])
+def test_take_rows_matches_dequantize(keep_blocks):
     data = random_quant_bytes(Q.Q4_K, 10, 512, seed=3)
-    matrix = load_matrix(Q.Q4_K, data, (10, 512))
-    full = matrix.dequantize()
+    full = load_matrix(Q.Q4_K, data, (10, 512)).dequantize()
+    matrix = load_matrix(Q.Q4_K, data, (10, 512), keep_blocks=keep_blocks)
     ids = np.array([3, 3, 9, 0, -1])
-    assert_bitwise_equal(matrix.take_rows(ids), full[ids])
+    assert_bitwise_equal(matrix.take_rows(ids), full[ids])  # (blocks: only those rows repacked)
     assert matrix.take_rows(np.array([], np.int64)).shape == (0, 512)
     with pytest.raises(IndexError):
         matrix.take_rows(np.array([10]))
+    assert matrix.blocks_only == keep_blocks
 
 
 def test_nbytes_counts_what_a_matrix_holds():
     # A format the fused step reads as blocks holds the file's bytes until a numpy path asks
     # for the int8 layout; the others are repacked at load.
     data = random_quant_bytes(Q.Q4_1, 48, 576)
-    matrix = load_matrix(Q.Q4_1, data, (48, 576))
+    assert not load_matrix(Q.Q4_1, data, (48, 576)).blocks_only  # (repacked now by default)
+    matrix = load_matrix(Q.Q4_1, data, (48, 576), keep_blocks=True)
     assert isinstance(matrix, GroupedMatrix) and matrix.blocks_only
     assert matrix.nbytes == data.nbytes == 48 * (576 // 32) * 20
     assert matrix.layout.q.shape == (48, 576) and not matrix.blocks_only
     assert matrix.nbytes == 48 * 576 + 2 * 48 * (576 // 32) * 4  # int8 values + scales + mins
-    q6 = load_matrix(Q.Q6_K, random_quant_bytes(Q.Q6_K, 4, 256), (4, 256))
+    q6 = load_matrix(Q.Q6_K, random_quant_bytes(Q.Q6_K, 4, 256), (4, 256), keep_blocks=True)
     assert q6.nbytes == 4 * 210
     assert q6.layout.q.shape == (4, 256)
     assert q6.nbytes == 4 * 256 + 4 * (256 // 16) * 4  # no mins
-    q5_1 = load_matrix(Q.Q5_1, random_quant_bytes(Q.Q5_1, 4, 256), (4, 256))
+    q5_1 = load_matrix(Q.Q5_1, random_quant_bytes(Q.Q5_1, 4, 256), (4, 256), keep_blocks=True)
     assert not q5_1.blocks_only and q5_1.nbytes == 4 * 256 + 2 * 4 * (256 // 32) * 4
 
 
