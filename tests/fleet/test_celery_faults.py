@@ -285,13 +285,16 @@ def test_a_worker_killed_whole_mid_synthesis_is_failed_by_the_next_one_and_a_rer
 
 
 def test_redis_stopped_mid_build_does_not_stop_the_build(faults):
-    watcher = faults.watch_build(steps=3)
+    # Steps to spare: a 3-step build on a fast idle machine ran start to finish (2 s) between two
+    # looks at the job, and Redis must stop while it is still running.
+    steps = 24
+    watcher = faults.watch_build(steps=steps)
     faults.wait_job(lambda j: j["state"] == "running" and j["step"] >= 1)
     faults.redis.stop()
     job = faults.wait_job(lambda j: j["state"] == "succeeded", timeout=180)
     stdout, stderr = watcher.communicate(timeout=60)
     assert watcher.returncode == 0, stderr
-    assert _summary(stdout) == json.loads(job["result"]) and job["step"] == 3
+    assert _summary(stdout) == json.loads(job["result"]) and job["step"] == steps
     assert [p.name for p in faults.out.parent.iterdir()] == [faults.out.name]  # no temporary left
     assert load_cartridge(faults.out).rows == 16
     assert faults.worker.poll() is None  # still running, reconnecting to the broker
