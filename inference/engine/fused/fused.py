@@ -158,11 +158,11 @@ class _Arena:
         for m in self.quint:
             kind, first = self.block_kinds[id(m)], at
             if m.blocks_only:
-                shift = m.group_size.bit_length() - 1
-                mins = 0 if m.format.has_mins else -1  # (M_OFF >= 0: the blocks carry mins)
-                self.rows[id(m)] = [
-                    sk.BLOCKS_ONLY, m.rows, m.cols, -1, mins, shift, m.activation_kind, -1, -1, -1
-                ]  # fmt: skip
+                row = [-1] * sk.LINEAR_FIELDS
+                row[sk.Q_OFF], row[sk.ROWS], row[sk.COLS] = sk.BLOCKS_ONLY, m.rows, m.cols
+                row[sk.M_OFF] = 0 if m.format.has_mins else -1  # (>= 0: the blocks carry mins)
+                row[sk.SHIFT], row[sk.KIND] = m.group_size.bit_length() - 1, m.activation_kind
+                self.rows[id(m)] = row
             self.rows[id(m)][sk.QUINT] = encode(at, kind)
             if m.file_blocks is not None:  # the file's bytes as they are
                 for part in m.file_blocks:

@@ -17,8 +17,8 @@ from ..quants.intdot import ROW_BLOCK, dot_rows_int
 from ..quants.intdot_ir import Q41_BLOCK, Q41_OFFSET, Q80_BLOCK, Q80_OFFSET, QUINT_BLOCK, QUINT_OFFSET
 from ..quants.nibbles import dot_rows_nib
 from ..quants.tiles import TILE_W, dot_tile_rows
-from . import step_kernels as sk
-from .kernels import half_value  # a module object: step_kernels imports this module too
+from . import step_kernels as sk  # a module object: step_kernels imports this module too
+from .tile_unpack import half_at
 
 # Blocks of ROW_BLOCK activation rows a weight tile takes while it sits in L1: 16 rows (a
 # 16-token prefill in one pass, its weights streamed once with their prefetch spread over four
@@ -91,8 +91,7 @@ def transpose_block_mins(q, first, row_bytes, n_weight_rows, n_groups, out):
     u = q.view(np.uint8)
     for r in range(n_weight_rows):
         for g in range(n_groups):
-            at = first + r * row_bytes + g * Q41_BLOCK + 2
-            out[g, r] = half_value(np.uint16(np.uint16(u[at]) | (np.uint16(u[at + 1]) << np.uint16(8))))
+            out[g, r] = half_at(u, first + r * row_bytes + g * Q41_BLOCK + 2)
 
 
 @numba.njit(cache=True)

@@ -245,11 +245,24 @@ def dot_run(weights, lin, rounded, k, n_rows, r0, r1, out, out_at, accumulate, s
     elif lin[Q_OFF] == BLOCKS_ONLY and n_rows <= FEW_BLOCK_ROWS:
         for a in range(r0, r1, TILE_ROWS):
             b = min(r1, a + TILE_ROWS)
+            at = out_at + a - r0
             for n in range(n_rows):
-                product_call(ONE_ROW_AT, (
-                    weights, lin, rounded, k, n, a, b, out, accumulate, scratch[0], scratch[1],
-                    out_at + a - r0, UPWARD,
-                ))  # fmt: skip
+                row_args = (
+                    weights,
+                    lin,
+                    rounded,
+                    k,
+                    n,
+                    a,
+                    b,
+                    out,
+                    accumulate,
+                    scratch[0],
+                    scratch[1],
+                    at,
+                    UPWARD,
+                )
+                product_call(ONE_ROW_AT, row_args)
     elif lin[Q_OFF] == BLOCKS_ONLY and tile_reads(kind_of(lin), n_rows):
         # Whole tiles straight from the blocks (prefill_tiles reads them as it reads codes);
         # the rows past them unpacked.

@@ -39,7 +39,7 @@ def group_size(kind):
 
 
 @numba.njit(cache=True)
-def _half(u, at):
+def half_at(u, at):
     """The float32 value of the little-endian f16 at byte ``at`` of ``u``."""
     return half_value(np.uint16(np.uint16(u[at]) | (np.uint16(u[at + 1]) << np.uint16(8))))
 
@@ -67,7 +67,7 @@ def _nibbles(q, qs, codes, w, n_bytes):
 def _q8_0(q, u, at, n_blocks, codes, scales):
     for b in range(n_blocks):
         p, w = at + b * Q80_BLOCK, b * GROUP
-        scales[b] = _half(u, p)
+        scales[b] = half_at(u, p)
         for i in range(0, GROUP, 8):
             store_word(codes, w + i, load_word(q, p + Q80_QS + i))
 
@@ -76,7 +76,7 @@ def _q8_0(q, u, at, n_blocks, codes, scales):
 def _q5_0(q, u, at, n_blocks, codes, scales):
     for b in range(n_blocks):
         p, w = at + b * QUINT_BLOCK, b * GROUP
-        scales[b] = _half(u, p)
+        scales[b] = half_at(u, p)
         for i in range(0, 16, 8):
             word = load_word(q, p + QUINT_QS + i)
             for half in range(2):  # codes i.. from the low nibbles, codes 16 + i.. from the high
@@ -91,8 +91,8 @@ def _q5_0(q, u, at, n_blocks, codes, scales):
 def _q4_1(q, u, at, n_blocks, codes, scales, mins):
     for b in range(n_blocks):
         p = at + b * Q41_BLOCK
-        scales[b] = _half(u, p)
-        mins[b] = _half(u, p + 2)
+        scales[b] = half_at(u, p)
+        mins[b] = half_at(u, p + 2)
         _nibbles(q, p + Q41_QS, codes, b * GROUP, 16)
 
 
@@ -100,7 +100,7 @@ def _q4_1(q, u, at, n_blocks, codes, scales, mins):
 def _q4_k(q, u, at, n_supers, codes, scales, mins):
     for b in range(n_supers):
         p, g0 = at + b * Q4K_BLOCK, b * 8
-        d, dmin = _half(u, p), _half(u, p + 2)
+        d, dmin = half_at(u, p), half_at(u, p + 2)
         s = p + Q4K_SCALES  # 12 bytes of 6-bit scales and mins
         for g in range(8):
             if g < 4:
@@ -118,7 +118,7 @@ def _q4_k(q, u, at, n_supers, codes, scales, mins):
 def _q6_k(q, u, at, n_supers, codes, scales):
     for b in range(n_supers):
         p, g0 = at + b * Q6K_BLOCK, b * 16
-        d = _half(u, p + Q6K_D)
+        d = half_at(u, p + Q6K_D)
         for g in range(16):
             scales[g0 + g] = d * np.float32(q[p + Q6K_SCALES + g])  # (an int8 scale)
         for h in range(2):  # halves of 128: low nibbles from 64 ql bytes, top bits from 32 qh
