@@ -4,8 +4,10 @@ numba compiles a kernel the first time it is called with new argument types, unl
 on-disk cache (numba_cache.py) holds it; on an empty cache the engine's first forward compiles
 some eighty kernels, a minute or more on two cores, inside one call that prints nothing.
 ``CompileWatch`` listens to numba's ``numba:compile`` events (a kernel loaded from the cache
-raises none) and, while a compilation runs, reports every few seconds how many kernels are
-done, for how long, and which one is being compiled now. ``warm_up_notice`` says before the
+raises none) and reports when the first compilation starts, then, while a compilation runs,
+every few seconds: how many kernels are done, for how long, and which one is being compiled
+now. The first line comes at once because a fast machine may compile everything between two
+ticks, and a tick that falls between two kernels has nothing to report. ``warm_up_notice`` says before the
 first forward whether it will compile or load them.
 """
 
@@ -45,8 +47,9 @@ def kernel_name(dispatcher) -> str:
 
 
 class CompileWatch:
-    """A context manager: inside it, ``report`` gets a line every ``interval`` seconds while
-    numba compiles, and one at the end if anything was compiled. ``compiled`` counts the
+    """A context manager: inside it, ``report`` gets a line when numba starts its first
+    compilation, then every ``interval`` seconds while one runs, and one at the end if
+    anything was compiled. ``compiled`` counts the
     compilations that ended (a kernel compiled for two argument types counts twice)."""
 
     def __init__(self, report: Callable[[str], None], interval: float = 10.0):
@@ -89,9 +92,12 @@ class CompileWatch:
 
     def _started(self, dispatcher) -> None:
         with self._lock:
-            if not self._first:
+            first = not self._first
+            if first:
                 self._first = time.perf_counter()
             self._running.append(kernel_name(dispatcher))
+        if first:
+            self.report(self.progress())
 
     def _ended(self) -> None:
         with self._lock:
