@@ -37,7 +37,7 @@ from inference.engine.training.distill import TeacherTargets
 
 from .selfstudy import Conversation, SelfStudyConfig, plan_conversation, synthesize_batch
 
-FORMAT = "lmserve-selfstudy/1"
+FORMAT = "lmserve-selfstudy/2"
 SPLITS = ("train", "held_out")
 HELD_OUT_SEED_OFFSET = 1_000_003  # held-out conversations come from a seed training never uses
 SHARD_NAME = re.compile(r"^(train|held_out)-(\d{6,})-(\d{6,})\.jsonl$")

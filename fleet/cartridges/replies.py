@@ -32,6 +32,7 @@ class Reply:
     budget: int  # most tokens the reply may have
     top_k: int = 0  # > 0: keep the teacher's top-k of each row
     top_mass: float = 1.0
+    end_ids: frozenset[int] = frozenset()  # tokens that end the reply once taken
     tokens: list[int] = field(default_factory=list)
     rows: list[TeacherTargets] = field(default_factory=list)
     done: bool = False
@@ -56,6 +57,9 @@ class Reply:
             return False
         self.tokens.append(token)
         self.history.append(token)
+        if token in self.end_ids:  # kept, and nothing follows it (no teacher rows past it)
+            self.done = True
+            return False
         if len(self.tokens) == self.budget and not self.top_k:
             self.done = True
             return False

@@ -15,10 +15,19 @@ Conversations are synthesised in batches whose replies decode in lockstep (``rep
 
 Seed prompts carry only the form of a question, never content: the span is the only content
 selector, so bot B can answer from what it sees rather than from guesses.
+
+Bot A's reply opens with a few words of a question or request chosen with its seed type
+(``SEED_OPENERS``: "Who", "How many", "Can you summarize what the excerpt says about", ...) and
+ends at its first "?" or line break. Small models asked to write a question about an excerpt
+mostly copy a sentence of it instead (SmolLM2-135M and Qwen2.5-Coder-0.5B did so in most
+conversations), and bot B then repeats that sentence: an answer the student can copy from its
+own prompt teaches the cartridge nothing about the corpus. Opened as a question, A finishes a
+question, and B answers it from the span.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,6 +67,22 @@ SEED_PROMPTS = {
     ),
 }
 SEED_TYPES = tuple(SEED_PROMPTS)
+# The first words of bot A's reply, per seed type: the form of a question, never content.
+SEED_OPENERS = {
+    "structuring": (
+        "Can you list the key facts about",
+        "Can you organise as a list what the excerpt says about",
+    ),
+    "summarization": (
+        "Can you summarize what the excerpt says about",
+        "In short, what does the excerpt say about",
+    ),
+    "question": ("What", "Who", "When", "Where", "Which", "How many", "How long", "What is the name of"),
+    "use_case": ("I am planning to", "If I want to", "As a visitor, what should I know about"),
+    "creative": ("Write a short poem about", "Write a short story about"),
+    "mechanism": ("Why", "How does", "How do"),
+    "verbatim": ("What exact", "What exactly does the excerpt say about", "What is the exact"),
+}
 GENERIC_QUESTION = "What does the document say?"
 
 
@@ -105,11 +130,12 @@ ASK_SUFFIX = " Reply with your message only."
 @dataclass(frozen=True)
 class ConversationPlan:
     """What a conversation's seed decides before the model runs: the span, the seed prompt's
-    type and bot A's sampling seed."""
+    type, the words bot A's reply opens with and bot A's sampling seed."""
 
     index: int
     span: tuple[int, int]
     seed_type: str
+    opener: str
     sampler_seed: int
 
 
@@ -127,7 +153,9 @@ def plan_conversation(seed: int, index: int, n_tokens: int, config: SelfStudyCon
     span = sample_span(np.random.default_rng([seed, index // config.per_span]), n_tokens, config)
     own = np.random.default_rng([seed, index, 1])
     seed_type = SEED_TYPES[int(own.integers(len(SEED_TYPES)))]
-    return ConversationPlan(index, span, seed_type, int(own.integers(2**31)))
+    sampler_seed = int(own.integers(2**31))
+    openers = SEED_OPENERS[seed_type]
+    return ConversationPlan(index, span, seed_type, openers[int(own.integers(len(openers)))], sampler_seed)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -160,7 +188,15 @@ def excerpt_message(engine: Engine, corpus: Sequence[int], span: tuple[int, int]
 def _pending(engine: Engine, corpus: Sequence[int], plan: ConversationPlan) -> _Pending:
     system = excerpt_message(engine, corpus, plan.span)
     ask = [system, {"role": "user", "content": SEED_PROMPTS[plan.seed_type] + ASK_SUFFIX}]
-    return _Pending(plan, system, engine.encode_chat(ask))
+    return _Pending(plan, system, engine.encode_chat(ask, continuation=plan.opener))
+
+
+@functools.lru_cache(maxsize=4)
+def question_ends(tokenizer) -> frozenset[int]:
+    """The tokens that end bot A's message once written: those holding a "?" or a line break."""
+    return frozenset(
+        t for t in range(tokenizer.vocab_size) if any(c in tokenizer.token_bytes(t) for c in b"?\n")
+    )
 
 
 def _open_asks(engine: Engine, group: list[_Pending], config: SelfStudyConfig) -> None:
@@ -176,7 +212,15 @@ def _open_asks(engine: Engine, group: list[_Pending], config: SelfStudyConfig) -
         cache.copy_rows_from(base, shared)
         logits = engine.prefill(cache, p.prompt_a[shared:])
         params = SamplingParams(temperature=config.temperature_a, seed=p.plan.sampler_seed)
-        p.base, p.ask = base, Reply(cache, logits, Sampler(params), list(p.prompt_a), config.max_question)
+        ends = question_ends(engine.tokenizer)
+        p.base = base
+        p.ask = Reply(cache, logits, Sampler(params), list(p.prompt_a), config.max_question, end_ids=ends)
+
+
+def _question(engine: Engine, p: _Pending) -> str:
+    """Bot A's message: its opener and what it wrote after it."""
+    written = engine.tokenizer.decode(p.ask.tokens)
+    return (p.plan.opener + written).strip() or GENERIC_QUESTION
 
 
 def _open_answer(engine: Engine, p: _Pending, question: str, config: SelfStudyConfig) -> Reply:
@@ -210,7 +254,7 @@ def synthesize_batch(
     for group in groups.values():
         _open_asks(engine, group, config)
     decode_replies(engine, [p.ask for p in pending])
-    questions = [engine.tokenizer.decode(p.ask.tokens).strip() or GENERIC_QUESTION for p in pending]
+    questions = [_question(engine, p) for p in pending]
     answers = []
     for p, question in zip(pending, questions, strict=True):
         p.ask = None  # A's cache is no longer needed

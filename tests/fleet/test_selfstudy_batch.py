@@ -8,13 +8,17 @@ import numpy as np
 import pytest
 
 from fleet.cartridges.build import corpus_tokens
+from fleet.cartridges.replies import Reply
 from fleet.cartridges.selfstudy import (
+    SEED_OPENERS,
     SelfStudyConfig,
     excerpt_message,
     plan_conversation,
+    question_ends,
     synthesize_batch,
 )
 from inference.engine.engine import Engine
+from inference.engine.sampler import Sampler, SamplingParams
 from inference.engine.training.distill import log_softmax, teacher_targets
 from tests.fixtures.synthetic_gguf import synthetic_path
 
@@ -86,3 +90,25 @@ def test_partitioned_top_k_matches_a_full_sort():
     assert np.array_equal(got.ids, ids)
     assert np.allclose(got.probs, np.where(before < 0.99, probs, 0.0), rtol=0, atol=1e-7)
     assert np.array_equal(teacher_targets(logits[:, :5], k=20).ids.shape, (7, 5))  # k clipped to vocab
+
+
+def test_bot_a_continues_the_opener_its_plan_chose(engine, tokens):
+    plans = [plan_conversation(3, i, len(tokens), CONFIG) for i in range(12)]
+    assert len({p.opener for p in plans}) > 3  # openers vary with the seed
+    for plan, conv in zip(plans, synthesize_batch(engine, tokens, plans, CONFIG), strict=True):
+        assert plan.opener in SEED_OPENERS[plan.seed_type]
+        assert conv.question.startswith(plan.opener)
+
+
+def test_a_question_ends_at_its_first_question_mark_or_line_break(engine):
+    ends = question_ends(engine.tokenizer)
+    for text in ("?", "?\n", "\n", " there?"):
+        assert engine.tokenizer.encode(text, add_bos=False)[-1] in ends, text
+    assert not {engine.tokenizer.encode(w, add_bos=False)[0] for w in ("What", " lantern", ".")} & ends
+    vocab = engine.tokenizer.vocab_size
+    mark = next(iter(ends))
+    logits = np.zeros(vocab, np.float32)
+    logits[mark] = 10.0  # greedy picks an end token
+    reply = Reply(None, logits, Sampler(SamplingParams()), [], budget=8, end_ids=ends)
+    assert reply.take(engine.stop_ids) is False  # nothing more to run
+    assert reply.tokens == [mark] and reply.done  # the end token is kept
