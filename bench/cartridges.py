@@ -39,7 +39,7 @@ from fleet.cartridges.build import CartridgeBuildSpec, build_cartridge, corpus_t
 from fleet.cartridges.file import Cartridge, load_cartridge  # noqa: E402
 from fleet.cartridges.init import initial_cartridge  # noqa: E402
 from fleet.cartridges.selfstudy import SelfStudyConfig, plan_conversation, synthesize_batch  # noqa: E402
-from fleet.cartridges.train import conversation_grad  # noqa: E402
+from fleet.cartridges.train import DEFAULT_LR, conversation_grad  # noqa: E402
 from inference.engine.engine import Engine  # noqa: E402
 from inference.engine.training import PrefixForward  # noqa: E402
 from inference.model_files import DEFAULT_MODEL_FILE, DEFAULT_MODEL_PACKAGE, installed_file  # noqa: E402
@@ -310,7 +310,7 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=45.0, help="each trained cartridge's build budget")
     ap.add_argument("--dataset", type=Path, default=None, help="self-study dataset directory (kept)")
     ap.add_argument("--accum", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=DEFAULT_LR)
     ap.add_argument("--eval-every", type=int, default=8)
     ap.add_argument(
         "--synthesis-share", type=float, default=0.4, help="of --minutes, the part spent synthesising (0.4)"

@@ -6,6 +6,8 @@ import re
 
 from django import forms
 
+from fleet.cartridges.train import DEFAULT_LR
+
 MAX_CORPUS_BYTES = 32 * 2**20
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -25,7 +27,7 @@ class CartridgeBuildForm(forms.Form):
         initial=0,
         help_text="time budget for synthesis and training; the best held-out checkpoint is saved (0: none)",
     )
-    lr = forms.FloatField(min_value=1e-8, initial=2e-3, label="Learning rate")
+    lr = forms.FloatField(min_value=1e-8, initial=DEFAULT_LR, label="Learning rate")
     seed = forms.IntegerField(min_value=0, initial=0)
 
     def clean_name(self) -> str:

@@ -21,6 +21,7 @@ from .file import Cartridge, save_cartridge
 from .init import initial_cartridge
 from .selfstudy import SelfStudyConfig
 from .train import (
+    DEFAULT_LR,
     ConversationPool,
     TrainConfig,
     TrainingCancelled,
@@ -82,7 +83,7 @@ class CartridgeBuildSpec:
     minutes: float = 0.0  # a time budget for synthesis and training together (0: none)
     dataset: Path | None = None  # a self-study dataset directory to read, resume and extend
     # (its shards' self-study settings are used when ``selfstudy`` is left at the defaults)
-    lr: float = 2e-3  # the paper's 2e-2 assumes far larger steps (train.TrainConfig)
+    lr: float = DEFAULT_LR  # Adam's step size (train.DEFAULT_LR)
     seed: int = 0
     frozen_rows: int = 1  # leading rows excluded from training (the attention sink)
     accum: int = 4  # self-study conversations per optimizer step
@@ -90,6 +91,7 @@ class CartridgeBuildSpec:
     selfstudy: SelfStudyConfig = field(default_factory=SelfStudyConfig)  # span and reply lengths
     synthesis_share: float = 0.4  # of a time budget, the part spent synthesising conversations
     eval_every: int = 8  # steps between held-out evaluations (the best one is saved)
+    held_out: int = 16  # held-out conversations the evaluations average over
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,7 @@ def _train(
         spec.lr,
         spec.accum,
         seed=spec.seed,
+        held_out=spec.held_out,
         eval_every=spec.eval_every,
         checkpoint=spec.checkpoint,
         selfstudy=spec.selfstudy,

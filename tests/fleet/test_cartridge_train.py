@@ -204,7 +204,7 @@ def test_a_build_trains_on_a_dataset_with_the_settings_it_was_made_with(engine, 
     write_shard(engine, tokens, dataset, DatasetHeader.describe(engine, tokens, 0, SMALL), "held_out", 0, 4)
     shards = {p.name: p.read_bytes() for p in dataset.iterdir()}
     spec = CartridgeBuildSpec(
-        corpus, tmp_path / "c.safetensors", engine.path, prefix_tokens=8, steps=1, accum=2
+        corpus, tmp_path / "c.safetensors", engine.path, prefix_tokens=8, steps=1, accum=2, held_out=4
     )
     result = build_cartridge(replace(spec, dataset=dataset), None, engine)  # defaults: the dataset's settings
     assert result.steps == 1 and {p.name: p.read_bytes() for p in dataset.iterdir()} == shards  # nothing new
@@ -222,7 +222,14 @@ def test_a_build_trains_on_a_dataset_with_the_settings_it_was_made_with(engine, 
 def test_a_step_counted_build_writes_its_conversations_to_a_new_dataset(engine, corpus, tmp_path):
     dataset = tmp_path / "new"
     spec = CartridgeBuildSpec(
-        corpus, tmp_path / "c.safetensors", engine.path, prefix_tokens=8, steps=1, accum=2, dataset=dataset
+        corpus,
+        tmp_path / "c.safetensors",
+        engine.path,
+        prefix_tokens=8,
+        steps=1,
+        accum=2,
+        dataset=dataset,
+        held_out=4,
     )
     build_cartridge(replace(spec, selfstudy=SMALL), None, engine)
     header = DatasetHeader.describe(engine, corpus_tokens(engine, corpus), 0, SMALL)

@@ -13,6 +13,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from fleet.cartridges.build import CartridgeBuildSpec
+from fleet.cartridges.train import DEFAULT_LR
 from fleet.management import console
 from fleet.services.cartridges import create_cartridge_job, run_cartridge_job
 from inference.model_files import ModelFileError, resolve_model
@@ -42,7 +43,7 @@ class Command(BaseCommand):
             default=0.4,
             help="of --minutes, the part spent synthesising; 0: train on what --dataset holds (0.4)",
         )
-        parser.add_argument("--lr", type=float, default=2e-3, help="learning rate (0.002)")
+        parser.add_argument("--lr", type=float, default=DEFAULT_LR, help=f"learning rate ({DEFAULT_LR:g})")
         parser.add_argument("--seed", type=int, default=0, help="seed of the self-study sampling (0)")
         parser.add_argument("--frozen-rows", type=int, default=1, help="leading rows kept frozen (1)")
         parser.add_argument(
