@@ -4,6 +4,7 @@ throughput.
     .venv/bin/python bench/cartridges.py quality [--model M] [--corpus manual] [--p 128 256] \
         [--minutes 45] [--dataset DIR]
     .venv/bin/python bench/cartridges.py throughput [--model M] [--old-tree TREE]
+    .venv/bin/python bench/cartridges.py diagnose [--model M] [--corpus manual] [--p 128] --dataset DIR
 
 ``quality``: arms no context, ICL (the whole corpus in the system message), and per p a
 cartridge of p rows initialised from the corpus's first p tokens, untrained and after a timed
@@ -17,6 +18,13 @@ conversations, so a rerun trains on them instead of making them again.
 ``throughput``: seconds per self-study conversation one at a time and in lockstep batches (and,
 with ``--old-tree``, through that checkout's ``synthesize_many`` in the same run), and the
 student's forward + backward in GFLOP/s against ``numpy.matmul`` on the same shapes.
+
+``diagnose``: what a cartridge can gain on a dataset's held-out conversations, as distillation
+losses (nats per supervised token): the teacher's own entropy on its kept targets (the floor no
+student reaches), no context (a one-row prefix: the first token), the untrained cartridge of each
+p, and the whole corpus as an untrained prefix; plus the whole-corpus prefix's accuracy. When no
+context and the floor are close, the conversations barely depend on the corpus and no training
+on them can teach it.
 
 One JSON line per finished measurement on stdout, so a partial run still reports.
 """
@@ -39,7 +47,7 @@ from fleet.cartridges.build import CartridgeBuildSpec, build_cartridge, corpus_t
 from fleet.cartridges.file import Cartridge, load_cartridge  # noqa: E402
 from fleet.cartridges.init import initial_cartridge  # noqa: E402
 from fleet.cartridges.selfstudy import SelfStudyConfig, plan_conversation, synthesize_batch  # noqa: E402
-from fleet.cartridges.train import DEFAULT_LR, conversation_grad  # noqa: E402
+from fleet.cartridges.train import DEFAULT_LR, ConversationPool, conversation_grad, mean_loss  # noqa: E402
 from inference.engine.engine import Engine  # noqa: E402
 from inference.engine.training import PrefixForward  # noqa: E402
 from inference.model_files import DEFAULT_MODEL_FILE, DEFAULT_MODEL_PACKAGE, installed_file  # noqa: E402
@@ -185,6 +193,29 @@ def quality(args: argparse.Namespace, engine: Engine, model: Path) -> None:
         report(record, args.out)
 
 
+def diagnose(args: argparse.Namespace, engine: Engine, model: Path) -> None:
+    corpus_path, questions_path = corpus_files(args.corpus)
+    corpus = corpus_tokens(engine, corpus_path)
+    questions = json.loads(questions_path.read_text())[: args.questions]
+    held = ConversationPool(
+        engine, corpus, args.seed, SelfStudyConfig(max_answer=args.max_answer), "held_out", args.dataset
+    )
+    held.make(0, args.held_out)
+    convs = held.take(0, args.held_out)
+    probs = [c.targets.probs.astype(np.float64) for c in convs]  # (rows, k) each
+    floor = float(np.mean([-(p * np.log(np.where(p > 0, p, 1.0))).sum(axis=1).mean() for p in probs]))
+    fw = PrefixForward(engine.model)
+    base = {"model": model.name, "corpus": args.corpus, "corpus_tokens": len(corpus), "held_out": len(convs)}
+    report({**base, "measure": "teacher entropy (floor)", "loss": floor}, args.out)
+    for p, label in [(1, "no context (first token only)")] + [(p, f"untrained p={p}") for p in args.p]:
+        cart = initial_cartridge(engine, corpus[:p], frozen_rows=1)
+        report({**base, "measure": label, "loss": mean_loss(fw, convs, cart.k, cart.v)}, args.out)
+    whole = initial_cartridge(engine, corpus, frozen_rows=1)
+    record = {**base, "measure": f"whole corpus as prefix p={len(corpus)}"}
+    record["loss"] = mean_loss(fw, convs, whole.k, whole.v)
+    report({**record, **evaluate(engine, questions, None, whole, args.max_tokens)}, args.out)
+
+
 OLD_TREE_WORKER = """
 import json, sys, time
 sys.path.insert(0, ".")
@@ -303,7 +334,7 @@ def throughput(args: argparse.Namespace, engine: Engine, model: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("quality", "throughput"))
+    ap.add_argument("what", choices=("quality", "throughput", "diagnose"))
     ap.add_argument("--model", type=Path, default=None, help="GGUF path (default: SmolLM2-135M)")
     ap.add_argument("--corpus", default="manual", help="bench/data/cartridge_{corpus}.md (manual)")
     ap.add_argument("--p", type=int, nargs="+", default=[128, 256])
@@ -318,6 +349,7 @@ def main() -> None:
     ap.add_argument("--max-answer", type=int, default=96, help="bot B's answer length in self-study")
     ap.add_argument("--max-tokens", type=int, default=40, help="reply length in the evaluation")
     ap.add_argument("--questions", type=int, default=20)
+    ap.add_argument("--held-out", type=int, default=16, help="diagnose: held-out conversations")
     ap.add_argument("--arms", default="none,icl,cartridges")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--conversations", type=int, default=16, help="throughput: conversations timed")
@@ -328,7 +360,8 @@ def main() -> None:
 
     model = args.model or Path(installed_file(DEFAULT_MODEL_PACKAGE, DEFAULT_MODEL_FILE))
     engine = Engine.load(model)
-    (quality if args.what == "quality" else throughput)(args, engine, model.resolve())
+    measure = {"quality": quality, "throughput": throughput, "diagnose": diagnose}[args.what]
+    measure(args, engine, model.resolve())
 
 
 if __name__ == "__main__":
