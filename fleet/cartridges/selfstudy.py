@@ -207,12 +207,12 @@ def _open_asks(engine: Engine, group: list[_Pending], config: SelfStudyConfig) -
     base = engine.new_cache(shared + 1)
     if shared:
         engine.prefill(base, first[:shared])
+    ends = question_ends(engine.tokenizer)
     for p in group:
         cache = engine.new_cache(len(p.prompt_a) + config.max_question)
         cache.copy_rows_from(base, shared)
         logits = engine.prefill(cache, p.prompt_a[shared:])
         params = SamplingParams(temperature=config.temperature_a, seed=p.plan.sampler_seed)
-        ends = question_ends(engine.tokenizer)
         p.base = base
         p.ask = Reply(cache, logits, Sampler(params), list(p.prompt_a), config.max_question, end_ids=ends)
 
