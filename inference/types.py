@@ -9,6 +9,7 @@ text).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from typing import Literal, NamedTuple, Protocol
 
@@ -95,6 +96,23 @@ class SamplingRange(NamedTuple):
     highest: float | None = None
     lowest_excluded: bool = False
     integer: bool = False
+
+    def admits(self, value: int | float) -> bool:
+        """Whether ``value`` lies in the range. An int is compared exactly: JSON integers are
+        unbounded and ``math.isfinite`` overflows past 1e308."""
+        finite = isinstance(value, int) or math.isfinite(value)
+        if self.lowest is None:
+            low_ok = True
+        else:
+            low_ok = value > self.lowest if self.lowest_excluded else value >= self.lowest
+        high_ok = self.highest is None or value <= self.highest
+        return finite and low_ok and high_ok
+
+    def wording(self) -> str:
+        """The range in words, for an error message: "from 0.0 to 2.0", "above 0.0 to 10.0"."""
+        low = "" if self.lowest is None else f"{'above' if self.lowest_excluded else 'from'} {self.lowest}"
+        high = "" if self.highest is None else f" to {self.highest}"
+        return (low + high).strip() or "any value"
 
 
 # OpenAI's ranges, llama.cpp's for its extensions (min_p, repeat_penalty, top_k).

@@ -48,8 +48,9 @@ def parse_sampling(body: dict, names: tuple[str, ...], temperature_max: float = 
         if allowed.integer:
             values[name] = f.integer(body, name, lo=allowed.lowest)
             continue
-        hi = temperature_max if name == "temperature" else allowed.highest
-        values[name] = f.number(body, name, allowed.lowest, hi, lo_open=allowed.lowest_excluded)
+        if name == "temperature":
+            allowed = allowed._replace(highest=temperature_max)
+        values[name] = f.number(body, name, allowed)
     return values
 
 

@@ -7,10 +7,10 @@ a value. ``bool`` is never accepted where a number is wanted (JSON true is not 1
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from api.errors import ApiError, bad_request, unsupported
+from inference.types import SamplingRange
 
 
 class Invalid(Exception):
@@ -108,18 +108,15 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def number(body: dict, name: str, lo: float, hi: float, *, lo_open: bool = False) -> float | None:
-    """A number in [lo, hi] (or (lo, hi] with ``lo_open``); None when absent or null."""
+def number(body: dict, name: str, allowed: SamplingRange) -> float | None:
+    """A number within ``allowed``; None when absent or null."""
     value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise wrong_type(name, "a number", value)
-    # JSON integers are unbounded: compare an int exactly, as math.isfinite overflows past 1e308.
-    finite = isinstance(value, int) or math.isfinite(value)
-    ok = finite and (lo < value if lo_open else lo <= value) and value <= hi
-    if not ok:
-        raise out_of_range(name, value, f"between {lo} ({'exclusive' if lo_open else 'inclusive'}) and {hi}")
+    if not allowed.admits(value):
+        raise out_of_range(name, value, f"a number {allowed.wording()}")
     return float(value)
 
 

@@ -176,18 +176,8 @@ def sampling_value(name: str):
         except ValueError:
             kind = "an integer" if allowed.integer else "a number"
             raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
-        low_ok = allowed.lowest is None or (
-            value > allowed.lowest if allowed.lowest_excluded else value >= allowed.lowest
-        )
-        high_ok = allowed.highest is None or value <= allowed.highest
-        if not (math.isfinite(value) and low_ok and high_ok):
-            low = (
-                ""
-                if allowed.lowest is None
-                else f"{'above' if allowed.lowest_excluded else 'from'} {allowed.lowest}"
-            )
-            high = "" if allowed.highest is None else f" to {allowed.highest}"
-            raise argparse.ArgumentTypeError(f"expected {low}{high}, got {text!r}")
+        if not allowed.admits(value):
+            raise argparse.ArgumentTypeError(f"expected {allowed.wording()}, got {text!r}")
         return value
 
     return parse
