@@ -4,9 +4,9 @@ corpus's questions every few steps: whether a falling loss buys answers.
     .venv/bin/python bench/lab/cartridge_curve.py --dataset DIR [--corpus festival] [--p 128] \
         [--conversations 128] [--steps 192] [--every 32] [--lr 5e-2]
 
-The dataset's first ``--conversations`` training conversations (made if missing) are shuffled
-into steps of ``--accum``, epoch after epoch; the held-out split's first ``--held-out`` are the
-loss's. One JSON line per evaluation, then the last evaluation's replies.
+``train_cartridge`` runs over the dataset's first ``--conversations`` training conversations
+(made if missing), shuffled into steps of ``--accum``, epoch after epoch; the held-out split's
+first ``--held-out`` are the loss's. One JSON line per evaluation, then the last evaluation's replies.
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ from fleet.cartridges.build import corpus_tokens  # noqa: E402
 from fleet.cartridges.file import Cartridge  # noqa: E402
 from fleet.cartridges.init import initial_cartridge  # noqa: E402
 from fleet.cartridges.selfstudy import SelfStudyConfig  # noqa: E402
-from fleet.cartridges.train import Adam, ConversationPool, TrainConfig, accumulate, mean_loss  # noqa: E402
+from fleet.cartridges.train import ConversationPool, Evaluation, TrainConfig, train_cartridge  # noqa: E402
 from inference.engine.engine import Engine  # noqa: E402
-from inference.engine.training import PrefixForward  # noqa: E402
 from inference.model_files import DEFAULT_MODEL_FILE, DEFAULT_MODEL_PACKAGE, installed_file  # noqa: E402
 
 
@@ -59,38 +58,42 @@ def main() -> None:
     held = ConversationPool(engine, corpus, 0, selfstudy, "held_out", args.dataset)
     held.make(0, args.held_out)
     pool.make(0, args.conversations)
-    held_out, convs = held.take(0, args.held_out), pool.take(0, args.conversations)
 
-    fw = PrefixForward(engine.model)
     init = initial_cartridge(engine, corpus[: args.p], frozen_rows=1)
-    k, v = init.k.copy(), init.v.copy()
-    config = TrainConfig(steps=args.steps, lr=args.lr, accum=args.accum)
-    adam = Adam.zeros(k[:, :, 1:], v[:, :, 1:])
-    rng = np.random.default_rng(0)
-    t0, losses, order = time.perf_counter(), [], []
+    config = TrainConfig(
+        steps=args.steps,
+        lr=args.lr,
+        accum=args.accum,
+        held_out=args.held_out,
+        conversations=args.conversations,
+        eval_every=args.every,
+        selfstudy=selfstudy,
+    )
+    t0, losses, result = time.perf_counter(), [], {}
 
-    def measure(step: int) -> dict:
-        result = evaluate(engine, questions, None, Cartridge(k, v, init.fingerprint, 1, {}), 40)
+    def measure(evaluation: Evaluation) -> None:
+        nonlocal result
+        rows = Cartridge(evaluation.k, evaluation.v, init.fingerprint, 1, {})
+        result = evaluate(engine, questions, None, rows, 40)
         record = {
-            "step": step,
-            "held_out_loss": mean_loss(fw, held_out, k, v),
+            "step": evaluation.step,
+            "held_out_loss": evaluation.loss,
             "train_loss": float(np.mean(losses[-args.every :])) if losses else None,
             "correct": result["correct"],
             "seconds": time.perf_counter() - t0,
         }
         print(json.dumps({"p": args.p, "lr": args.lr, **record}), flush=True)
-        return result
 
-    result = measure(0)
-    for step in range(1, args.steps + 1):
-        if len(order) < args.accum:
-            order += list(rng.permutation(args.conversations))
-        batch, order = order[: args.accum], order[args.accum :]
-        loss, dk, dv = accumulate(fw, [convs[i] for i in batch], k, v, checkpoint=False)
-        adam.step((k[:, :, 1:], v[:, :, 1:]), (dk[:, :, 1:], dv[:, :, 1:]), config)
-        losses.append(loss)
-        if step % args.every == 0:
-            result = measure(step)
+    train_cartridge(
+        engine,
+        init,
+        corpus,
+        config,
+        on_step=lambda step, total, loss: losses.append(loss),
+        pool=pool,
+        held=held,
+        on_eval=measure,
+    )
     for reply in result["replies"]:
         print(json.dumps(reply), flush=True)
 

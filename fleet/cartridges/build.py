@@ -23,6 +23,7 @@ from .selfstudy import SelfStudyConfig
 from .train import (
     DEFAULT_LR,
     ConversationPool,
+    Evaluation,
     TrainConfig,
     TrainingCancelled,
     TrainResult,
@@ -253,9 +254,9 @@ def _train(
             total = step + int((deadline - step_times[-1]) / pace) if pace else step
         progress.on_step(step, max(total, step), loss)
 
-    def on_eval(step: int, loss: float) -> None:
-        progress.on_held_out(step, loss)
-        progress.on_log(f"step {step}: held-out loss {loss:.4f}")
+    def on_eval(evaluation: Evaluation) -> None:
+        progress.on_held_out(evaluation.step, evaluation.loss)
+        progress.on_log(f"step {evaluation.step}: held-out loss {evaluation.loss:.4f}")
 
     try:
         result = train_cartridge(

@@ -11,6 +11,7 @@ after training compare.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -313,8 +315,18 @@ class TrainResult:
     resumed_step: int = 0  # the step a saved state let this run start from (0: from the start)
 
 
+class Evaluation(NamedTuple):
+    """A held-out measurement during training: the step, the loss, and the rows measured (the
+    live training arrays: copy them to keep them)."""
+
+    step: int
+    loss: float
+    k: np.ndarray  # (L, kvh, p, hd_k)
+    v: np.ndarray  # (L, kvh, p, hd_v)
+
+
 StepCallback = Callable[[int, int, float], None]
-EvalCallback = Callable[[int, float], None]
+EvalCallback = Callable[[Evaluation], None]
 
 
 def train_cartridge(
@@ -356,12 +368,12 @@ def train_cartridge(
         k, v, adam, best, step = state.k.copy(), state.v.copy(), state.adam, state.best, state.step
         loss_first, history, held_history = state.loss_first, state.history, state.held_history
         if on_eval is not None:
-            on_eval(best.step, best.loss)
+            on_eval(Evaluation(best.step, best.loss, best.k, best.v))
     else:
         k, v = cartridge.k.copy(), cartridge.v.copy()
         loss_first = mean_loss(fw, held_out, k, v)
         if on_eval is not None:
-            on_eval(0, loss_first)
+            on_eval(Evaluation(0, loss_first, k, v))
         best = _Best(0, loss_first, k.copy(), v.copy())
         held_history = [(0, loss_first)]
         adam = Adam.zeros(k[:, :, frozen:], v[:, :, frozen:])
@@ -406,12 +418,20 @@ def train_cartridge(
 
 
 def _step_indices(step: int, config: TrainConfig) -> range | list[int]:
-    """The training conversations of ``step``: the next ``accum``, cycling over the first
-    ``config.conversations`` when that is set (epochs)."""
+    """The training conversations of ``step``: the next ``accum``, or with
+    ``config.conversations`` set, the next ``accum`` of epochs over that many conversations,
+    each epoch in its own shuffled order (a function of the seed and the epoch, so a resumed
+    run takes the same steps)."""
     first = step * config.accum
     if not config.conversations:
         return range(first, first + config.accum)
-    return [(first + j) % config.conversations for j in range(config.accum)]
+    n = config.conversations
+    return [int(_epoch_order(config.seed, n, i // n)[i % n]) for i in range(first, first + config.accum)]
+
+
+@functools.lru_cache(maxsize=4)
+def _epoch_order(seed: int, conversations: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng((seed, epoch)).permutation(conversations)  # (conversations,)
 
 
 @dataclass
@@ -436,7 +456,7 @@ def _evaluate(
     loss = mean_loss(fw, held_out, k, v)
     held_history.append((step, loss))
     if on_eval is not None:
-        on_eval(step, loss)
+        on_eval(Evaluation(step, loss, k, v))
     return _Best(step, loss, k.copy(), v.copy()) if loss < best.loss else best
 
 

@@ -143,7 +143,9 @@ def test_the_saved_cartridge_is_the_best_held_out_checkpoint(engine, corpus):
         steps=6, lr=2e-2, accum=1, held_out=2, seed=1, eval_every=2, conversations=3, selfstudy=SMALL
     )
     pool = ConversationPool(engine, tokens, config.seed, SMALL)
-    result = train_cartridge(engine, start, tokens, config, pool=pool, on_eval=lambda *a: held.append(a))
+    result = train_cartridge(
+        engine, start, tokens, config, pool=pool, on_eval=lambda e: held.append((e.step, e.loss))
+    )
     assert [s for s, _ in result.held_history] == [0, 2, 4, 6] and held == result.held_history
     assert len(pool) == 3  # six steps cycled over three conversations: epochs, nothing new made
     best_step, best_loss = min(result.held_history, key=lambda point: point[1])
