@@ -112,6 +112,18 @@ def start_worker(env: dict, log: Path, concurrency: int = 2, new_session: bool =
     return worker
 
 
+def manage(env: dict, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``manage.py ARGS`` in a child process with ``env``, its output captured."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 @dataclass
 class CeleryWorld:
     """The environment a test's subprocesses share with the worker."""
@@ -122,14 +134,7 @@ class CeleryWorld:
     worker_pid: int = 0
 
     def manage(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, str(ROOT / "manage.py"), *args],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        return manage(self.env, *args, timeout=timeout)
 
     def rows(self, sql: str, *params) -> list[dict]:
         with sqlite3.connect(self.data_dir / "db.sqlite3") as db:

@@ -27,7 +27,7 @@ import pytest
 from fleet.cartridges.file import load_cartridge
 from tests.fixtures.synthetic_gguf import synthetic_path
 
-from .conftest import ROOT, RedisServer, start_worker
+from .conftest import ROOT, RedisServer, manage, start_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -65,14 +65,7 @@ class Faults:
         return self.root / "out" / "manual.safetensors"
 
     def manage(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, str(ROOT / "manage.py"), *args],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        return manage(self.env, *args, timeout=300)
 
     def build_args(self, steps: int) -> list[str]:
         return [
