@@ -48,12 +48,8 @@ def synthetic_files(directory: Path) -> dict[str, Path]:
     }
     wide = directory / "qwen3moe-wide.gguf"
     if not wide.exists():
-        spec = synthetic_gguf.SPECS["qwen3moe"]
-        synthetic_gguf.SPECS["qwen3moe"] = replace(spec, n_layers=4, extra_keys=WIDE)
-        try:
-            synthetic_gguf.write_synthetic("qwen3moe", wide)
-        finally:
-            synthetic_gguf.SPECS["qwen3moe"] = spec
+        spec = replace(synthetic_gguf.SPECS["qwen3moe"], n_layers=4, extra_keys=WIDE)
+        synthetic_gguf.write_spec(spec, wide)
     files["qwen3moe-wide"] = wide
     return files
 
