@@ -10,6 +10,6 @@ admin.site.site_url = "/"  # the admin's "view site" link opens the chat page
 
 urlpatterns = [
     path("", chat_page, name="chat"),
-    path("admin/kv/", include("fleet.urls")),
+    path("admin/kv/", include("inference.urls")),
     path("admin/", admin.site.urls),
 ]

@@ -1,11 +1,11 @@
-"""The fleet admin pages, mounted under /admin/kv/ (staff only)."""
+"""The KV admin pages, mounted under /admin/kv/ (staff only)."""
 
 from django.contrib import admin
 from django.urls import path
 
-from . import admin as views
+from . import views
 
-app_name = "fleet"
+app_name = "inference"
 urlpatterns = [
     path("", admin.site.admin_view(views.kv_overview), name="kv"),
     path("slots/<int:index>/evict/", admin.site.admin_view(views.evict_slot), name="evict-slot"),
