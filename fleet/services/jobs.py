@@ -2,8 +2,9 @@
 
 A job's lifecycle is one row: ``queued`` -> ``running`` (claimed atomically, so a redelivered
 Celery message or a second runner does nothing) -> ``succeeded`` / ``failed`` / ``cancelled``,
-with the reason in ``error``. The kinds' service functions (``run_cartridge_job``,
-``run_fleet_job``) run the build between :func:`claim` and :func:`finish`.
+with the reason in ``error``. Each kind's service function (``run_cartridge_job``,
+``run_fleet_job``) runs the build between :func:`claim` and :func:`finish`; the kinds are
+registered by ``FleetConfig.ready`` (:func:`register`), so this module imports none of them.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import socket
 import threading
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
+from django.utils.module_loading import import_string
 
 from fleet.models import BuildJob
 
@@ -29,6 +32,31 @@ State = BuildJob.State
 
 class JobError(ValueError):
     """A request about a job that cannot be honoured (says why)."""
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """How one kind of build job runs: its service function (a dotted path, imported when a job
+    of the kind runs: what every runner ends in) and the name of the Celery task that calls
+    it on a worker."""
+
+    run: str
+    task: str
+
+
+KINDS: dict[str, JobKind] = {}
+
+
+def register(kind: str, job_kind: JobKind) -> None:
+    """Make ``kind`` runnable (``FleetConfig.ready`` registers the fleet's two)."""
+    KINDS[kind] = job_kind
+
+
+def _kind(kind: str) -> JobKind:
+    try:
+        return KINDS[kind]
+    except KeyError:
+        raise JobError(f"no runner is registered for build jobs of kind {kind!r}") from None
 
 
 def broker_configured() -> bool:
@@ -50,13 +78,11 @@ def start(job: BuildJob, runner: str = "auto") -> BuildJob:
     if runner == "celery":
         if not broker_configured():
             raise JobError("no Celery broker is configured: set CELERY_BROKER_URL (e.g. redis://host:6379/0)")
-        from fleet import tasks
+        from lmserve_site.celery import app
 
-        task = {BuildJob.Kind.CARTRIDGE: tasks.build_cartridge, BuildJob.Kind.FLEET: tasks.build_fleet}[
-            job.kind
-        ]
+        task = _kind(job.kind).task
         BuildJob.objects.filter(pk=job.pk).update(runner="celery")
-        result = task.apply_async(args=[job.pk])
+        result = app.send_task(task, args=[job.pk])
         BuildJob.objects.filter(pk=job.pk).update(celery_task_id=result.id)
     elif runner == "thread":
         BuildJob.objects.filter(pk=job.pk).update(runner="thread")
@@ -73,14 +99,8 @@ def start(job: BuildJob, runner: str = "auto") -> BuildJob:
 
 def run(job_id: int) -> BuildJob:
     """Run the job by its kind's service function (what every runner ends up calling)."""
-    from . import cartridges, fleets
-
     kind = BuildJob.objects.values_list("kind", flat=True).get(pk=job_id)
-    runner = {
-        BuildJob.Kind.CARTRIDGE: cartridges.run_cartridge_job,
-        BuildJob.Kind.FLEET: fleets.run_fleet_job,
-    }
-    return runner[kind](job_id)
+    return import_string(_kind(kind).run)(job_id)
 
 
 def _run_in_thread(job_id: int) -> None:
