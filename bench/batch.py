@@ -7,11 +7,13 @@ For each model, two ``manage.py lmserve`` servers are started in turn (``--batch
 ``--batch N``; both with N + 1 KV slots). Each round sends N greedy requests of exactly
 ``--tokens`` tokens (``ignore_eos``), different prompts, two ways:
 
-- queued: the N requests wait behind a busy stream, which then hangs up, so the worker takes
-  all of them at once (what a loaded server sees); timed from the hang-up to the last reply.
-- burst: the N requests are fired at once at an idle server (the worker takes the first alone
-  and the rest together, since it never waits for a batch to fill); timed from the first
-  send to the last reply.
+- queued: the N requests wait behind busy streams (as many as the server's ``--batch``, since
+  requests join a running batch up to its width), which then hang up, so the worker takes
+  all of them within a step or two (what a loaded server sees); timed from the hang-up to the
+  last reply.
+- burst: the N requests are fired at once at an idle server (the worker starts the first
+  alone, since it never waits for a batch to fill, and the rest join it between steps); timed
+  from the first send to the last reply.
 
 The aggregate rate is N x tokens over that time; the median over the rounds after a warm-up
 round is reported (prompts repeat across rounds, so later rounds find them cached and time
@@ -64,24 +66,27 @@ def post_all(url: str, requests: list[dict]) -> tuple[list[threading.Thread], li
     return threads, replies
 
 
-def queued_round(server, requests: list[dict]) -> float:
-    """Seconds from the blocker's hang-up to the last reply, all requests taken together."""
+def queued_round(server, requests: list[dict], batch: int) -> float:
+    """Seconds from the blockers' hang-up to the last reply, the requests queued behind them."""
     busy = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4000}
     busy.update(stream=True, ignore_eos=True)
-    blocker = RawRequest(server.url, "/v1/chat/completions", busy)
-    blocker.read_until(lambda got: count_frames(got) >= 1)
+    blockers = []
+    for _ in range(batch):  # a full batch: nothing joins it
+        blockers.append(RawRequest(server.url, "/v1/chat/completions", busy))
+        blockers[-1].read_until(lambda got: count_frames(got) >= 1)
     threads, done = post_all(server.url, requests)
     for i, thread in enumerate(threads):
         thread.start()
         server.wait_until(lambda h, n=i + 1: h["queued"] == n, timeout=600)
     start = time.perf_counter()
-    blocker.close()
+    for blocker in blockers:
+        blocker.close()
     for thread in threads:
         thread.join()
     return max(done) - start
 
 
-def burst_round(server, requests: list[dict]) -> float:
+def burst_round(server, requests: list[dict], batch: int) -> float:
     """Seconds from firing every request at an idle server to the last reply."""
     server.wait_idle(timeout=600)
     threads, done = post_all(server.url, requests)
@@ -103,7 +108,7 @@ def measure(model: str, batch: int, width: int, tokens: int, rounds: int) -> dic
             rates: dict[str, list[float]] = {"queued": [], "burst": []}
             for r in range(rounds + 1):
                 for mode, run in (("queued", queued_round), ("burst", burst_round)):
-                    seconds = run(server, requests)
+                    seconds = run(server, requests, batch)
                     if r:  # round 0 warms up and caches the prompts
                         rates[mode].append(width * tokens / seconds)
             return {mode: statistics.median(values) for mode, values in rates.items()}

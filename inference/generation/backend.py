@@ -23,7 +23,7 @@ from inference.engine.engine import Engine, GenerationStats
 from inference.engine.kv_cache import KVCache
 from inference.generation.capabilities import Capabilities
 from inference.generation.constraints import ConstraintCompiler, ConstraintSpec, bound_number_digits
-from inference.generation.lockstep import run_lockstep
+from inference.generation.lockstep import Joins, run_lockstep
 from inference.generation.prompts import raw_prompt_tokens
 from inference.generation.speculative import Speculator
 from inference.generation.stream import BatchItem, DecodeStream
@@ -110,6 +110,9 @@ class CachePolicy(Protocol):
     def release(self) -> None:
         """After a job: the caches it used are given back."""
 
+    def finish(self, cache: KVCache) -> None:
+        """One stream of a lockstep batch ended: its cache may go to a stream that joins."""
+
     def scratch(self, tokens: list[int]) -> KVCache:
         """A cache for the warm-up's tiny generation of ``tokens`` (then :meth:`discard`)."""
 
@@ -133,6 +136,9 @@ class SlotCaches:
 
     def release(self) -> None:
         self.slots.release()
+
+    def finish(self, cache: KVCache) -> None:
+        self.slots.release_cache(cache)
 
     def scratch(self, tokens: list[int]) -> KVCache:
         return self.slots.acquire(tokens)
@@ -346,14 +352,20 @@ class ConversationBackend:
         finally:
             self.release()
 
-    def generate_batch(self, items: Sequence[BatchItem]) -> list[int]:
+    def generate_batch(self, items: Sequence[BatchItem], joins: Joins | None = None) -> list[int]:
         """Serve several requests together, one forward per step for all of them (see
         lockstep.py; one pass over the weights where ``capabilities.batch``, the only case the
-        worker batches); each reply is the one ``generate`` would give. Tokens generated per item."""
+        worker batches), with ``joins`` letting requests that arrive meanwhile join between
+        steps; each reply is the one ``generate`` would give. Tokens generated per stream, in
+        the order they were opened (``items`` first)."""
         try:
-            return run_lockstep(self, items)
+            return run_lockstep(self, items, joins)
         finally:
             self.release()
+
+    def end_stream(self, stream: DecodeStream) -> None:
+        """A stream of a lockstep batch ended before the batch: its slot is free for a join."""
+        self.caches.finish(stream.cache)
 
     def warm_up(self) -> None:
         """Run one tiny generation so the first request does not pay for JIT compilation;

@@ -30,8 +30,9 @@ from inference.types import Error, GenerationRequest, PreparedPrompt
 class GenerationBackend(Protocol):
     """What the runtime needs from a backend. ``capabilities`` says what it really does (what
     ``/health`` reports, and what the worker and the service branch on); a backend whose
-    ``capabilities.batch`` holds also offers ``generate_batch(items: Sequence[BatchItem]) ->
-    list[int]`` (lockstep decoding of several requests, ``--batch``)."""
+    ``capabilities.batch`` holds also offers ``generate_batch(items: Sequence[BatchItem],
+    joins: Joins | None) -> list[int]`` (lockstep decoding of several requests, ``--batch``,
+    that later requests join)."""
 
     engine: Engine | None  # None for a backend with its own engine (nanochat)
     n_ctx: int

@@ -6,16 +6,21 @@ than the price of one. Each request keeps its own :class:`~inference.generation.
 (slot, sampler, grammar, emitter, budget, sink), so a batched reply is byte for byte the reply
 the plain loop gives: the engine's rows are path invariant, and everything else is per stream.
 
-The batch is fixed when it starts (no joins mid-flight). Streams are opened one after another:
-each picks its slot, prefills and streams its first token before the next is opened, so the
-first stream's time to first token is what it would be alone. A stream that ends (its reply
-finished, its client left, its grammar completed or failed) simply drops out of the next step.
+Streams are opened one after another: each picks its slot, prefills and streams its first
+token before the next is opened, so the first stream's time to first token is what it would be
+alone. A stream that ends (its reply finished, its client left, its grammar completed or
+failed) drops out of the next step and gives its slot back. Requests that arrive while a batch
+runs join it between two steps (:class:`Joins`: continuous batching, as llama.cpp's server
+does), up to the batch's width: a burst of N requests at an idle server decodes N wide after
+the first one's prefill, not one, then N - 1. A joining stream's prefill delays the others' next
+token by that prefill, once.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from inference.engine.engine import BatchRow, Engine
@@ -35,14 +40,43 @@ class LockstepHost(Protocol):
         self, request: GenerationRequest, prompt: PreparedPrompt, sink: Sink
     ) -> DecodeStream | None: ...
 
+    def end_stream(self, stream: DecodeStream) -> None: ...
 
-def run_lockstep(backend: LockstepHost, items: Sequence[BatchItem]) -> list[int]:
-    """Generate every item's reply into its sink; the tokens each generated, in order."""
-    streams = [open_stream(backend, item) for item in items]
-    live = [s for s in streams if s is not None and s.live]
+
+@dataclass(frozen=True)
+class Joins:
+    """Where requests that arrive during a batch come from: ``take(room)`` returns up to
+    ``room`` of them (none when nothing waits), asked between steps while fewer than ``width``
+    streams are live."""
+
+    take: Callable[[int], Sequence[BatchItem]]
+    width: int
+
+
+def run_lockstep(backend: LockstepHost, items: Sequence[BatchItem], joins: Joins | None = None) -> list[int]:
+    """Generate every item's reply into its sink, and those of the requests that join; the
+    tokens each stream generated, in the order the streams were opened."""
+    streams: list[DecodeStream | None] = []
+    live: list[DecodeStream] = []
+
+    def open_all(batch: Sequence[BatchItem]) -> None:
+        for item in batch:
+            stream = open_stream(backend, item)
+            streams.append(stream)
+            if stream is not None and stream.live:
+                live.append(stream)
+            elif stream is not None:  # ended at its first token
+                backend.end_stream(stream)
+
+    open_all(items)
     while live:
         step(backend, live)
-        live = [s for s in live if s.live]
+        for stream in live:
+            if not stream.live:
+                backend.end_stream(stream)
+        live[:] = [s for s in live if s.live]
+        if joins is not None and len(live) < joins.width:
+            open_all(joins.take(joins.width - len(live)))
     return [0 if s is None else s.generated for s in streams]
 
 

@@ -39,6 +39,9 @@ class FreshCaches:
     def release(self) -> None:
         """Nothing to give back: each request's cache is dropped with its stream."""
 
+    def finish(self, cache: KVCache) -> None:
+        """Nothing to give back: the stream's cache is dropped with it."""
+
     def scratch(self, tokens: list[int]) -> KVCache:
         return self.engine.new_cache(len(tokens) + 3)
 

@@ -112,6 +112,16 @@ class SlotPool:
                 if slot.evict_pending:
                     self._evict(slot)
 
+    def release_cache(self, cache: KVCache) -> None:
+        """One stream of a lockstep batch ended: the slot holding ``cache`` may serve a stream
+        that joins the batch (its rows stay, as every slot's do)."""
+        with self.lock:
+            for slot in self.slots:
+                if slot.cache is cache:
+                    slot.busy = False
+                    if slot.evict_pending:
+                        self._evict(slot)
+
     def evict(self, index: int) -> str:
         """Free one slot's cache ("evicted"), or mark it for after its generation ("pending")."""
         with self.lock:

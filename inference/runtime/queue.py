@@ -11,6 +11,7 @@ import itertools
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inference.runtime.pipe import StreamPipe
@@ -78,6 +79,15 @@ class JobQueue:
             self._cond.wait_for(lambda: self._jobs or self._closed, timeout)
             taken = []
             while self._jobs and len(taken) < max_jobs:
+                taken.append(self._jobs.popleft())
+            return taken
+
+    def take_waiting(self, max_jobs: int, accept: Callable[[Job], bool]) -> list[Job]:
+        """Without waiting: up to ``max_jobs`` of the jobs at the head of the queue, oldest
+        first, stopping at the first one ``accept`` refuses (it keeps its place)."""
+        with self._cond:
+            taken = []
+            while self._jobs and len(taken) < max_jobs and accept(self._jobs[0]):
                 taken.append(self._jobs.popleft())
             return taken
 

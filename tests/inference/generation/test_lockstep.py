@@ -13,6 +13,7 @@ import pytest
 from inference.engine.engine import Engine
 from inference.generation.backend import ConversationBackend
 from inference.generation.constraints import ConstraintSpec
+from inference.generation.lockstep import Joins
 from inference.generation.stream import BatchItem
 from inference.generation.toolcall import ToolSpec, forced_call_spec
 from inference.types import (
@@ -129,6 +130,36 @@ def test_each_stream_ends_alone(smollm2):
     # Every slot is free again and the batch's streams each had one of their own.
     assert not any(slot.busy for slot in backend.slots.slots)
     assert len({id(slot.cache) for slot in backend.slots.slots if slot.cache is not None}) == 4
+
+
+def test_requests_that_arrive_join_between_steps_in_the_slots_of_ended_streams(smollm2):
+    """Joins: a request offered while the batch runs starts at the next step boundary (the long
+    stream still live) and streams what it streams alone; with as many slots as the batch is
+    wide, a joiner takes the slot of a stream that has ended."""
+    long = ask("Describe a forest in spring.", max_tokens=40, ignore_eos=True)
+    short = ask("Say yes.", max_tokens=3, ignore_eos=True)
+    late = [ask("Name a colour.", max_tokens=8, ignore_eos=True), ask("Name a fruit.", max_tokens=8)]
+    expected = solo(ConversationBackend(smollm2, n_ctx=512, kv_slots=2), [long, short, *late])
+    backend = ConversationBackend(smollm2, n_ctx=512, kv_slots=2)
+    sinks = [RecordingSink() for _ in range(4)]
+    waiting = [BatchItem(r, backend.validate(r), s) for r, s in zip(late, sinks[2:], strict=True)]
+    offered: list[tuple[int, int]] = []  # (room, tokens the long stream had streamed)
+
+    def take(room: int) -> list[BatchItem]:
+        offered.append((room, len(sinks[0].events)))
+        return [waiting.pop(0)] if waiting else []
+
+    items = [BatchItem(r, backend.validate(r), s) for r, s in zip([long, short], sinks[:2], strict=True)]
+    generated = backend.generate_batch(items, Joins(take, width=2))
+    assert generated == [40, 3, 8, len(expected[3].events) - 1]
+    for want, have in zip(expected, sinks, strict=True):
+        assert have.events == want.events
+    # Nothing was offered while both slots were live; each joiner came in while the long
+    # stream was still streaming, into the slot the previous stream left; the last offer came
+    # when every stream had ended (a request waiting then would have started the batch anew).
+    assert [room for room, _ in offered[:-1]] == [1] * (len(offered) - 1) and offered[-1] == (2, 41)
+    assert offered[0][1] < offered[1][1] < 40
+    assert not any(slot.busy for slot in backend.slots.slots)
 
 
 WEATHER = ToolSpec(
