@@ -5,7 +5,8 @@
     Y = m.matmul(X)        # prefill: X @ W.T
     E = m.take_rows(ids)   # embedding lookup
 
-Supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
+Supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, TQ1_0,
+TQ2_0.
 Dequantized values are bitwise equal to ``gguf.quants.dequantize``.
 """
 

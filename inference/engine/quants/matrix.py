@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 
 from ..gguf_file import GGUFError
-from . import kquants  # noqa: F401  (defining the K-quant classes registers them in FORMATS)
+from . import kquants, ternary  # noqa: F401  (defining the classes registers them in FORMATS)
 from .activations import ACTIVATION_ROUNDING
 from .dequant import dequantize_rows
 from .formats import FORMATS, GGMLType

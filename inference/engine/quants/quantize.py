@@ -37,6 +37,8 @@ ACTIVATION_KIND = {
     T.Q4_K: ACT_Q8_K,
     T.Q5_K: ACT_Q8_K,
     T.Q6_K: ACT_Q8_K,
+    T.TQ1_0: ACT_Q8_K,  # ggml's vec_dot_type for both ternary formats
+    T.TQ2_0: ACT_Q8_K,
 }
 
 F16_MAX = 65504.0

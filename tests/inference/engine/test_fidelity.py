@@ -44,6 +44,12 @@ REAL_FACTOR = 1.0
 NOISE_FLOOR = 0.02  # logits; where llama.cpp's batch sizes happen to agree exactly
 EXACT_BOUND = 0.02  # SmolLM2's prompt logits (issue 14: within 0.02 where llama.cpp is exact)
 NEAR_TIE = 0.05  # SmolLM2's decode steps: a llama.cpp top-2 margin below this is a tie
+# Models whose formats the engine multiplies per group of 32 where ggml sums each 256-weight
+# block in integers and scales it once (TQ1_0, TQ2_0): the float rounding differs, and with
+# llama.cpp's batch sizes agreeing exactly (spread 0) that difference is all that remains. On
+# the ternary synthetic it flips an activation's rounding now and then: bitwise at 28 of the
+# prose prompt's 30 positions, 0.18-0.21 at most on the three prompts. (max, mean) floors.
+GROUP_ROUNDING_FLOOR = {"synthetic-llama-ternary": (0.5, 0.1)}
 
 
 def golden_id(path: Path) -> str:
@@ -77,8 +83,9 @@ def _bounds(golden: dict, spread: dict) -> tuple[float, float, float]:
     if golden["model_file"] == default_model_path().name:
         return EXACT_BOUND, EXACT_BOUND, NEAR_TIE
     factor = NOISE_FACTOR if golden["synthetic"] else REAL_FACTOR
-    max_bound = factor * spread["max_abs"] + NOISE_FLOOR
-    return max_bound, factor * spread["mean_abs"] + NOISE_FLOOR, max_bound
+    max_floor, mean_floor = GROUP_ROUNDING_FLOOR.get(golden["name"], (NOISE_FLOOR, NOISE_FLOOR))
+    max_bound = max(factor * spread["max_abs"] + NOISE_FLOOR, max_floor)
+    return max_bound, max(factor * spread["mean_abs"] + NOISE_FLOOR, mean_floor), max_bound
 
 
 def model_spread(golden: dict) -> float:

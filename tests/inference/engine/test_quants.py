@@ -17,7 +17,11 @@ from inference.engine.quants.formats import FORMATS
 from tests.fixtures.model_files import default_model_path, optional_model_path
 
 Q = gguf.GGMLQuantizationType
-BLOCK_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+BLOCK_TYPES = [
+    *(Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0),
+    *(Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K),
+    *(Q.TQ1_0, Q.TQ2_0),
+]
 SCALE_FIELDS = ("d", "m", "dmin")  # the float16 fields of every format
 
 
