@@ -24,6 +24,7 @@ import numpy as np
 from fleet.cartridges.build import BuildCancelled, BuildProgress, SilentProgress, corpus_tokens
 from fleet.cartridges.file import save_cartridge
 from fleet.cartridges.init import initial_cartridge
+from fleet.cartridges.train import DEFAULT_LR
 from inference.engine.engine import Engine
 
 from .format import FleetDocument, FleetIndex, FleetManifest, write_index, write_manifest
@@ -46,7 +47,7 @@ class FleetBuildSpec:
     steps: int = 0  # joint-training steps; 0 keeps the untrained initialisations
     embed_chunk: int = 256  # tokens per retrieval chunk
     frozen_rows: int = 1
-    lr: float = 2e-2
+    lr: float = DEFAULT_LR
     seed: int = 0
 
 

@@ -24,7 +24,14 @@ from safetensors.numpy import load_file, save_file
 
 from fleet.cartridges.file import Cartridge, load_cartridge, save_cartridge
 from fleet.cartridges.selfstudy import SelfStudyConfig
-from fleet.cartridges.train import Adam, ConversationPool, TrainConfig, TrainingCancelled, accumulate
+from fleet.cartridges.train import (
+    DEFAULT_LR,
+    Adam,
+    ConversationPool,
+    TrainConfig,
+    TrainingCancelled,
+    accumulate,
+)
 from inference.engine.engine import Engine
 from inference.engine.training import PrefixForward
 
@@ -38,7 +45,7 @@ class JointConfig:
     rotate_every: int = 6
     p_isolated: float = 0.75
     max_distractors: int = 2
-    lr: float = 2e-3
+    lr: float = DEFAULT_LR  # a single cartridge's (not swept for joint training)
     accum: int = 2  # conversations per round
     seed: int = 0
     checkpoint: bool = False

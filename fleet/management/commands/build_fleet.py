@@ -14,6 +14,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from fleet.cartridges.train import DEFAULT_LR
 from fleet.management import console
 from fleet.services import jobs
 from fleet.services.fleets import create_fleet_job, run_fleet_job
@@ -30,7 +31,7 @@ class Command(BaseCommand):
         parser.add_argument("--prefix-tokens", type=int, default=256, help="p of each cartridge (256)")
         parser.add_argument("--steps", type=int, default=0, help="joint-training steps; 0 = untrained (0)")
         parser.add_argument("--embed-chunk", type=int, default=256, help="tokens per index chunk (256)")
-        parser.add_argument("--lr", type=float, default=2e-2, help="learning rate (0.02)")
+        parser.add_argument("--lr", type=float, default=DEFAULT_LR, help=f"learning rate ({DEFAULT_LR})")
         parser.add_argument("--seed", type=int, default=0, help="seed (0)")
         parser.add_argument(
             "--celery", action="store_true", help="fan the per-document work out to Celery workers"
