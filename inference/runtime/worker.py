@@ -148,8 +148,6 @@ class InferenceWorker:
         from inference.engine.jit.compile_watch import CompileWatch, warm_up_notice
 
         engine = Engine.load(self.model_path, self.load_options)
-        if self.prefix_source is not None:
-            self.prefix_source.check(engine)
         n_ctx = min(self.requested_ctx, engine.config.n_ctx_train)
         if n_ctx < self.requested_ctx:
             logger.warning(
