@@ -239,16 +239,29 @@ def test_the_request_types_point_down_and_inference_has_no_circle():
     assert cycles(edges, "inference") == []
 
 
+# The Django apps import one way: api (the wire) and fleet (cartridges, fleets) over inference
+# (the worker), never back, and not each other: the server reaches a fleet through
+# settings.LMSERVE_PREFIX_SOURCES, and starts daphne from api's own ``lmserve`` command.
+APPS_BELOW = {"api": {"inference"}, "fleet": {"inference"}, "inference": set()}
+
+
+def app_violations(edges: list[Edge]) -> list[str]:
+    """Imports, deferred ones included, from one app to another it may not import."""
+    found = []
+    for e in edges:
+        importer, imported = e.importer.split(".")[0], e.imported.split(".")[0]
+        if importer in APPS_BELOW and imported in APPS_BELOW and imported != importer:
+            if imported not in APPS_BELOW[importer]:
+                found.append(f"{e.importer}:{e.line} imports {e.imported}")
+    return found
+
+
+def test_the_apps_import_one_way():
+    edges = [e for app in APPS_BELOW for path in sorted((ROOT / app).rglob("*.py")) for e in imports_of(path)]
+    assert app_violations(edges) == []
+
+
 # -- the checks themselves catch what they are for ------------------------------------------
-
-
-def _edges_of(tmp_path: Path, files: dict[str, str]) -> list[Edge]:
-    """The imports of throwaway modules under ``tmp_path`` (parsed, never imported)."""
-    for relative, source in files.items():
-        path = tmp_path / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(source)
-    return [e for relative in files for e in imports_of(tmp_path / relative, tmp_path)]
 
 
 def _edges_of(tmp_path: Path, files: dict[str, str]) -> list[Edge]:

@@ -52,7 +52,7 @@ def test_fleet_excludes_the_disk_tier(fleet_dir, llama, tmp_path):
 )
 def test_fleet_excludes_a_cartridge_and_batching(fleet_dir, llama, option, value, named):
     """--cartridge and --batch are other helpers' flags: the refusal reads their parsed options."""
-    from inference.management.commands.lmserve import Command
+    from api.management.commands.lmserve import Command
 
     options = {"fleet": str(fleet_dir), "kv_cache_dir": None, option: value}
     with pytest.raises(CommandError, match=f"--fleet excludes {named}"):
@@ -60,7 +60,7 @@ def test_fleet_excludes_a_cartridge_and_batching(fleet_dir, llama, option, value
 
 
 def test_the_flags_open_the_fleet_with_its_knobs(fleet_dir, llama):
-    from inference.management.commands.lmserve import Command
+    from api.management.commands.lmserve import Command
 
     parser = Command().create_parser("manage.py", "lmserve")
     options = vars(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from django.core.management import CommandError, call_command
 
+from api.management.commands.lmserve import Command as LmserveCommand
 from inference.management.commands.generate import Command as GenerateCommand
-from inference.management.commands.lmserve import Command as LmserveCommand
 from inference.runtime.service import InferenceService, ServeConfig
 from inference.runtime.worker import READY
 from tests.fixtures.synthetic_gemma4 import gemma4_path

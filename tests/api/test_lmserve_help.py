@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from django.core.management.base import CommandError
 
-from inference.management.commands.lmserve import Command
+from api.management.commands.lmserve import Command
 from inference.management.options import refuse_batch_with_fleet
 
 ROOT = Path(__file__).resolve().parents[2]
