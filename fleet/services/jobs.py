@@ -86,9 +86,11 @@ def start(job: BuildJob, runner: str = "auto") -> BuildJob:
         BuildJob.objects.filter(pk=job.pk).update(celery_task_id=result.id)
     elif runner == "thread":
         BuildJob.objects.filter(pk=job.pk).update(runner="thread")
+        job.refresh_from_db()  # before the thread writes the row (SQLite's shared cache fails a clash)
         threading.Thread(
             target=_run_in_thread, args=(job.pk,), name=f"build-job-{job.pk}", daemon=True
         ).start()
+        return job
     elif runner == "inline":
         run(job.pk)
     else:
