@@ -121,16 +121,17 @@ def test_a_build_started_from_an_uploaded_corpus_runs_and_leaves_a_cartridge(
         "seed": 0,
     }
     response = admin_client.post("/admin/fleet/cartridge/build/", {**form, "corpus": _upload()})
-    job = BuildJob.objects.get()
-    assert response.status_code == 302 and response["Location"] == f"/admin/fleet/buildjob/{job.pk}/change/"
-    assert job.runner == "thread" and job.parameters["prefix_tokens"] == 16
-    # Wait for the build's thread, not by polling the row: the test database is SQLite's shared
-    # in-memory cache, where a read that meets the thread's write fails it at once ("table is
-    # locked") instead of waiting as a file database does.
+    assert response.status_code == 302
+    # The job's id from the redirect, and no read of the job table until the build's thread has
+    # ended: the test database is SQLite's shared in-memory cache, where a read that meets the
+    # thread's write fails the write at once ("table is locked"), as a file database would not.
+    job_id = int(response["Location"].removeprefix("/admin/fleet/buildjob/").split("/")[0])
     for thread in threading.enumerate():
-        if thread.name == f"build-job-{job.pk}":
+        if thread.name == f"build-job-{job_id}":
             thread.join(600)  # a cold numba cache compiles first
-    job.refresh_from_db()
+    job = BuildJob.objects.get()
+    assert response["Location"] == f"/admin/fleet/buildjob/{job.pk}/change/" and job.pk == job_id
+    assert job.runner == "thread" and job.parameters["prefix_tokens"] == 16
     assert job.state == "succeeded", (job.state, job.error, job.log)
     cartridge = Cartridge.objects.get()
     assert Path(cartridge.path) == (tmp_path / "builds" / "cartridges" / "kettle.safetensors").resolve()
