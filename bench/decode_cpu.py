@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/decode_cpu.py MODEL [--threads 1]            # ours: whole step and
                                                                         # the step without its head
-    /work/llvenv/bin/python bench/decode_cpu.py MODEL --llama [--threads 1]
+    LLAMA_VENV/bin/python bench/decode_cpu.py MODEL --llama [--threads 1]
 
 Both prefill the same 32 tokens, then time one-token steps with ``time.process_time`` (every
 thread of the process) and ``perf_counter``; medians after a few warm-up steps. Ours times the

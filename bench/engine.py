@@ -1,6 +1,6 @@
 """Our engine side by side with llama.cpp on the same GGUF files: prefill, decode, start-up.
 
-    .venv/bin/python bench/engine.py [--model PATH ...] [--llama-python /work/llvenv/bin/python]
+    .venv/bin/python bench/engine.py [--model PATH ...] [--llama-python LLAMA_VENV/bin/python]
 
 For each model: prefill tok/s at pp16/64/256/1024 (a fresh cache each time), decode tok/s over
 64 one-token steps after one prefilled token (tg64, batch 1), the ratio ours / llama.cpp, our
@@ -301,7 +301,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", action="append", type=Path, help="GGUF file (repeatable)")
     parser.add_argument(
-        "--llama-python", help="interpreter where llama_cpp imports (e.g. /work/llvenv/bin/python)"
+        "--llama-python", help="interpreter where llama_cpp imports (e.g. LLAMA_VENV/bin/python)"
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=3)

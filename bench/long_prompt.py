@@ -1,7 +1,7 @@
 """Long-prompt prefill, ours against llama.cpp: N tokens into an empty cache of --ctx rows.
 
     .venv/bin/python bench/long_prompt.py [--model PATH] [--sizes 8192,27129] [--ctx 32768]
-        [--prompt code|random] [--llama-python /work/llvenv/bin/python] [--threads 2] [--reps 1]
+        [--prompt code|random] [--llama-python LLAMA_VENV/bin/python] [--threads 2] [--reps 1]
 
 The cost that grows with a long prompt is attention over the cache (every row reads all the
 rows before it), so this is where tiled attention shows or does not. Our side is

@@ -3,8 +3,8 @@
 A development tool, never imported by the server or the tests: it needs llama-cpp-python,
 which lives in its own venv. Run it from the repository root:
 
-    /work/llvenv/bin/python scripts/record_goldens.py             # every model it can find
-    /work/llvenv/bin/python scripts/record_goldens.py --only synthetic-qwen3 smollm2
+    LLAMA_VENV/bin/python scripts/record_goldens.py             # every model it can find
+    LLAMA_VENV/bin/python scripts/record_goldens.py --only synthetic-qwen3 smollm2
 
 That venv needs numpy and gguf too (the synthetic models are written here by
 ``tests.fixtures.synthetic_gguf.write_synthetic``, the same code the tests use). Real models

@@ -1,6 +1,6 @@
 """Record llama.cpp's one-batch logits along SmolLM2's greedy continuations (a dev tool).
 
-    /work/llvenv/bin/python scripts/record_path_goldens.py
+    LLAMA_VENV/bin/python scripts/record_path_goldens.py
 
 For each prompt of tests/goldens/generation_smollm2.json, llama.cpp evaluates the prompt and
 its 32 recorded greedy tokens in ONE batch (all logits kept) and, apart, token by token as a

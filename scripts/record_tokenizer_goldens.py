@@ -2,7 +2,7 @@
 
 Run with the interpreter that has llama-cpp-python (never the project's venv)::
 
-    /work/llvenv/bin/python scripts/record_tokenizer_goldens.py [MODEL.gguf ...]
+    LLAMA_VENV/bin/python scripts/record_tokenizer_goldens.py [MODEL.gguf ...]
 
 Without arguments it records the three real models. For each model it writes
 ``tests/goldens/tokenizer_<model-stem>.json`` holding, per corpus string, llama.cpp's ids
