@@ -108,9 +108,7 @@ class SlotPool:
         """The generation ended: slots may be evicted now (and pending evictions happen)."""
         with self.lock:
             for slot in self.slots:
-                slot.busy = False
-                if slot.evict_pending:
-                    self._evict(slot)
+                self._free(slot)
 
     def release_cache(self, cache: KVCache) -> None:
         """One stream of a lockstep batch ended: the slot holding ``cache`` may serve a stream
@@ -118,9 +116,13 @@ class SlotPool:
         with self.lock:
             for slot in self.slots:
                 if slot.cache is cache:
-                    slot.busy = False
-                    if slot.evict_pending:
-                        self._evict(slot)
+                    self._free(slot)
+
+    def _free(self, slot: Slot) -> None:
+        """No generation writes ``slot`` now: an eviction the admin asked for happens."""
+        slot.busy = False
+        if slot.evict_pending:
+            self._evict(slot)
 
     def evict(self, index: int) -> str:
         """Free one slot's cache ("evicted"), or mark it for after its generation ("pending")."""

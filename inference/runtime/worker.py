@@ -269,9 +269,9 @@ class InferenceWorker:
             if self.queue.closed:  # as in _serve: registered first, checked second
                 for job in joined:
                     job.pipe.abort(SHUTTING_DOWN)
-            return [BatchItem(job.request, job.prompt, job.pipe) for job in joined]
+            return [_batch_item(job) for job in joined]
 
-        items = [BatchItem(job.request, job.prompt, job.pipe) for job in jobs]
+        items = [_batch_item(job) for job in jobs]
         generated = sum(self.backend.generate_batch(items, Joins(take, self.batch)))
         if len(jobs) > 1:
             self.batches.record(len(jobs))
@@ -286,3 +286,8 @@ class InferenceWorker:
             embed_all(self.backend.engine, job.prompt, job.pipe)
             return 0
         return self.backend.generate(job.request, job.prompt, job.pipe)
+
+
+def _batch_item(job: Job) -> BatchItem:
+    """A queued generation as a stream of a lockstep batch."""
+    return BatchItem(job.request, job.prompt, job.pipe)
