@@ -4,7 +4,7 @@
                                    [--max-tokens 96] [--reps 2]
 
 For each model: measure the verify costs (as ``lmserve --spec`` does at warm-up), then for each
-task run plain ``Engine.generate`` and ``Speculator.generate`` on the same chat prompt (greedy),
+task run the decode loop plainly and with the speculator on the same chat prompt (greedy),
 alternating, ``--reps`` times each, and keep the best decode time of each (the machine is
 shared: the best run is the least disturbed). The two replies must be identical token for
 token. Prints decode tok/s of both, the speed-up, and accepted/drafted tokens.
@@ -25,9 +25,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from inference.engine.engine import Engine, GenerationStats  # noqa: E402
+from inference.engine.engine import Engine  # noqa: E402
 from inference.engine.sampler import SamplingParams  # noqa: E402
 from inference.generation.speculative import Speculator  # noqa: E402
+from inference.generation.stream import GenerationStats  # noqa: E402
+from inference.generation.tokens import TokenGenerator  # noqa: E402
 from inference.model_files import resolve_model  # noqa: E402
 
 MODELS = {"smollm2": "", "qwen2.5": "models/qwen2.5-coder-0.5b-instruct.gguf"}
@@ -63,20 +65,20 @@ TASKS = {
 
 
 def decode_run(
-    generate, engine: Engine, prompt: list[int], max_tokens: int
+    generator: TokenGenerator, prompt: list[int], max_tokens: int
 ) -> tuple[list[int], float, GenerationStats]:
     """The reply and the seconds from the end of prefill to the last token."""
-    stats = GenerationStats()
-    cache = engine.new_cache(len(prompt) + max_tokens + 1)
+    cache = generator.engine.new_cache(len(prompt) + max_tokens + 1)
     t0 = time.perf_counter()
-    tokens = list(generate(cache, prompt, SamplingParams(), max_tokens, stats=stats))
-    return tokens, time.perf_counter() - t0 - stats.prefill_seconds, stats
+    run = generator.run(cache, prompt, SamplingParams(), max_tokens)
+    return run.tokens, time.perf_counter() - t0 - run.stats.prefill_seconds, run.stats
 
 
 def bench_model(name: str, tasks: list[str], max_tokens: int, reps: int) -> None:
     engine = Engine.load(resolve_model(MODELS[name]))
     speculator = Speculator(engine)
     print(f"## {engine.model_id}: verify cost per row count (decode steps) {speculator.measure().describe()}")
+    plain_loop, spec_loop = TokenGenerator(engine), TokenGenerator(engine, speculator)
     print(
         f"{'task':6} {'tokens':>6} {'plain tok/s':>11} {'spec tok/s':>10} {'speed-up':>8}  accepted/drafted"
     )
@@ -85,9 +87,9 @@ def bench_model(name: str, tasks: list[str], max_tokens: int, reps: int) -> None
         prompt = engine.encode_chat([{"role": "user", "content": text}])
         best_plain = best_spec = float("inf")
         for _ in range(reps):
-            plain, seconds, _ = decode_run(engine.generate, engine, prompt, max_tokens)
+            plain, seconds, _ = decode_run(plain_loop, prompt, max_tokens)
             best_plain = min(best_plain, seconds)
-            spec, seconds, stats = decode_run(speculator.generate, engine, prompt, max_tokens)
+            spec, seconds, stats = decode_run(spec_loop, prompt, max_tokens)
             best_spec = min(best_spec, seconds)
             if spec != plain:
                 raise SystemExit(f"{task}: the speculative reply differs from the plain one")

@@ -5,20 +5,21 @@ Typical use::
     engine = Engine.load("SmolLM2-135M-Instruct.Q4_1.gguf")
     cache = engine.new_cache(4096)
     prompt = engine.encode_prompt(engine.render_chat([{"role": "user", "content": "Hi"}]))
-    gen = engine.generate(cache, prompt, SamplingParams(), max_tokens=64)
-    text = engine.tokenizer.decode(list(gen))
+    logits = engine.prefill(cache, prompt)  # (vocab,) after the prompt
+    logits = engine.decode_one(cache, int(logits.argmax()))
+
+The engine computes logits (``prefill``, ``decode_one``, ``decode_batch``, ``verify``); the
+decode loop that samples, stops and streams is inference.generation's ``DecodeStream``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from .load_options import ExpertMode, LoadOptions
 from .models import DecoderModel
 from .models.base import Run
 from .quants.dequant import PARALLEL_ROWS
-from .sampler import Sampler, SamplingParams
+from .sampler import SamplingParams
 from .tokenizer import Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -53,34 +54,6 @@ GGUF_SAMPLING_KEYS = {
     "penalty_repeat": "repeat_penalty",
     "penalty_last_n": "repeat_last_n",
 }
-
-
-class TokenMask(Protocol):
-    """A constraint on generated tokens (a grammar): which may come next, and whether the
-    token just taken completed it."""
-
-    def allowed(self, n_logits: int) -> np.ndarray: ...  # (n_logits,) bool
-
-    def accept(self, token: int) -> bool: ...
-
-
-@dataclass
-class GenerationStats:
-    """Token counts and wall time of the two phases of one generation."""
-
-    prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens reused from the cache (not prefilled)
-    prefill_seconds: float = 0.0
-    generated_tokens: int = 0
-    decode_forwards: int = 0
-    decode_seconds: float = 0.0
-    decoded_tokens: int = 0  # generated tokens written to the cache (one forward each, plain)
-    spec_drafted: int = 0  # speculation: drafted tokens verified, and how many were accepted
-    spec_accepted: int = 0
-
-    @property
-    def prefilled_tokens(self) -> int:
-        return self.prompt_tokens - self.cached_tokens
 
 
 @dataclass(frozen=True)
@@ -300,47 +273,3 @@ class Engine:
             keep -= 1
         cache.truncate(keep)
         return keep
-
-    def generate(
-        self,
-        cache: KVCache,
-        prompt: Sequence[int],
-        params: SamplingParams,
-        max_tokens: int,
-        ignore_eos: bool = False,
-        stats: GenerationStats | None = None,
-        should_stop: Callable[[], bool] | None = None,
-        constraint: TokenMask | None = None,
-    ) -> Iterator[int]:
-        """Yield generated token ids until an end-of-generation token (not yielded),
-        ``max_tokens``, a full context, ``should_stop()``, or the completion of ``constraint``.
-        Reuses the cache's common prefix."""
-        stats = stats if stats is not None else GenerationStats()
-        sampler = Sampler(params)
-        t0 = time.perf_counter()
-        stats.prompt_tokens = len(prompt)
-        stats.cached_tokens = self.reuse_prefix(cache, prompt)
-        if stats.cached_tokens == len(prompt):
-            logits = cache.prefill_logits[1]
-        else:
-            logits = self.prefill(cache, prompt[stats.cached_tokens :])
-        history = list(prompt)
-        stats.prefill_seconds = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        while stats.generated_tokens < max_tokens:
-            allowed = constraint.allowed(logits.shape[0]) if constraint is not None else None
-            token = sampler.sample(logits, history, allowed)
-            if token in self.stop_ids and not ignore_eos:
-                break
-            stats.generated_tokens += 1
-            history.append(token)
-            completed = constraint is not None and constraint.accept(token)
-            yield token
-            if completed or stats.generated_tokens >= max_tokens or cache.n_positions >= cache.n_ctx:
-                break
-            if should_stop is not None and should_stop():
-                break
-            logits = self.decode_one(cache, token)
-            stats.decode_forwards += 1
-            stats.decoded_tokens += 1
-            stats.decode_seconds = time.perf_counter() - t1

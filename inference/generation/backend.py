@@ -19,14 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from inference.engine.engine import Engine, GenerationStats
+from inference.engine.engine import Engine
 from inference.engine.kv_cache import KVCache
 from inference.generation.capabilities import Capabilities
 from inference.generation.constraints import ConstraintCompiler, ConstraintSpec, bound_number_digits
 from inference.generation.lockstep import Joins, run_lockstep
 from inference.generation.prompts import raw_prompt_tokens
 from inference.generation.speculative import Speculator
-from inference.generation.stream import BatchItem, DecodeStream
+from inference.generation.stream import BatchItem, DecodeStream, GenerationStats, Recorder
 from inference.generation.toolcall import ToolSpec, auto_call_grammar, resolve_forced_call
 from inference.kv.disk import SidecarStore
 from inference.kv.prefix_source import PrefixChoice, PrefixSource
@@ -338,19 +338,25 @@ class ConversationBackend:
             stream = self.open_stream(request, prompt, sink)
             if stream is None:
                 return 0
-            if self.speculator is not None:
-                self.speculator.drive(stream)
-                return stream.generated
-            while stream.live:
-                try:
-                    logits = self.engine.decode_one(stream.cache, stream.token)
-                except Exception as exc:
-                    stream.fail(exc)
-                    break
-                stream.advance(logits)
+            self.decode(stream)
             return stream.generated
         finally:
             self.release()
+
+    def decode(self, stream: DecodeStream) -> None:
+        """Run an opened stream to its end: through the speculator when this backend
+        speculates, else one ``decode_one`` per token. Either way the stream samples every row,
+        so the reply is the same."""
+        if self.speculator is not None:
+            self.speculator.drive(stream)
+            return
+        while stream.live:
+            try:
+                logits = self.engine.decode_one(stream.cache, stream.token)
+            except Exception as exc:
+                stream.fail(exc)
+                return
+            stream.advance(logits)
 
     def generate_batch(self, items: Sequence[BatchItem], joins: Joins | None = None) -> list[int]:
         """Serve several requests together, one forward per step for all of them (see
@@ -374,9 +380,12 @@ class ConversationBackend:
         prepared = self.validate(request)
         if isinstance(prepared, Error):
             raise RuntimeError(f"warm-up prompt rejected: {prepared.message}")
-        cache = self.caches.scratch(prepared.tokens)
-        for _ in self.engine.generate(cache, prepared.tokens, self.defaults, 2):
-            pass
-        self.caches.discard(cache)
         if self.speculator is not None:
             self.speculator.measure()  # the verify costs of this machine, for the cost gate
+        sink = Recorder()
+        stream = DecodeStream(self, request, prepared, sink, self.caches.scratch(prepared.tokens))
+        stream.begin()
+        self.decode(stream)
+        self.caches.discard(stream.cache)
+        if isinstance(sink.final, Error):
+            raise RuntimeError(f"warm-up generation failed: {sink.final.message}")

@@ -10,9 +10,9 @@ sampled next. The first mismatch's sample is the correction; a fully accepted dr
 bonus token from its last row. The cache is cut back to the rows whose inputs were
 committed, so after the turn it holds exactly what the plain loop leaves: the prompt and
 every committed token but the last (or all of them when an end-of-generation token was
-sampled). Because the tokens are yielded one at a time, the caller's stop-string scan and
-cancellation act at the same token as on the plain path; closing the generator cuts the
-cache back there too.
+sampled). The rows go through the request's DecodeStream one at a time, so its stop strings,
+budget and cancellation act at the same token as on the plain path, and the cache is cut
+back there too.
 
 Drafts and the decision to verify them (drafts.py) only change the speed, never the reply.
 """
@@ -20,16 +20,12 @@ Drafts and the decision to verify them (drafts.py) only change the speed, never 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
 import numpy as np
 
-from inference.engine.engine import Engine, GenerationStats
-from inference.engine.kv_cache import KVCache
-from inference.engine.sampler import Sampler, SamplingParams
-from inference.generation.constraints import TokenConstraint
+from inference.engine.engine import Engine
 from inference.generation.drafts import (
     MAX_DRAFT,
     MUTE_WINDOW,
@@ -78,43 +74,16 @@ class Speculator:
         logger.info("speculation: verify cost per row count (in decode steps) %s", self.costs.describe())
         return self.costs
 
-    def generate(
-        self,
-        cache: KVCache,
-        prompt: Sequence[int],
-        params: SamplingParams,
-        max_tokens: int,
-        ignore_eos: bool = False,
-        stats: GenerationStats | None = None,
-        should_stop: Callable[[], bool] | None = None,
-        constraint: TokenConstraint | None = None,
-    ) -> Iterator[int]:
-        """``Engine.generate`` with speculation: the same tokens, the same cache afterwards."""
-        stats = stats if stats is not None else GenerationStats()
-        engine = self.engine
-        t0 = time.perf_counter()
-        stats.prompt_tokens = len(prompt)
-        stats.cached_tokens = engine.reuse_prefix(cache, prompt)
-        if stats.cached_tokens == len(prompt):
-            logits = cache.prefill_logits[1]
-        else:
-            logits = engine.prefill(cache, prompt[stats.cached_tokens :])
-        stats.prefill_seconds = time.perf_counter() - t0
-        costs = self.costs if self.costs is not None else self.measure()
-        turn = _Turn(self, cache, prompt, Sampler(params), constraint, stats, CostGate(costs))
-        yield from turn.run(logits, max_tokens, ignore_eos, should_stop)
-
     def drive(self, stream: DecodeStream) -> None:
         """Run a server request's stream (prefilled, first token taken) to its end with
         speculation: the stream samples, streams and finishes every verify row exactly as
         the plain loop's ``decode_one`` rows, so its events are the plain loop's."""
         costs = self.costs if self.costs is not None else self.measure()
         cache, stats = stream.cache, stream.stats
-        turn = _Turn(self, cache, stream.history, stream.sampler, stream.constraint, stats, CostGate(costs))
-        turn.history = stream.history  # the stream commits; the turn reads
+        turn = _Turn(self, stream, CostGate(costs))
         while stream.live:
             carried = stream.token
-            draft = turn._draft(stream.prompt.max_tokens - stats.generated_tokens)
+            draft = turn.draft(stream.prompt.max_tokens - stats.generated_tokens)
             before = cache.n_tokens  # row j's input is token before + j of the cache
             try:
                 rows = self.engine.verify(cache, [carried, *draft]) if draft else None
@@ -127,7 +96,7 @@ class Speculator:
             accepted = judged = 0
             for i in range(rows.shape[0]):
                 judged = i + 1
-                stream.advance(rows[i], rows=cache.prefix_rows + before + judged)
+                stream.advance(rows[i], rows=cache.prefix_rows + before + judged, forward=i == 0)
                 if not stream.live:
                     break
                 turn.cascade.observe(stream.token)
@@ -136,90 +105,27 @@ class Speculator:
                     continue
                 break
             stats.spec_accepted += accepted
-            turn._learn(draft, accepted, rows, before + 1)
+            turn.learn(draft, accepted, rows, before + 1)
             if cache.n_tokens > before + judged:
                 cache.truncate(before + judged)
         logger.info("spec: %d/%d accepted", stats.spec_accepted, stats.spec_drafted)
 
 
 class _Turn:
-    """One request's speculative decode: its sampler, grammar, drafts and gate."""
+    """One stream's drafting state: its draft sources, the cost gate, and the source of the
+    draft being verified."""
 
-    def __init__(
-        self,
-        speculator: Speculator,
-        cache: KVCache,
-        prompt: Sequence[int],
-        sampler: Sampler,
-        constraint: TokenConstraint | None,
-        stats: GenerationStats,
-        gate: CostGate,
-    ):
+    def __init__(self, speculator: Speculator, stream: DecodeStream, gate: CostGate):
         self.engine = speculator.engine
         self.recycling = speculator.recycling
-        self.cache = cache
-        self.sampler = sampler
-        self.constraint = constraint
-        self.stats = stats
+        self.cache = stream.cache
+        self.constraint = stream.constraint
         self.gate = gate
-        self.history = list(prompt)
-        self.prompt_tokens = len(prompt)
+        self.history = stream.history  # the stream commits; the turn reads
         self._source = None  # the source of the draft being verified
         self.cascade = speculator.sources(self.history, self.recycling)
-        self.completed = False
 
-    def run(
-        self, logits: np.ndarray, max_tokens: int, ignore_eos: bool, should_stop: Callable[[], bool] | None
-    ) -> Iterator[int]:
-        cache, stats, stop_ids = self.cache, self.stats, self.engine.stop_ids
-        rows, draft, first = logits[None], [], cache.n_tokens  # first: rows up to row 0's input
-        keep = first  # the cache rows whose inputs are committed
-        t1 = time.perf_counter()
-        try:
-            while True:
-                for i in range(rows.shape[0]):
-                    keep = first + i
-                    token = self._sample(rows[i])
-                    if token in stop_ids and not ignore_eos:
-                        return
-                    matched = i < len(draft) and token == draft[i]
-                    self.stats.spec_accepted += matched
-                    self._commit(token)
-                    yield token
-                    if (
-                        self.completed
-                        or stats.generated_tokens >= max_tokens
-                        or cache.prefix_rows + keep >= cache.n_ctx
-                    ):
-                        return
-                    if should_stop is not None and should_stop():
-                        return
-                    if not matched:
-                        break
-                self._learn(draft, i, rows, first)
-                cache.truncate(keep)
-                draft = self._draft(max_tokens - stats.generated_tokens)
-                rows = self._forward(token, draft)
-                first = keep + 1
-                stats.decode_seconds = time.perf_counter() - t1
-        finally:
-            if cache.n_tokens > keep:  # rows of rejected (or never judged) drafts
-                cache.truncate(keep)
-            stats.decoded_tokens = keep - self.prompt_tokens
-
-    def _sample(self, row: np.ndarray) -> int:
-        """The plain loop's choice on this row: grammar mask, penalties over the history."""
-        allowed = self.constraint.allowed(row.shape[0]) if self.constraint is not None else None
-        return self.sampler.sample(row, self.history, allowed)
-
-    def _commit(self, token: int) -> None:
-        self.stats.generated_tokens += 1
-        self.history.append(token)
-        if self.constraint is not None:
-            self.completed = self.constraint.accept(token)
-        self.cascade.observe(token)
-
-    def _draft(self, remaining: int) -> list[int]:
+    def draft(self, remaining: int) -> list[int]:
         """The tokens to verify after the carried one; [] for a plain step. At most as many
         as the reply budget and the context leave room for (the bonus token included)."""
         cache = self.cache
@@ -245,15 +151,7 @@ class _Turn:
         self._source = proposal.source
         return tokens[:k]
 
-    def _forward(self, carried: int, draft: list[int]) -> np.ndarray:
-        """The logits after the carried token and after each drafted one (rows, vocab)."""
-        self.stats.decode_forwards += 1
-        if not draft:
-            return self.engine.decode_one(self.cache, carried)[None]
-        self.stats.spec_drafted += len(draft)
-        return self.engine.verify(self.cache, [carried, *draft])
-
-    def _learn(self, draft: list[int], accepted: int, rows: np.ndarray, first: int) -> None:
+    def learn(self, draft: list[int], accepted: int, rows: np.ndarray, first: int) -> None:
         """After a verify whose first ``accepted`` drafted tokens were committed: the source's
         acceptance, the gate's realised gain, and the recycling table from the judged rows."""
         if not draft:

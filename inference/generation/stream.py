@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from inference.engine.engine import PREFILL_CHUNK, Engine, GenerationStats
+from inference.engine.engine import PREFILL_CHUNK, Engine
 from inference.engine.families import Family
 from inference.engine.kv_cache import KVCache
 from inference.engine.logprobs import token_distribution
@@ -32,10 +33,38 @@ from inference.generation.constraints import (
     TokenConstraint,
 )
 from inference.generation.emitter import ReplyEmitter
-from inference.kv.slots import SlotPool
-from inference.types import Error, Finish, GenerationRequest, PreparedPrompt, Sink, TokenLogprob, Usage
+from inference.types import (
+    Error,
+    Event,
+    Finish,
+    GenerationRequest,
+    PreparedPrompt,
+    Sink,
+    TextDelta,
+    TokenLogprob,
+    Usage,
+)
 
 logger = logging.getLogger("lmserve.backend")
+
+
+@dataclass
+class GenerationStats:
+    """Token counts and wall time of the two phases of one generation."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens reused from the cache (not prefilled)
+    prefill_seconds: float = 0.0
+    generated_tokens: int = 0
+    decode_forwards: int = 0
+    decode_seconds: float = 0.0
+    decoded_tokens: int = 0  # generated tokens written to the cache (one forward each, plain)
+    spec_drafted: int = 0  # speculation: drafted tokens verified, and how many were accepted
+    spec_accepted: int = 0
+
+    @property
+    def prefilled_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
 
 
 def dead_end_error(request: GenerationRequest, generated: int, exc: ConstraintDeadEnd) -> Error:
@@ -69,6 +98,44 @@ class BatchItem:
     sink: Sink
 
 
+class Recorder:
+    """A sink that keeps what a stream sends: its events, then its ``final`` (Finish or Error;
+    None while open, and for good once cancelled). ``on_text`` sees each reply text as it
+    comes; ``stop_when`` is asked after each token whether to cancel (the caller stopped
+    reading)."""
+
+    def __init__(
+        self,
+        on_text: Callable[[str], None] | None = None,
+        stop_when: Callable[[], bool] | None = None,
+    ):
+        self.events: list[Event] = []
+        self.final: Finish | Error | None = None
+        self._on_text = on_text
+        self._stop_when = stop_when
+
+    @property
+    def cancelled(self) -> bool:
+        return self._stop_when is not None and self._stop_when()
+
+    def push(self, event: Event) -> None:
+        self.events.append(event)
+        if self._on_text is not None and isinstance(event, TextDelta):
+            self._on_text(event.text)
+
+    def close(self, final: Finish | Error) -> None:
+        self.final = final
+
+    def prefix_chosen(self, documents: tuple[str, ...]) -> None:
+        pass
+
+
+class StreamCaches(Protocol):
+    """The part of a backend's cache policy a stream calls on a failure."""
+
+    def discard(self, cache: KVCache) -> None: ...
+
+
 class StreamHost(Protocol):
     """What a stream reads from the backend that opens it (ConversationBackend): typed here so
     that this module, which the backend imports, imports no backend."""
@@ -77,7 +144,7 @@ class StreamHost(Protocol):
     family: Family
     defaults: SamplingParams
     constraints: ConstraintCompiler
-    slots: SlotPool | None
+    caches: StreamCaches
 
     def constraint_spec(self, request: GenerationRequest) -> ConstraintSpec | None: ...
 
@@ -148,12 +215,13 @@ class DecodeStream:
         except Exception as exc:
             self.fail(exc)
 
-    def advance(self, logits: np.ndarray, rows: int | None = None) -> None:
+    def advance(self, logits: np.ndarray, rows: int | None = None, forward: bool = True) -> None:
         """The forward appended :attr:`token`; ``logits`` (vocab,) follow it. ``rows``: the
         cache rows (prefix included) that count once :attr:`token` is committed (a speculative
         verify has appended drafted rows past them, which do not count against the context);
-        default every row of the cache."""
-        self.stats.decode_forwards += 1
+        default every row of the cache. ``forward``: these logits are a forward's first row
+        (false for a verify's later rows, which that forward already counted)."""
+        self.stats.decode_forwards += forward
         self.stats.decoded_tokens += 1
         self.stats.decode_seconds = time.perf_counter() - self._decode_started
         self.token = None

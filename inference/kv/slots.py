@@ -91,8 +91,8 @@ class SlotPool:
 
     def acquire(self, prompt: list[int], choice: PrefixChoice | None = None) -> KVCache:
         """The cache to generate ``prompt`` in, behind ``choice``'s prefix (None: no prefix);
-        its rows past the shared tokens are stale and will be overwritten (Engine.generate
-        keeps only the common prefix)."""
+        its rows past the shared tokens are stale and will be overwritten (a stream's
+        prefill keeps only the common prefix)."""
         with self.lock:
             chosen = self.choose(prompt, choice)
             chosen.last_used = next(_ticks)

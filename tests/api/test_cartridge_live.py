@@ -23,6 +23,7 @@ from inference.engine.sampler import SamplingParams
 from inference.kv.disk import scan_sidecars
 from inference.types import SamplingOverrides
 from tests.api.conftest import ServerProcess, anthropic_client, openai_client, start_lmserve
+from tests.fixtures.generation import generate_ids
 from tests.fixtures.model_files import default_model_path
 
 pytestmark = pytest.mark.slow
@@ -72,7 +73,7 @@ class Prepared:
         cache = self.engine.new_cache(len(tokens) + MAX_TOKENS + 1)
         out = b"".join(
             self.engine.tokenizer.token_bytes(t)
-            for t in self.engine.generate(cache, tokens, params, MAX_TOKENS)
+            for t in generate_ids(self.engine, cache, tokens, params, MAX_TOKENS)
         )
         return out.decode("utf-8", errors="replace")
 

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from inference.engine.engine import Engine
-from inference.engine.sampler import SamplingParams
 from tests.api.conftest import API_KEY, chat_stream_text, start_lmserve
+from tests.fixtures.generation import greedy_text
 from tests.fixtures.synthetic_gemma4 import gemma4_path
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -53,8 +53,7 @@ def expected(model_path) -> tuple[list[int], str]:
     (control tokens, such as the thought-channel markers this random model writes, are none)."""
     engine = Engine.load(model_path)
     prompt = engine.encode_chat(MESSAGES)
-    ids = list(engine.generate(engine.new_cache(256), prompt, SamplingParams(temperature=0.0), MAX_TOKENS))
-    text = b"".join(engine.tokenizer.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+    ids, text = greedy_text(engine, prompt, MAX_TOKENS)
     assert any(engine.tokenizer.is_control(i) for i in ids)  # so hidden control tokens are covered too
     return ids, text
 

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from inference.engine.engine import Engine
-from inference.engine.sampler import SamplingParams
 from tests.api.conftest import API_KEY, chat_stream_text, start_lmserve
+from tests.fixtures.generation import greedy_text
 from tests.fixtures.synthetic_qwen35 import qwen35_path
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -47,10 +47,7 @@ def engine(model_path) -> Engine:
 def greedy(engine: Engine, messages: list[dict], thinking: bool) -> tuple[int, str]:
     """The engine's greedy reply in this process: prompt length and the reply text."""
     prompt = engine.encode_chat(messages, enable_thinking=thinking)
-    ids = list(engine.generate(engine.new_cache(256), prompt, SamplingParams(temperature=0.0), MAX_TOKENS))
-    return len(prompt), b"".join(engine.tokenizer.token_bytes(i) for i in ids).decode(
-        "utf-8", errors="replace"
-    )
+    return len(prompt), greedy_text(engine, prompt, MAX_TOKENS)[1]
 
 
 def test_health_and_models_name_the_features(model_server):

@@ -8,25 +8,25 @@ the cartridge's KV prefix (its rows are not counted as prefill tokens).
 
 from __future__ import annotations
 
-import codecs
 import sys
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.engine.chat_template import ChatTemplateError
-from inference.engine.engine import Engine, GenerationStats
+from inference.engine.engine import Engine
 from inference.engine.gguf_file import GGUFError
 from inference.engine.jit.compile_watch import CompileWatch, compiles_kernels, warm_up_notice
-from inference.engine.kv_cache import ContextFullError
 from inference.engine.load_options import ExpertMode, LoadOptions
 from inference.engine.sampler import SamplingParams
 from inference.generation.capabilities import Capabilities, ServingFlags, refusal
 from inference.generation.speculative import Speculator
+from inference.generation.stream import GenerationStats
+from inference.generation.tokens import TokenGenerator
 from inference.kv.prefix_source import PrefixChoice, load_prefix_source
 from inference.management.options import add_experts_argument
 from inference.model_files import ModelFileError, resolve_model
-from inference.types import GenerationRequest, Message
+from inference.types import Error, GenerationRequest, Message
 
 
 class Command(BaseCommand):
@@ -78,21 +78,21 @@ class Command(BaseCommand):
         if choice is not None:
             cache.install_prefix(choice.prefix, choice.key)
         params = SamplingParams(temperature=opts["temperature"], seed=opts["seed"])
-        stats = GenerationStats()
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        out = sys.stdout
-        speculate = opts["spec"]
-        decode = Speculator(engine).generate if speculate else engine.generate
-        try:
-            tokens = decode(cache, prompt, params, opts["max_tokens"], opts["ignore_eos"], stats)
-            for token in tokens:
-                out.write(decoder.decode(engine.reply_bytes(token)))
-                out.flush()
-        except ContextFullError as exc:
-            raise CommandError(str(exc)) from exc
-        out.write(decoder.decode(b"", final=True) + "\n")
-        out.flush()
-        spec = f"; spec: {stats.spec_accepted}/{stats.spec_drafted} accepted" if speculate else ""
+        speculator = Speculator(engine) if opts["spec"] else None
+
+        def write(text: str) -> None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+        generator = TokenGenerator(engine, speculator)
+        run = generator.run(
+            cache, prompt, params, opts["max_tokens"], ignore_eos=opts["ignore_eos"], on_text=write
+        )
+        if isinstance(run.final, Error):
+            raise CommandError(run.final.message)
+        write("\n")
+        stats = run.stats
+        spec = f"; spec: {stats.spec_accepted}/{stats.spec_drafted} accepted" if speculator else ""
         sys.stderr.write(stats_line(stats) + spec + "\n")
 
 

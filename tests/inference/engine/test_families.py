@@ -10,6 +10,7 @@ from inference.engine.families import FAMILIES, LLAMA_CPP_SAMPLING, QWEN3_SAMPLI
 from inference.engine.gguf_file import GGUFFile
 from inference.engine.sampler import SamplingParams
 from inference.engine.tokenizer import load_tokenizer
+from tests.fixtures.generation import generate_ids
 from tests.fixtures.model_files import default_model_path
 
 
@@ -51,11 +52,11 @@ def test_family_stop_token_ends_a_generation():
     engine = Engine.load(default_model_path())
     prompt = engine.encode_chat([{"role": "user", "content": "Say hello."}])
     cache = engine.new_cache(256)
-    free = list(engine.generate(cache, prompt, SamplingParams(), 6, ignore_eos=True))
+    free = generate_ids(engine, cache, prompt, SamplingParams(), 6, ignore_eos=True)
     first_text = engine.tokenizer.token_text(free[1])
     family = dataclasses.replace(engine.family, stop_tokens=(first_text,))
     stopping = Engine(engine.path, engine.file, engine.model, engine.tokenizer, family)
-    cut = list(stopping.generate(stopping.new_cache(256), prompt, SamplingParams(), 6, ignore_eos=False))
+    cut = generate_ids(stopping, stopping.new_cache(256), prompt, SamplingParams(), 6)
     assert cut == free[: free.index(free[1])]
 
 

@@ -26,6 +26,7 @@ from inference.engine.models.inkling_state import InklingCache, short_conv
 from inference.engine.sampler import SamplingParams
 from inference.generation.emitter import ReplyEmitter
 from inference.types import ReasoningDelta, TextDelta
+from tests.fixtures.generation import generate_ids
 from tests.fixtures.synthetic_inkling import (
     ANSWER_TEXT,
     GENERATOR_VERSION,
@@ -92,9 +93,8 @@ def test_forward_matches_the_independent_reference(engine):
 
 def test_padded_ids_never_come_out(engine):
     prompt = engine.encode_chat([{"role": "user", "content": "Hi"}])
-    ids = list(
-        engine.generate(engine.new_cache(64), prompt, SamplingParams(temperature=1.5, seed=3), 20, True)
-    )
+    params = SamplingParams(temperature=1.5, seed=3)
+    ids = generate_ids(engine, engine.new_cache(64), prompt, params, 20, ignore_eos=True)
     assert len(ids) == 20 and max(ids) < engine.config.vocab_size - N_PAD
 
 
@@ -194,7 +194,7 @@ def test_reasoning_routes_from_content_thinking_to_content_text(think_engine):
     assert family is FAMILIES["inkling"] and not family.kv_reuse and not family.spec
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = think_engine.encode_chat(messages, enable_thinking=True)
-    ids = list(think_engine.generate(think_engine.new_cache(128), prompt, SamplingParams(), 40))
+    ids = generate_ids(think_engine, think_engine.new_cache(128), prompt, SamplingParams(), 40)
     # The markers are control tokens: hidden as text, except the two that route the block.
     tok = think_engine.tokenizer
     assert all(tok.is_control(tok.token_id(m)) for m in ("<|content_thinking|>", "<|end_message|>"))
@@ -206,7 +206,7 @@ def test_reasoning_routes_from_content_thinking_to_content_text(think_engine):
     assert _route(think_engine, ids, reasoning=False) == ("", ANSWER_TEXT)
     # Thinking off: the primed text block makes the model answer at once.
     prompt = think_engine.encode_chat(messages, enable_thinking=False)
-    ids = list(think_engine.generate(think_engine.new_cache(128), prompt, SamplingParams(), 40))
+    ids = generate_ids(think_engine, think_engine.new_cache(128), prompt, SamplingParams(), 40)
     assert _route(think_engine, ids, reasoning=True) == ("", ANSWER_TEXT)
 
 

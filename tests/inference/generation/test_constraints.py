@@ -21,6 +21,7 @@ from inference.generation.constraints import (
     bound_number_digits,
 )
 from inference.types import Error, Finish, GenerationRequest, Message, SamplingOverrides
+from tests.fixtures.generation import generator
 from tests.fixtures.model_files import default_model_path
 from tests.inference.generation.test_backend import RecordingSink
 
@@ -142,12 +143,13 @@ def test_sampler_never_picks_a_masked_token():
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_engine_generates_schema_valid_json(engine, compiler, temperature):
+def test_engine_generates_schema_valid_json(engine, temperature):
     prompt = engine.encode_prompt(engine.render_chat([{"role": "user", "content": "Describe a person."}]))
-    constraint = compiler.constraint(ConstraintSpec.json_schema(PERSON, "schema"))
+    constraint = ConstraintSpec.json_schema(PERSON, "schema")
     params = SamplingParams(temperature=temperature, top_k=40, seed=3)
-    ids = list(engine.generate(engine.new_cache(512), prompt, params, 80, constraint=constraint))
-    assert constraint.completed
+    run = generator(engine).run(engine.new_cache(512), prompt, params, 80, constraint=constraint)
+    assert run.final.reason == "stop"  # the grammar completed, within budget
+    ids = run.tokens
     jsonschema.validate(json.loads(engine.tokenizer.decode(ids)), PERSON)
 
 

@@ -14,9 +14,10 @@ import sys
 import numba
 import pytest
 
-from inference.engine.engine import Engine, GenerationStats
+from inference.engine.engine import Engine
 from inference.engine.jit.compile_watch import CompileWatch
 from inference.generation.backend import ConversationBackend
+from inference.generation.tokens import TokenGenerator
 from inference.types import Finish, GenerationRequest, Message, SamplingOverrides
 from tests.fixtures.model_files import default_model_path
 
@@ -64,12 +65,10 @@ def test_after_engine_warm_up_a_long_prefill_compiles_and_loads_nothing(engine):
     engine.warm_up()
     before = dispatcher_signatures()
     prompt = engine.encode_prompt(LONG_PROMPT)
+    loop = TokenGenerator(engine)
     with CompileWatch(lambda line: None, interval=3600) as watch:
-        tokens = list(
-            engine.generate(
-                engine.new_cache(1024), prompt, engine.recommended_sampling(), 4, True, GenerationStats()
-            )
-        )
+        cache = engine.new_cache(1024)
+        tokens = loop.run(cache, prompt, engine.recommended_sampling(), 4, ignore_eos=True).tokens
     assert len(tokens) == 4
     assert watch.compiled == 0
     assert dispatcher_signatures() == before

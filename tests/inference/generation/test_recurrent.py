@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from inference.engine.engine import Engine
-from inference.engine.sampler import SamplingParams
 from inference.generation.backend import ConversationBackend
 from inference.generation.backends import BackendSetup, backend_for
 from inference.generation.constraints import ConstraintSpec
@@ -22,6 +21,7 @@ from inference.types import (
     SamplingOverrides,
     TextDelta,
 )
+from tests.fixtures.generation import greedy_text
 from tests.fixtures.synthetic_qwen35 import qwen35_path
 from tests.inference.generation.test_backend import RecordingSink
 
@@ -51,9 +51,8 @@ def run(backend, request: GenerationRequest) -> tuple[list[int], RecordingSink]:
     return prepared.tokens, sink
 
 
-def greedy_text(engine: Engine, prompt: list[int], n: int) -> str:
-    ids = list(engine.generate(engine.new_cache(len(prompt) + n + 1), prompt, SamplingParams(), n))
-    return b"".join(engine.tokenizer.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+def greedy_reply(engine: Engine, prompt: list[int], n: int) -> str:
+    return greedy_text(engine, prompt, n)[1]
 
 
 def test_the_backend_keeps_nothing_between_requests(backend):
@@ -70,7 +69,7 @@ def test_the_prefilled_think_opener_routes_the_reply_as_reasoning(backend, engin
     prompt, sink = run(backend, GenerationRequest(ASK, GREEDY, max_tokens=6, reasoning=True))
     assert engine.tokenizer.decode(prompt).endswith("<|im_start|>assistant\n<think>\n")
     reasoning = "".join(e.text for e in sink.events if isinstance(e, ReasoningDelta))
-    assert reasoning == greedy_text(engine, prompt, 6) and sink.text == ""
+    assert reasoning == greedy_reply(engine, prompt, 6) and sink.text == ""
     usage = sink.events[-1].usage
     assert usage.reasoning_tokens == usage.completion_tokens == 6
     # What the model writes after its own closing marker is the reply.
@@ -84,7 +83,7 @@ def test_reasoning_off_renders_the_empty_think_block(backend, engine):
     prompt, sink = run(backend, GenerationRequest(ASK, GREEDY, max_tokens=6))
     assert engine.tokenizer.decode(prompt).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert not any(isinstance(e, ReasoningDelta) for e in sink.events)
-    assert sink.text == greedy_text(engine, prompt, 6)
+    assert sink.text == greedy_reply(engine, prompt, 6)
 
 
 def test_a_grammar_governs_the_reply_from_its_first_token(backend, engine):

@@ -15,11 +15,13 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from inference.engine.engine import Engine, GenerationStats
+from inference.engine.engine import Engine
 from inference.engine.sampler import SamplingParams
 from inference.generation.constraints import ConstraintCompiler, ConstraintSpec
 from inference.generation.drafts import Draft, RecyclingTable, VerifyCosts
 from inference.generation.speculative import Speculator
+from inference.generation.tokens import TokenGenerator
+from tests.fixtures.generation import generate_ids, generator
 from tests.fixtures.synthetic_gguf import synthetic_path
 
 FREE = VerifyCosts((1, 16), (1.0, 1.0))  # verifying is free: the gate always opens
@@ -32,11 +34,12 @@ MODES = ("perfect", "garbage", "half")
 
 class ScriptedSource:
     """Drafts what the plain run produced next ("perfect"), something else ("garbage"), or
-    the truth for two tokens and then a wrong one ("half")."""
+    the truth for two tokens and then a wrong one ("half"). ``history``: the prompt and the
+    tokens committed before drafting starts; ``script`` follows the prompt's ``start`` tokens."""
 
-    def __init__(self, prompt: Sequence[int], script: list[int], mode: str, vocab: int):
-        self.start = len(prompt)
-        self.stream = list(prompt)
+    def __init__(self, start: int, history: Sequence[int], script: list[int], mode: str, vocab: int):
+        self.start = start
+        self.stream = list(history)
         self.script = script
         self.mode = mode
         self.vocab = vocab
@@ -66,19 +69,23 @@ def prompt_of(engine: Engine) -> list[int]:
 
 def plain_run(engine, prompt, params, max_tokens, n_ctx=256, **kwargs):
     cache = engine.new_cache(n_ctx)
-    tokens = list(engine.generate(cache, prompt, params, max_tokens, **kwargs))
-    return tokens, cache
+    return generate_ids(engine, cache, prompt, params, max_tokens, **kwargs), cache
+
+
+def scripted(engine, prompt, script, mode) -> Speculator:
+    """A speculator whose every request drafts from ``script`` in ``mode``."""
+
+    def sources(history, _recycling):
+        return ScriptedSource(len(prompt), history, script, mode, engine.config.vocab_size)
+
+    return Speculator(engine, FREE, sources=sources)
 
 
 def spec_run(engine, prompt, params, max_tokens, script, mode, n_ctx=256, **kwargs):
-    def sources(history, _recycling):
-        return ScriptedSource(history, script, mode, engine.config.vocab_size)
-
     cache = engine.new_cache(n_ctx)
-    stats = GenerationStats()
-    speculator = Speculator(engine, FREE, sources=sources)
-    tokens = list(speculator.generate(cache, prompt, params, max_tokens, stats=stats, **kwargs))
-    return tokens, cache, stats
+    loop = TokenGenerator(engine, scripted(engine, prompt, script, mode))
+    run = loop.run(cache, prompt, params, max_tokens, **kwargs)
+    return run.tokens, cache, run.stats
 
 
 def assert_same_cache(plain, spec):
@@ -117,23 +124,15 @@ def test_penalties_see_the_accepted_tokens_of_the_same_verify(engine):
 
 
 @pytest.mark.parametrize("mode", ["perfect", "half"])
-def test_closing_mid_verify_cuts_the_cache_where_the_plain_loop_stops(engine, mode):
-    # The caller stops after 13 tokens (a stop string): drafted rows after it are dropped.
+def test_stopping_mid_verify_cuts_the_cache_where_the_plain_loop_stops(engine, mode):
+    # The caller stops after 13 tokens (a client hung up): drafted rows after it are dropped.
     prompt = prompt_of(engine)
     script, _ = plain_run(engine, prompt, GREEDY, 40, ignore_eos=True)
     caches = []
-    for run in ("plain", "spec"):
+    for loop in (generator(engine), TokenGenerator(engine, scripted(engine, prompt, script, mode))):
         cache = engine.new_cache(256)
-        if run == "plain":
-            gen = engine.generate(cache, prompt, GREEDY, 40, ignore_eos=True)
-        else:
-            sources = lambda h, _r: ScriptedSource(h, script, mode, engine.config.vocab_size)  # noqa: E731
-            gen = Speculator(engine, FREE, sources=sources).generate(
-                cache, prompt, GREEDY, 40, ignore_eos=True
-            )
-        got = [next(gen) for _ in range(13)]
-        gen.close()
-        assert got == script[:13]
+        run = loop.run(cache, prompt, GREEDY, 40, ignore_eos=True, stop_after=13)
+        assert run.tokens == script[:13] and run.final is None
         caches.append(cache)
     assert_same_cache(*caches)
 
@@ -170,13 +169,11 @@ def test_grammar_masks_every_row_and_drafts_are_cut_to_what_it_allows(synthetic_
     compiler = ConstraintCompiler(engine.tokenizer, stop_ids=engine.stop_ids)
     spec = ConstraintSpec("regex", "[a-z]+( [a-z]+){5,12}\\.", "regex")
     prompt = prompt_of(engine)
-    plain, plain_cache = plain_run(engine, prompt, GREEDY, 60, constraint=compiler.constraint(spec))
+    plain, plain_cache = plain_run(engine, prompt, GREEDY, 60, constraint=spec)
     assert plain and re.fullmatch(r"[a-z ]+\.?", engine.tokenizer.decode(plain))
     # A "garbage" script is mostly outside the grammar: valid_prefix cuts it before verifying.
     for mode in ("perfect", "garbage"):
-        got, cache, stats = spec_run(
-            engine, prompt, GREEDY, 60, plain, mode, constraint=compiler.constraint(spec)
-        )
+        got, cache, stats = spec_run(engine, prompt, GREEDY, 60, plain, mode, constraint=spec)
         assert got == plain
         assert_same_cache(plain_cache, cache)
     constraint = compiler.constraint(spec)
@@ -188,9 +185,9 @@ def test_recycling_and_conversation_drafts_on_a_repeating_stream(engine):
     # The default sources on a model that repeats itself: the automaton drafts its loop.
     prompt = prompt_of(engine)
     plain, plain_cache = plain_run(engine, prompt, GREEDY, 80, ignore_eos=True)
-    cache, stats = engine.new_cache(256), GenerationStats()
-    speculator = Speculator(engine, FREE)
-    spec = list(speculator.generate(cache, prompt, GREEDY, 80, ignore_eos=True, stats=stats))
+    cache, speculator = engine.new_cache(256), Speculator(engine, FREE)
+    run = TokenGenerator(engine, speculator).run(cache, prompt, GREEDY, 80, ignore_eos=True)
+    spec, stats = run.tokens, run.stats
     assert spec == plain
     assert_same_cache(plain_cache, cache)
     assert stats.spec_drafted > 0

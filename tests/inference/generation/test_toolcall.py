@@ -27,6 +27,7 @@ from inference.generation.toolcall import (
     resolve_forced_call,
 )
 from inference.types import GenerationRequest, Message
+from tests.fixtures.generation import generator
 from tests.fixtures.model_files import default_model_path, optional_model_path
 
 pytestmark = pytest.mark.timeout(900)
@@ -215,14 +216,14 @@ def qwen() -> Engine:
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_forced_call_on_qwen_is_one_valid_call(qwen, temperature):
-    compiler = ConstraintCompiler(qwen.tokenizer)
     tools = [WEATHER, CLOCK]
     messages = [{"role": "user", "content": "What's the weather in Paris?"}]
     prompt = qwen.encode_prompt(qwen.render_chat(messages, tools=[t.template_dict() for t in tools]))
-    constraint = compiler.constraint(resolve_forced_call(forced_call_spec(tools, True), HERMES_TOOLS))
+    constraint = resolve_forced_call(forced_call_spec(tools, True), HERMES_TOOLS)
     params = SamplingParams(temperature=temperature, top_k=40, seed=5)
-    ids = list(qwen.generate(qwen.new_cache(1024), prompt, params, 80, constraint=constraint))
-    assert constraint.completed
+    run = generator(qwen).run(qwen.new_cache(1024), prompt, params, 80, constraint=constraint)
+    assert run.final.reason == "stop"  # the grammar completed, within budget
+    ids = run.tokens
     items = scan([qwen.tokenizer.decode(ids)])
     assert len(items) == 1 and isinstance(items[0], ToolCall)
     call = items[0]
