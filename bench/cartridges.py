@@ -49,44 +49,30 @@ from fleet.cartridges.init import initial_cartridge  # noqa: E402
 from fleet.cartridges.selfstudy import SelfStudyConfig, plan_conversation, synthesize_batch  # noqa: E402
 from fleet.cartridges.train import DEFAULT_LR, ConversationPool, conversation_grad, mean_loss  # noqa: E402
 from inference.engine.engine import Engine  # noqa: E402
+from inference.engine.sampler import SamplingParams  # noqa: E402
 from inference.engine.training import PrefixForward  # noqa: E402
+from inference.generation.tokens import TokenGenerator  # noqa: E402
 from inference.model_files import DEFAULT_MODEL_FILE, DEFAULT_MODEL_PACKAGE, installed_file  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
-SHADOW = -1  # token shadow of prefix rows: matches no real token
 
 
 def answer(
-    engine: Engine, messages: list[dict], prefix: Cartridge | None, max_tokens: int, cache=None
+    loop: TokenGenerator, messages: list[dict], prefix: Cartridge | None, max_tokens: int, cache=None
 ) -> tuple[str, float, int]:
-    """Greedy reply behind an optional prefix (rows [0, p) of the cache, real tokens after):
-    the text, seconds to the first token, and the KV rows the context occupied. A ``cache``
-    passed in keeps the rows it shares with the prompt (the ICL arm's manual)."""
+    """Greedy reply through the server's decode loop behind an optional prefix (rows [0, p) of
+    the cache, real tokens after): the text, seconds to the first token, and the KV rows the
+    context occupied. A ``cache`` passed in keeps the rows it shares with the prompt (the ICL
+    arm's manual)."""
+    engine = loop.engine
     prompt = engine.encode_chat(messages)
     rows = prefix.rows if prefix is not None else 0
-    t0 = time.perf_counter()
     if cache is None:
         cache = engine.new_cache(rows + len(prompt) + max_tokens + 1)
-        if prefix is not None:
-            cache.k[:, :, :rows] = prefix.k.astype(np.float16)
-            cache.v[:, :, :rows] = prefix.v.astype(np.float16)
-            cache.commit([SHADOW] * rows)
-        logits = engine.prefill(cache, prompt)
-    else:
-        kept = engine.reuse_prefix(cache, prompt)
-        saved = cache.prefill_logits
-        whole = kept == len(prompt) and saved is not None
-        logits = saved[1] if whole else engine.prefill(cache, prompt[kept:])
-    out: list[int] = []
-    ttft = None
-    while len(out) < max_tokens:
-        token = int(np.argmax(logits))
-        ttft = ttft if ttft is not None else time.perf_counter() - t0
-        if token in engine.stop_ids:
-            break
-        out.append(token)
-        logits = engine.decode_one(cache, token)
-    return engine.tokenizer.decode(out), ttft or 0.0, rows + len(prompt)
+        cache.install_prefix(prefix.prefix() if prefix is not None else None, "cartridge")
+    run = loop.run(cache, prompt, SamplingParams(), max_tokens)
+    ttft = run.stats.prefill_seconds  # the first token is sampled from the prefill's logits
+    return engine.tokenizer.decode(run.tokens), ttft, rows + len(prompt)
 
 
 def evaluate(
@@ -95,11 +81,12 @@ def evaluate(
     """Accuracy, TTFT (mean; with a shared ``cache`` the first question's is the cold one) and
     KV rows over the questions."""
     correct, ttfts, kv_rows, replies = 0, [], [], []
+    loop = TokenGenerator(engine)
     for item in questions:
         messages = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": item["q"]}
         ]
-        text, ttft, rows = answer(engine, messages, prefix, max_tokens, cache)
+        text, ttft, rows = answer(loop, messages, prefix, max_tokens, cache)
         ok = any(a.lower() in text.lower() for a in item["a"])
         correct += ok
         ttfts.append(ttft)

@@ -33,6 +33,8 @@ from fleet.fleets.retrieval import Retriever, embed_text, unit_rows  # noqa: E40
 from fleet.fleets.source import FleetSource  # noqa: E402
 from inference.engine.engine import Engine  # noqa: E402
 from inference.engine.prefix import KVPrefix  # noqa: E402
+from inference.engine.sampler import SamplingParams  # noqa: E402
+from inference.generation.tokens import TokenGenerator  # noqa: E402
 from inference.model_files import default_model_path  # noqa: E402
 from inference.types import GenerationRequest, Message  # noqa: E402
 
@@ -47,24 +49,13 @@ def answered(reply: str, expected: str) -> bool:
     return any(option in reply for option in options)
 
 
-def greedy(engine: Engine, prompt: list[int], max_tokens: int, prefix: KVPrefix | None = None) -> str:
-    """A greedy reply; with ``prefix``, its rows sit at [0, P) of the cache (no tokens behind
-    them) and the prompt starts at position P, as the served composition does."""
-    rows = prefix.rows if prefix is not None else 0
-    cache = engine.new_cache(rows + len(prompt) + max_tokens + 1)
-    if prefix is not None:
-        cache.k[:, :, :rows] = prefix.k.astype(np.float16)
-        cache.v[:, :, :rows] = prefix.v.astype(np.float16)
-        cache.tokens = [-1] * rows  # a shadow no prompt can match: positions only
-    logits = engine.prefill(cache, prompt)
-    out: list[int] = []
-    for _ in range(max_tokens):
-        token = int(np.argmax(logits))
-        if token in engine.stop_ids:
-            break
-        out.append(token)
-        logits = engine.decode_one(cache, token)
-    return engine.tokenizer.decode(out)
+def greedy(loop: TokenGenerator, prompt: list[int], max_tokens: int, prefix: KVPrefix | None = None) -> str:
+    """A greedy reply through the server's decode loop; with ``prefix``, its rows sit at [0, P)
+    of the cache and the prompt starts at position P, as the served composition does."""
+    engine = loop.engine
+    cache = engine.new_cache((prefix.rows if prefix is not None else 0) + len(prompt) + max_tokens + 1)
+    cache.install_prefix(prefix, "fleet")
+    return engine.tokenizer.decode(loop.run(cache, prompt, SamplingParams(), max_tokens).tokens)
 
 
 def build(engine: Engine, args, out: Path) -> dict:
@@ -103,6 +94,7 @@ def measure(args) -> dict:
         top1 = topk = 0
         misses: list = []
         answers = {"none": 0, "document": 0, "fleet": 0}
+        loop = TokenGenerator(engine)
         t0 = time.perf_counter()
         for doc, pairs in questions.items():
             text = (DATA / "docs" / f"{doc}.txt").read_text()
@@ -116,9 +108,9 @@ def measure(args) -> dict:
                     ask = [{"role": "user", "content": question}]
                     with_doc = [{"role": "user", "content": f"{text}\n\n{question}"}]
                     replies = {
-                        "none": greedy(engine, engine.encode_chat(ask), args.max_tokens),
-                        "document": greedy(engine, engine.encode_chat(with_doc), args.max_tokens),
-                        "fleet": greedy(engine, engine.encode_chat(ask), args.max_tokens, choice.prefix),
+                        "none": greedy(loop, engine.encode_chat(ask), args.max_tokens),
+                        "document": greedy(loop, engine.encode_chat(with_doc), args.max_tokens),
+                        "fleet": greedy(loop, engine.encode_chat(ask), args.max_tokens, choice.prefix),
                     }
                     for kind, reply in replies.items():
                         answers[kind] += answered(reply, expected)
