@@ -16,9 +16,9 @@ from .shapes import (
     const,
     enum,
     ignored,
+    in_range,
     integer,
     json_schema_object,
-    number,
     obj,
     refused,
     string,
@@ -120,9 +120,10 @@ MESSAGES_REQUEST = obj(
             maxItems=common.MAX_ANTHROPIC_STOP_SEQUENCES,
         ),
         "stream": boolean("answer as server-sent Messages events"),
-        "temperature": number(0.0, 1.0),
-        "top_k": integer(lo=0),
-        "top_p": number(0.0, 1.0),
+        **{
+            name: in_range(common.sampling_range(name, anthropic.TEMPERATURE_MAX))
+            for name in anthropic.SAMPLING
+        },
         "ignore_eos": boolean("extension (llama.cpp): keep generating past the end-of-turn token"),
     },
     ("max_tokens", "messages"),

@@ -3,6 +3,8 @@ beside their parsers in api/protocol/ and checked against them like the dialects
 
 from __future__ import annotations
 
+from api.protocol.infill import request as infill
+
 from .openai_requests import SAMPLING
 from .shapes import array, boolean, ignored, integer, obj, string
 
@@ -28,20 +30,7 @@ INFILL_REQUEST = obj(
             ],
             "description": "strings that end the reply (not included)",
         },
-        **{
-            name: SAMPLING[name]
-            for name in (
-                "temperature",
-                "top_k",
-                "top_p",
-                "min_p",
-                "repeat_penalty",
-                "presence_penalty",
-                "frequency_penalty",
-                "seed",
-                "ignore_eos",
-            )
-        },
+        **{name: SAMPLING[name] for name in (*infill.INFILL_SAMPLING, "ignore_eos")},
         **{
             name: ignored({}, "llama-server's scheduler: accepted and ignored")
             for name in (

@@ -20,24 +20,25 @@ from .shapes import (
     const,
     enum,
     ignored,
+    in_range,
     integer,
     json_schema_object,
-    number,
     obj,
     refused,
     string,
 )
 
 # -- shared by both OpenAI dialects ------------------------------------------------------------
+SAMPLING_NOTES = {
+    "seed": "seeds the sampler: the same seed and request give the same reply",
+    "top_k": "extension (llama.cpp): sample among the k most likely tokens",
+    "min_p": "extension (llama.cpp): drop tokens below min_p x the top probability",
+    "repeat_penalty": "extension (llama.cpp)",
+}
 SAMPLING = {
-    "temperature": number(0.0, 2.0),
-    "top_p": number(0.0, 1.0),
-    "frequency_penalty": number(-2.0, 2.0),
-    "presence_penalty": number(-2.0, 2.0),
-    "seed": integer(description="seeds the sampler: the same seed and request give the same reply"),
-    "top_k": integer(lo=0, description="extension (llama.cpp): sample among the k most likely tokens"),
-    "min_p": number(0.0, 1.0, "extension (llama.cpp): drop tokens below min_p x the top probability"),
-    "repeat_penalty": number(0.0, 10.0, "extension (llama.cpp)", lo_open=True),
+    **{
+        name: in_range(common.sampling_range(name), SAMPLING_NOTES.get(name)) for name in chat.OPENAI_SAMPLING
+    },
     "ignore_eos": boolean("extension (llama.cpp): keep generating past the end-of-turn token"),
     "regex": string("extension: the reply must match this regular expression"),
     "lark": string("extension: the reply must match this Lark grammar"),

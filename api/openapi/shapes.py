@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from inference.types import SamplingRange
+
 Schema = dict[str, Any]
 
 
@@ -35,9 +37,16 @@ def integer(
     return _typed("integer", nullable, description, **bounds)
 
 
-def number(lo: float, hi: float, description: str | None = None, *, lo_open: bool = False) -> Schema:
-    low = {"exclusiveMinimum": lo} if lo_open else {"minimum": lo}
-    return _typed("number", True, description, **low, maximum=hi)
+def in_range(allowed: SamplingRange, description: str | None = None) -> Schema:
+    """A sampling field: an integer or a number within ``allowed``."""
+    if allowed.integer:
+        return integer(lo=allowed.lowest, hi=allowed.highest, description=description)
+    bounds: Schema = {}
+    if allowed.lowest is not None:
+        bounds["exclusiveMinimum" if allowed.lowest_excluded else "minimum"] = allowed.lowest
+    if allowed.highest is not None:
+        bounds["maximum"] = allowed.highest
+    return _typed("number", True, description, **bounds)
 
 
 def array(items: Schema, description: str | None = None, *, nullable: bool = True, **extra) -> Schema:

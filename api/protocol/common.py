@@ -13,7 +13,7 @@ import json
 from api.errors import ApiError, bad_request, unsupported
 from inference.engine.logprobs import MAX_TOP_LOGPROBS
 from inference.generation.toolcall import ToolCall
-from inference.types import SAMPLING_RANGES, SamplingOverrides
+from inference.types import SAMPLING_RANGES, SamplingOverrides, SamplingRange
 
 from . import fields as f
 from .fields import Invalid
@@ -39,18 +39,23 @@ REFUSED_MEDIA_PARTS = {
 }
 
 
+def sampling_range(name: str, temperature_max: float = 2.0) -> SamplingRange:
+    """The values the sampling field ``name`` takes in a dialect (Anthropic caps temperature
+    at 1): what the parser checks and the OpenAPI document declares."""
+    allowed = SAMPLING_RANGES[name]
+    return allowed._replace(highest=temperature_max) if name == "temperature" else allowed
+
+
 def parse_sampling(body: dict, names: tuple[str, ...], temperature_max: float = 2.0) -> dict:
     """The sampling fields ``names`` of ``body``, each checked against its range, as keyword
-    arguments of the dialect's request type (Anthropic caps temperature at 1)."""
+    arguments of the dialect's request type."""
     values: dict = {}
     for name in names:
-        allowed = SAMPLING_RANGES[name]
+        allowed = sampling_range(name, temperature_max)
         if allowed.integer:
             values[name] = f.integer(body, name, lo=allowed.lowest)
-            continue
-        if name == "temperature":
-            allowed = allowed._replace(highest=temperature_max)
-        values[name] = f.number(body, name, allowed)
+        else:
+            values[name] = f.number(body, name, allowed)
     return values
 
 

@@ -46,6 +46,8 @@ ROLES = ("user", "assistant", "system")
 DROPPED_BLOCKS = ("thinking", "redacted_thinking")  # earlier reasoning never reaches the prompt
 MEDIA_BLOCKS = {"image": "image input", "document": "document input", "search_result": "search results"}
 THINKING_TYPES = ("enabled", "adaptive", "between_tools", "disabled")
+SAMPLING = ("temperature", "top_k", "top_p")  # the sampling fields Messages has
+TEMPERATURE_MAX = 1.0  # Anthropic's temperature runs from 0 to 1
 # Claude Code's first system block is client metadata that changes with every prompt: rendered,
 # it would defeat the prompt cache for everything after it.
 CLIENT_METADATA_PREFIX = "x-anthropic-billing-header:"
@@ -107,7 +109,7 @@ class MessagesRequest:
                 ),
                 stream=bool(f.boolean(body, "stream")),
                 system=parse_system(body.get("system")),
-                **parse_sampling(body, ("temperature", "top_k", "top_p"), temperature_max=1.0),
+                **parse_sampling(body, SAMPLING, temperature_max=TEMPERATURE_MAX),
                 thinking=_parse_thinking(body),
                 ignore_eos=bool(f.boolean(body, "ignore_eos")),
                 constraint=one_constraint(output_format, forced),
