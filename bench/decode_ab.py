@@ -81,7 +81,7 @@ def main() -> None:
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
-        )  # fmt: skip
+        )
         for tree in args.trees
     ]
     for worker in workers:

@@ -75,9 +75,14 @@ class Llama:
             env=USER_ENV,
         )
         self.ask(
-            op="load", model=str(path), threads=threads, n_ctx=n_ctx, n_batch=SERVER_N_BATCH,
-            n_ubatch=SERVER_N_UBATCH, flash_attn=flash_attn,
-        )  # fmt: skip
+            op="load",
+            model=str(path),
+            threads=threads,
+            n_ctx=n_ctx,
+            n_batch=SERVER_N_BATCH,
+            n_ubatch=SERVER_N_UBATCH,
+            flash_attn=flash_attn,
+        )
 
     def ask(self, **request) -> dict:
         self.proc.stdin.write(json.dumps(request) + "\n")

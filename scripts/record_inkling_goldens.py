@@ -69,15 +69,17 @@ def record(exe: Path, synthetic_dir: Path) -> dict:
                 finite = np.where(np.isfinite(logits), logits, -np.inf)
                 top = np.argsort(-finite, kind="stable")[:N_TOP].tolist()
                 probes = probe_ids(int(np.isfinite(logits).sum()))
-                cases.append({
-                    "tokens": tokens,
-                    "top_ids": top,
-                    "top_logits": [float(logits[i]) for i in top],
-                    "probe_ids": probes,
-                    "probe_logits": [float(logits[i]) for i in probes],
-                    "n_neg_inf": int(np.isneginf(logits).sum()),
-                    "greedy": greedy,
-                })  # fmt: skip
+                cases.append(
+                    {
+                        "tokens": tokens,
+                        "top_ids": top,
+                        "top_logits": [float(logits[i]) for i in top],
+                        "probe_ids": probes,
+                        "probe_logits": [float(logits[i]) for i in probes],
+                        "n_neg_inf": int(np.isneginf(logits).sum()),
+                        "greedy": greedy,
+                    }
+                )
                 print(f"{name} n={n}: greedy {greedy}", flush=True)
             out["files"][name] = cases
     return out

@@ -44,11 +44,24 @@ MARKER = b"\nAssistant: "
 def greedy_reply(binary: Path, directory: Path, prompt: str) -> bytes:
     """The reply bytes the CLI prints after its ``Assistant:`` marker."""
     out = subprocess.run(
-        [str(binary), "chat", "--init-from", str(directory / "model.safetensors"),
-         "--tokenizer", str(directory / "tokenizer.bin"), "-p", prompt, "-t", "0",
-         "--max-tokens", str(MAX_TOKENS)],
-        capture_output=True, check=True, timeout=600,
-    ).stdout  # fmt: skip
+        [
+            str(binary),
+            "chat",
+            "--init-from",
+            str(directory / "model.safetensors"),
+            "--tokenizer",
+            str(directory / "tokenizer.bin"),
+            "-p",
+            prompt,
+            "-t",
+            "0",
+            "--max-tokens",
+            str(MAX_TOKENS),
+        ],
+        capture_output=True,
+        check=True,
+        timeout=600,
+    ).stdout
     start = out.index(MARKER) + len(MARKER)
     assert out.endswith(b"\n"), out[-40:]
     return out[start:-1]

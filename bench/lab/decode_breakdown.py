@@ -60,7 +60,7 @@ from inference.engine.fused.step_kernels import (  # noqa: E402
     add_normed_stage,
     kv_stage,
     prepare_stage,
-)  # fmt: skip
+)
 from inference.engine.fused.step_products import ffn_stage, rows_stage  # noqa: E402
 from inference.engine.jit import stage_calls  # noqa: E402
 from inference.engine.models.base import Run  # noqa: E402
@@ -68,9 +68,19 @@ from inference.engine.models.base import Run  # noqa: E402
 START_LAG = 2e-4  # s: steps whose threads started farther apart are left out of the stages
 
 NAMES = [
-    "prep_qkv", "qkv", "kv", "attend", "prep_out", "out", "out_post", "prep_ffn", "ffn", "prep_down", "down",
+    "prep_qkv",
+    "qkv",
+    "kv",
+    "attend",
+    "prep_out",
+    "out",
+    "out_post",
+    "prep_ffn",
+    "ffn",
+    "prep_down",
+    "down",
     "ffn_post",
-]  # fmt: skip
+]
 
 
 @intrinsic
@@ -117,9 +127,22 @@ def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo, stamps)
     )
     stamps[tid, stage + KV] = cycles()
     attend_stage(
-        scratch.qkv, model.qk_norms[layer, 0], eps, rows, rope, dims, layer, n_layers, window, model.scale,
-        scratch.q_buf[tid], scratch.scores[tid], scratch.attn, counters, stage + ATTEND,
-    )  # fmt: skip
+        scratch.qkv,
+        model.qk_norms[layer, 0],
+        eps,
+        rows,
+        rope,
+        dims,
+        layer,
+        n_layers,
+        window,
+        model.scale,
+        scratch.q_buf[tid],
+        scratch.scores[tid],
+        scratch.attn,
+        counters,
+        stage + ATTEND,
+    )
     stamps[tid, stage + ATTEND] = cycles()
     prepare_stage(
         scratch.attn,
@@ -217,13 +240,27 @@ def _all_threads(n_threads, x, model, rows, scratch, logits, counters, solo, sta
     claimed, done = counters
     for tid in numba.prange(n_threads):
         _run(
-            tid, x,
-            StepModel(StepWeights(q, scales, mins, bias, floats, gelu), linears, head, norms, qk_norms,
-                      output_norm, layer_info, dims, eps, scale),
+            tid,
+            x,
+            StepModel(
+                StepWeights(q, scales, mins, bias, floats, gelu),
+                linears,
+                head,
+                norms,
+                qk_norms,
+                output_norm,
+                layer_info,
+                dims,
+                eps,
+                scale,
+            ),
             StepRows(positions, caches, cos, sin, head_rows),
             sr.Scratch(qkv, attn, act, proj, normed, values, ints, int_scales, sums, q_buf, scores, all_rows),
-            logits, (claimed, done), solo, stamps,
-        )  # fmt: skip
+            logits,
+            (claimed, done),
+            solo,
+            stamps,
+        )
 
 
 def _scratch(n_threads, x, model, rows):

@@ -62,9 +62,23 @@ def stream_layout(q, scales, mins, ints, int_scales, sums, rows, cols, shift, ni
             s0, s1 = r * groups, (r + 1) * groups
             if nib >= 0:
                 dot_pair_min(
-                    q, start, start + row_bytes, ints, scales, s0, s1, int_scales, mins, s0, s1, sums, groups,
-                    shift, nib, block,
-                )  # fmt: skip
+                    q,
+                    start,
+                    start + row_bytes,
+                    ints,
+                    scales,
+                    s0,
+                    s1,
+                    int_scales,
+                    mins,
+                    s0,
+                    s1,
+                    sums,
+                    groups,
+                    shift,
+                    nib,
+                    block,
+                )
             else:
                 dot_pair_int(
                     q, start, start + row_bytes, ints, scales, s0, s1, int_scales, groups, shift, block

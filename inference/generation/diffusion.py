@@ -122,9 +122,14 @@ class DiffusionBackend:
         try:
             cache = self.engine.new_cache(self.n_ctx)
             blocks = generate_blocks(
-                self.model, cache, prompt.tokens, prompt.max_tokens, self.engine.stop_ids,
-                seed % (1 << 64), lambda: sink.cancelled,
-            )  # fmt: skip
+                self.model,
+                cache,
+                prompt.tokens,
+                prompt.max_tokens,
+                self.engine.stop_ids,
+                seed % (1 << 64),
+                lambda: sink.cancelled,
+            )
             for block in blocks:
                 produced += len(block.tokens)
                 finished = block.finished

@@ -25,9 +25,24 @@ ARITHMETIC_CHARS = frozenset("0123456789*+-/.() ")
 STRING_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789'\"()._ ")
 # engine.py's list: any of these in the lower-cased expression refuses it.
 DANGEROUS = (
-    "__", "import", "exec", "eval", "compile", "open", "file", "input", "raw_input",
-    "globals", "locals", "vars", "dir", "getattr", "setattr", "delattr", "hasattr",
-)  # fmt: skip
+    "__",
+    "import",
+    "exec",
+    "eval",
+    "compile",
+    "open",
+    "file",
+    "input",
+    "raw_input",
+    "globals",
+    "locals",
+    "vars",
+    "dir",
+    "getattr",
+    "setattr",
+    "delattr",
+    "hasattr",
+)
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 MAX_DIGITS = 4300  # Python's own int-to-str limit: a longer result would fail str() there too

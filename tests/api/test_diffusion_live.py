@@ -83,8 +83,11 @@ def test_a_stream_carries_one_delta_per_committed_block(oai, expected_blocks):
 
 def test_the_other_dialects_stream_the_same_blocks(oai, claude, expected_blocks):
     text = "".join(expected_blocks)
-    events = list(oai.responses.create(model="m", input=MESSAGES, max_output_tokens=MAX_TOKENS,
-                                       extra_body={"seed": SEED}, stream=True))  # fmt: skip
+    events = list(
+        oai.responses.create(
+            model="m", input=MESSAGES, max_output_tokens=MAX_TOKENS, extra_body={"seed": SEED}, stream=True
+        )
+    )
     assert responses_stream_text(events) == text
     # Anthropic Messages has no seed: a reply of whole blocks, its stop sequences refused.
     message = claude.messages.create(model="m", messages=MESSAGES, max_tokens=CANVAS)
@@ -101,7 +104,7 @@ def test_the_other_dialects_stream_the_same_blocks(oai, claude, expected_blocks)
         ({"stop": ["\n"]}, "stop"),
         ({"tools": [{"type": "function", "function": FUNCTION}]}, "tools"),
     ],
-)  # fmt: skip
+)
 def test_what_block_diffusion_cannot_honour_is_a_400(oai, extra, param):
     with pytest.raises(openai.BadRequestError) as caught:
         oai.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8, **extra)

@@ -87,9 +87,13 @@ def test_a_repeated_conversation_starts_fresh(oai):
 
 def test_a_grammar_governs_the_reply(oai):
     reply = oai.chat.completions.create(
-        model="m", messages=ASK, max_tokens=20, temperature=0, reasoning_effort="high",
+        model="m",
+        messages=ASK,
+        max_tokens=20,
+        temperature=0,
+        reasoning_effort="high",
         extra_body={"regex": "Lyon|Nice"},
-    )  # fmt: skip
+    )
     assert reply.choices[0].message.content in ("Lyon", "Nice")
     assert "reasoning_content" not in reply.choices[0].message.model_extra
 

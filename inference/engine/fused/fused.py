@@ -132,9 +132,17 @@ class _Arena:
             else:
                 m.layout = NibbleLayout(packed, nib, s_view, m_view, lay.group_size)
             self.rows[id(m)] = [
-                q_at, m.rows, m.cols, s_at, m_off, lay.group_shift, m.activation_kind, -1,
-                -1 if nib is None else nib, -1,
-            ]  # fmt: skip
+                q_at,
+                m.rows,
+                m.cols,
+                s_at,
+                m_off,
+                lay.group_shift,
+                m.activation_kind,
+                -1,
+                -1 if nib is None else nib,
+                -1,
+            ]
             q_at, s_at = q_at + lay.q.size // (1 if nib is None else 2), s_at + lay.scales.size
 
     def _block_kind(self, m: GroupedMatrix) -> int | None:
@@ -248,9 +256,17 @@ class FusedForward:
         # np.array copies: the mapped file's norm is read-only, and a read-only array would compile
         # its own variant of the norm kernels beside the writable one every other norm is.
         self.model = sk.StepModel(
-            weights, linears, head_row, norms, qk_norms, np.array(output_norm, np.float32), layer_info,
-            dims, np.float32(eps), np.float32(scale),
-        )  # fmt: skip
+            weights,
+            linears,
+            head_row,
+            norms,
+            qk_norms,
+            np.array(output_norm, np.float32),
+            layer_info,
+            dims,
+            np.float32(eps),
+            np.float32(scale),
+        )
 
     @classmethod
     def build(

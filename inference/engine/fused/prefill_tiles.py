@@ -139,9 +139,20 @@ def _tile_pass(weights, lin, rounded, k, s0, s_blocks, r0, r1, block, first, end
             if first:
                 _prefetch_share(q, row_start + tile_bytes, tile_bytes, b, s_blocks, end)
             dot_tile_rows(
-                q, row_start, row_bytes, codes, s0 + b * ROW_BLOCK, scales, s_start, groups, code_scales,
-                shift, nib, block[b], r - r0,
-            )  # fmt: skip
+                q,
+                row_start,
+                row_bytes,
+                codes,
+                s0 + b * ROW_BLOCK,
+                scales,
+                s_start,
+                groups,
+                code_scales,
+                shift,
+                nib,
+                block[b],
+                r - r0,
+            )
 
 
 @kernel_only()

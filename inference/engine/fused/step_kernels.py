@@ -121,9 +121,15 @@ def round_inputs(linears, x, rounded, n):
         else:
             n_groups = cols >> shift
             round_row_int(
-                lin[KIND], x, values, rounded.ints[k, n, :cols], rounded.int_scales[k, n, :n_groups],
-                rounded.sums[k, n, :n_groups], 1 << shift, lin[M_OFF] >= 0,
-            )  # fmt: skip
+                lin[KIND],
+                x,
+                values,
+                rounded.ints[k, n, :cols],
+                rounded.int_scales[k, n, :n_groups],
+                rounded.sums[k, n, :n_groups],
+                1 << shift,
+                lin[M_OFF] >= 0,
+            )
 
 
 calls_from(round_inputs, ROUND_SITES)  # prepare_stage calls it directly

@@ -65,7 +65,7 @@ from .step_kernels import (
     STORE,
     UPWARD,
     StepWeights,
-)  # fmt: skip
+)
 from .tile_unpack import group_size, has_mins, unpack_rows
 
 # Item bounds of a stage whose items span one matrix's rows, or gate's and up's (step_items).
@@ -169,21 +169,53 @@ def dot_one_row(weights, lin, rounded, k, n, r0, r1, out, accumulate, block, min
             dot_pair_q41(q, row_start, after, codes, scales, code_scales, mins, group_sums, groups, block)
         elif pair and has_mins:  # the min terms folded into the dot product's loop: same bits
             dot_pair_min(
-                q, row_start, after, codes, scales, s_start, s_start + groups, code_scales,
-                mins, m_start, m_start + groups, group_sums, groups, shift, nib, block,
-            )  # fmt: skip
+                q,
+                row_start,
+                after,
+                codes,
+                scales,
+                s_start,
+                s_start + groups,
+                code_scales,
+                mins,
+                m_start,
+                m_start + groups,
+                group_sums,
+                groups,
+                shift,
+                nib,
+                block,
+            )
         elif pair and kind == BLOCK_Q5_0:  # Q5_0 as the file packs it: the fewest bytes
             dot_pair_quint(q, row_start, after, codes, scales, s_start, s_start, code_scales, groups, block)
         elif pair and nib >= 0:
             dot_pair_nib(
-                q, row_start, after, codes, scales, s_start, s_start + groups, code_scales, groups, nib,
+                q,
+                row_start,
+                after,
+                codes,
+                scales,
+                s_start,
+                s_start + groups,
+                code_scales,
+                groups,
+                nib,
                 block,
-            )  # fmt: skip
+            )
         elif pair:
             dot_pair_int(
-                q, row_start, row_start + cols, codes, scales, s_start, s_start + groups, code_scales,
-                groups, shift, block,
-            )  # fmt: skip
+                q,
+                row_start,
+                row_start + cols,
+                codes,
+                scales,
+                s_start,
+                s_start + groups,
+                code_scales,
+                groups,
+                shift,
+                block,
+            )
         if m % 2 == 1:
             block[m - 1] = _lone_row(weights, lin, rounded, k, n, r + m - 1, kind, min_block)
         for i in range(m):
@@ -239,9 +271,24 @@ def dot_run(weights, lin, rounded, k, n_rows, r0, r1, out, out_at, accumulate, s
         view = out[:, out_at : out_at + r1 - r0]
         product_call(FLOAT_AT, (weights, lin, rounded, k, n_rows, r0, r1, view, accumulate, scratch))
     elif n_rows == 1:
-        product_call(ONE_ROW_AT, (
-            weights, lin, rounded, k, ROW0, r0, r1, out, accumulate, scratch[0], scratch[1], out_at, backward,
-        ))  # fmt: skip
+        product_call(
+            ONE_ROW_AT,
+            (
+                weights,
+                lin,
+                rounded,
+                k,
+                ROW0,
+                r0,
+                r1,
+                out,
+                accumulate,
+                scratch[0],
+                scratch[1],
+                out_at,
+                backward,
+            ),
+        )
     elif lin[Q_OFF] == BLOCKS_ONLY and n_rows <= FEW_BLOCK_ROWS:
         for a in range(r0, r1, TILE_ROWS):
             b = min(r1, a + TILE_ROWS)
@@ -359,10 +406,23 @@ def rows_stage(weights, linears, rounded, n_rows, out, accumulate, counters, sta
                 offset += linears[i, ROWS]
             lo, hi = max(a, offset), min(b, offset + linears[k, ROWS])
             if lo < hi:
-                kernel_call(DOT_RUN_AT, (
-                    weights, linears[k], rounded, k, n_rows, lo - offset, hi - offset, out, lo, accumulate,
-                    scratch, back,
-                ))  # fmt: skip
+                kernel_call(
+                    DOT_RUN_AT,
+                    (
+                        weights,
+                        linears[k],
+                        rounded,
+                        k,
+                        n_rows,
+                        lo - offset,
+                        hi - offset,
+                        out,
+                        lo,
+                        accumulate,
+                        scratch,
+                        back,
+                    ),
+                )
         mark_done(done, stage)
         item = claim_end(claimed, stage, n_items, back)
     wait_done(done, stage, n_items)
@@ -385,14 +445,41 @@ def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage, tid):
     while item < n_items:
         a, b = bounds[item], bounds[item + 1]
         gate, up = tile[0], tile[1]  # (N, item) each, the first b - a columns used
-        kernel_call(DOT_RUN_AT, (
-            weights, linears[0], rounded, SLOT0, n_rows, a, b, gate, COLUMN0, STORE, scratch, back,
-        ))  # fmt: skip
+        kernel_call(
+            DOT_RUN_AT,
+            (
+                weights,
+                linears[0],
+                rounded,
+                SLOT0,
+                n_rows,
+                a,
+                b,
+                gate,
+                COLUMN0,
+                STORE,
+                scratch,
+                back,
+            ),
+        )
         up_lin, up_slot, up_at = (linears[0], SLOT0, n_ff) if stacked else (linears[1], SLOT1, 0)
-        kernel_call(DOT_RUN_AT, (
-            weights, up_lin, rounded, up_slot, n_rows, up_at + a, up_at + b, up, COLUMN0, STORE, scratch,
-            back,
-        ))  # fmt: skip
+        kernel_call(
+            DOT_RUN_AT,
+            (
+                weights,
+                up_lin,
+                rounded,
+                up_slot,
+                n_rows,
+                up_at + a,
+                up_at + b,
+                up,
+                COLUMN0,
+                STORE,
+                scratch,
+                back,
+            ),
+        )
         for n in range(n_rows):
             if gelu:  # through a pointer: compiled only for a model with GELU
                 kernel_call(GELU_AT, (gate[n], up[n], act[n, a:b], weights.gelu))

@@ -59,7 +59,7 @@ from .step_kernels import (
     add_normed_stage,
     kv_stage,
     prepare_stage,
-)  # fmt: skip
+)
 from .step_products import KERNEL_SITES, ffn_stage, rows_stage
 
 Scratch = namedtuple(
@@ -86,16 +86,33 @@ Scratch = namedtuple(
 # as X_AT below; CALLS_THROUGH: the stages that make pointer calls themselves.
 STAGES = Sites("step_region")
 CALLS_THROUGH = {
-    rows_stage: KERNEL_SITES, ffn_stage: KERNEL_SITES, attend_stage: ATTEND_SITES, prepare_stage: ROUND_SITES,
-}  # fmt: skip
-(
-    PREP_QKV_AT, QKV_AT, KV_AT, ATTEND_AT, PREP_OUT_AT, OUT_STORE_AT, OUT_POST_AT, OUT_ADD_AT, PREP_FFN_AT,
-    FFN_AT, PREP_DOWN_AT, DOWN_STORE_AT, FFN_POST_AT, DOWN_ADD_AT, PREP_HEAD_AT, HEAD_AT,
-) = [STAGES.add(f, CALLS_THROUGH.get(f)) for f in (
-    prepare_stage, rows_stage, kv_stage, attend_stage, prepare_stage, rows_stage, add_normed_stage,
-    rows_stage, prepare_stage, ffn_stage, prepare_stage, rows_stage, add_normed_stage, rows_stage,
-    prepare_stage, rows_stage,
-)]  # fmt: skip
+    rows_stage: KERNEL_SITES,
+    ffn_stage: KERNEL_SITES,
+    attend_stage: ATTEND_SITES,
+    prepare_stage: ROUND_SITES,
+}
+
+
+def _site(stage_function) -> int:
+    return STAGES.add(stage_function, CALLS_THROUGH.get(stage_function))
+
+
+PREP_QKV_AT = _site(prepare_stage)
+QKV_AT = _site(rows_stage)
+KV_AT = _site(kv_stage)
+ATTEND_AT = _site(attend_stage)
+PREP_OUT_AT = _site(prepare_stage)
+OUT_STORE_AT = _site(rows_stage)
+OUT_POST_AT = _site(add_normed_stage)
+OUT_ADD_AT = _site(rows_stage)
+PREP_FFN_AT = _site(prepare_stage)
+FFN_AT = _site(ffn_stage)
+PREP_DOWN_AT = _site(prepare_stage)
+DOWN_STORE_AT = _site(rows_stage)
+FFN_POST_AT = _site(add_normed_stage)
+DOWN_ADD_AT = _site(rows_stage)
+PREP_HEAD_AT = _site(prepare_stage)
+HEAD_AT = _site(rows_stage)
 stage = STAGES.call
 
 
@@ -110,34 +127,121 @@ def _layer(tid, layer, x, model, rows, scratch, rounded, counters, solo):
     qkv_lin, out_lin = lin[SLOT_Q:SLOT_OUT], lin[SLOT_OUT:SLOT_GATE]
     ffn_lin, down_lin = lin[SLOT_GATE:SLOT_DOWN], lin[SLOT_DOWN:]
     all_rows, norms, qk_norms = scratch.all_rows, model.norms[layer], model.qk_norms[layer]
-    stage(PREP_QKV_AT, (
-        x, all_rows, norms[0], eps, qkv_lin, rounded, normed, solo, counters, at + PREP_QKV,
-    ))  # fmt: skip
+    stage(
+        PREP_QKV_AT,
+        (
+            x,
+            all_rows,
+            norms[0],
+            eps,
+            qkv_lin,
+            rounded,
+            normed,
+            solo,
+            counters,
+            at + PREP_QKV,
+        ),
+    )
     stage(QKV_AT, (w, qkv_lin, rounded, n_rows, scratch.qkv, STORE, counters, at + QKV, tid))
-    stage(KV_AT, (
-        scratch.qkv, qk_norms[1], eps, rows, rope, dims, layer, n_layers, counters, at + KV,
-    ))  # fmt: skip
-    stage(ATTEND_AT, (
-        scratch.qkv, qk_norms[0], eps, rows, rope, dims, layer, n_layers, window, model.scale,
-        scratch.q_buf[tid], scratch.scores[tid], scratch.attn, counters, at + ATTEND,
-    ))  # fmt: skip
-    stage(PREP_OUT_AT, (
-        scratch.attn, all_rows, no_norm, eps, out_lin, rounded, normed, solo, counters, at + PREP_OUT,
-    ))  # fmt: skip
+    stage(
+        KV_AT,
+        (
+            scratch.qkv,
+            qk_norms[1],
+            eps,
+            rows,
+            rope,
+            dims,
+            layer,
+            n_layers,
+            counters,
+            at + KV,
+        ),
+    )
+    stage(
+        ATTEND_AT,
+        (
+            scratch.qkv,
+            qk_norms[0],
+            eps,
+            rows,
+            rope,
+            dims,
+            layer,
+            n_layers,
+            window,
+            model.scale,
+            scratch.q_buf[tid],
+            scratch.scores[tid],
+            scratch.attn,
+            counters,
+            at + ATTEND,
+        ),
+    )
+    stage(
+        PREP_OUT_AT,
+        (
+            scratch.attn,
+            all_rows,
+            no_norm,
+            eps,
+            out_lin,
+            rounded,
+            normed,
+            solo,
+            counters,
+            at + PREP_OUT,
+        ),
+    )
     if post:
         stage(OUT_STORE_AT, (w, out_lin, rounded, n_rows, scratch.proj, STORE, counters, at + OUT, tid))
         stage(OUT_POST_AT, (x, scratch.proj, norms[1], eps, counters, at + OUT_POST))
     else:
         stage(OUT_ADD_AT, (w, out_lin, rounded, n_rows, x, ADD, counters, at + OUT, tid))
-    stage(PREP_FFN_AT, (
-        x, all_rows, norms[2], eps, ffn_lin, rounded, normed, solo, counters, at + PREP_FFN,
-    ))  # fmt: skip
-    stage(FFN_AT, (
-        w, ffn_lin, rounded, dims[N_FF], dims[FLAGS] & GELU, scratch.act, counters, at + FFN, tid,
-    ))  # fmt: skip
-    stage(PREP_DOWN_AT, (
-        scratch.act, all_rows, no_norm, eps, down_lin, rounded, normed, solo, counters, at + PREP_DOWN,
-    ))  # fmt: skip
+    stage(
+        PREP_FFN_AT,
+        (
+            x,
+            all_rows,
+            norms[2],
+            eps,
+            ffn_lin,
+            rounded,
+            normed,
+            solo,
+            counters,
+            at + PREP_FFN,
+        ),
+    )
+    stage(
+        FFN_AT,
+        (
+            w,
+            ffn_lin,
+            rounded,
+            dims[N_FF],
+            dims[FLAGS] & GELU,
+            scratch.act,
+            counters,
+            at + FFN,
+            tid,
+        ),
+    )
+    stage(
+        PREP_DOWN_AT,
+        (
+            scratch.act,
+            all_rows,
+            no_norm,
+            eps,
+            down_lin,
+            rounded,
+            normed,
+            solo,
+            counters,
+            at + PREP_DOWN,
+        ),
+    )
     if post:
         stage(DOWN_STORE_AT, (w, down_lin, rounded, n_rows, scratch.proj, STORE, counters, at + DOWN, tid))
         stage(FFN_POST_AT, (x, scratch.proj, norms[3], eps, counters, at + FFN_POST))
@@ -174,9 +278,14 @@ RUN_AT = STAGES.add(run_stages, STAGES)
 # for each array expression. (np.zeros and .max() became parallel loops even so: new_scratch
 # allocates in Python.)
 PRANGE_ONLY = {
-    "comprehension": False, "reduction": False, "numpy": False, "stencil": False, "fusion": False,
-    "setitem": False, "inplace_binop": False,
-}  # fmt: skip
+    "comprehension": False,
+    "reduction": False,
+    "numpy": False,
+    "stencil": False,
+    "fusion": False,
+    "setitem": False,
+    "inplace_binop": False,
+}
 
 
 def new_scratch(
@@ -208,7 +317,7 @@ def new_scratch(
         np.empty((n_threads, hd), np.float32),  # q_buf (threads, hd) one q head
         np.empty((n_threads, attend_floats), np.float32),  # scores (threads, attention scratch)
         np.arange(n_rows, dtype=np.int64),  # all_rows (N,) every row, in order
-    )  # fmt: skip
+    )
     return scratch, np.zeros((2, n_stages), np.int64)  # (claimed | done, stages)
 
 
@@ -232,15 +341,43 @@ def forward_rows(n_threads, x, model, rows, logits, scratch, counters):
         # parallel loop runs it, and each would compile its own run_stages (~8 s of a cold start).
         # Every array borrowed (borrow.py): no atomic reference counts shared by the threads.
         b = borrowed
-        stage(RUN_AT, (
-            np.int64(tid), b(x),
-            StepModel(StepWeights(b(q), b(scales), b(mins), b(bias), b(floats), b(gelu)), b(linears), b(head),
-                      b(norms), b(qk_norms), b(output_norm), b(layer_info), b(dims), eps, scale),
-            StepRows(b(positions), b(caches), b(cos), b(sin), b(head_rows)),
-            Scratch(b(qkv), b(attn), b(act), b(proj), b(normed), b(values), b(ints), b(int_scales), b(sums),
-                    b(q_buf), b(scores), b(all_rows)),
-            b(logits), (b(claimed), b(done)), solo,
-        ))  # fmt: skip
+        stage(
+            RUN_AT,
+            (
+                np.int64(tid),
+                b(x),
+                StepModel(
+                    StepWeights(b(q), b(scales), b(mins), b(bias), b(floats), b(gelu)),
+                    b(linears),
+                    b(head),
+                    b(norms),
+                    b(qk_norms),
+                    b(output_norm),
+                    b(layer_info),
+                    b(dims),
+                    eps,
+                    scale,
+                ),
+                StepRows(b(positions), b(caches), b(cos), b(sin), b(head_rows)),
+                Scratch(
+                    b(qkv),
+                    b(attn),
+                    b(act),
+                    b(proj),
+                    b(normed),
+                    b(values),
+                    b(ints),
+                    b(int_scales),
+                    b(sums),
+                    b(q_buf),
+                    b(scores),
+                    b(all_rows),
+                ),
+                b(logits),
+                (b(claimed), b(done)),
+                solo,
+            ),
+        )
 
 
 def forward_signature() -> tuple:
@@ -255,7 +392,7 @@ def forward_signature() -> tuple:
     weights = StepWeights(a(i8, 1), a(f32, 1), a(f32, 1), a(f32, 1), a(f32, 1), a(f32, 1))
     model = StepModel(
         weights, a(i64, 3), a(i64, 2), a(f32, 3), a(f32, 3), a(f32, 1), a(i64, 2), a(i64, 1), f32(1), f32(1)
-    )  # fmt: skip
+    )
     rows = StepRows(a(i64, 1), a(i64, 2), a(f32, 3), a(f32, 3), a(i64, 1))
     scratch = Scratch(
         *[a(f32, 2)] * 5, a(f32, 4), a(i8, 4), a(f32, 4), a(f32, 4), a(f32, 2), a(f32, 2), a(i64, 1)

@@ -40,7 +40,12 @@ def type_only(dispatcher, signature: tuple) -> None:
     function_compiler.targetdescr.options.parse_as_flags(flags, function_compiler.targetoptions)
     flags = function_compiler._customize_flags(flags)
     compiler.compile_extra(
-        dispatcher.targetdescr.typing_context, dispatcher.targetdescr.target_context, dispatcher.py_func,
-        args=signature, return_type=None, flags=flags, locals=function_compiler.locals,
+        dispatcher.targetdescr.typing_context,
+        dispatcher.targetdescr.target_context,
+        dispatcher.py_func,
+        args=signature,
+        return_type=None,
+        flags=flags,
+        locals=function_compiler.locals,
         pipeline_class=_TypeOnly,
-    )  # fmt: skip
+    )

@@ -29,13 +29,38 @@ def _pair_min_intrinsic(group: int, simd: str, nibble_offset: int | None = None)
 
     @intrinsic
     def dot_pair_min(
-        typingctx, q, q_start, q_next, ints, scales, s_start, s_next, int_scales,
-        mins, m_start, m_next, sums, n_groups, out,
-    ):  # fmt: skip
+        typingctx,
+        q,
+        q_start,
+        q_next,
+        ints,
+        scales,
+        s_start,
+        s_next,
+        int_scales,
+        mins,
+        m_start,
+        m_next,
+        sums,
+        n_groups,
+        out,
+    ):
         sig = types.void(
-            q, q_start, q_next, ints, scales, s_start, s_next, int_scales,
-            mins, m_start, m_next, sums, n_groups, out,
-        )  # fmt: skip
+            q,
+            q_start,
+            q_next,
+            ints,
+            scales,
+            s_start,
+            s_next,
+            int_scales,
+            mins,
+            m_start,
+            m_next,
+            sums,
+            n_groups,
+            out,
+        )
 
         def codegen(context, builder, signature, args):
             t = signature.args

@@ -77,9 +77,11 @@ def _pair_nibbles(builder, block_a, block_b, qs_at: int):
     # (lanes 1, 3: codes 16..31), in place of a variable shift and an and.
     matrices = ir.Constant(ir.VectorType(I64, 8), ([_LOW_NIBBLE] * 2 + [_HIGH_NIBBLE] * 2) * 2)
     return _call(
-        builder, "llvm.x86.vgf2p8affineqb.512", both.type,
+        builder,
+        "llvm.x86.vgf2p8affineqb.512",
+        both.type,
         [both, builder.bitcast(matrices, both.type), ir.Constant(I8, 0)],
-    )  # fmt: skip
+    )
 
 
 def _quint_codes(builder, block_a, block_b):
@@ -182,9 +184,11 @@ def pair_dots(builder, kind: str, pairs, a0, d0, n_groups, group_sums=None):
             first, second = builder.gep(block_a, [w_at]), builder.gep(block_b, [w_at])
             codes = _pair_codes(builder, kind, first, second)
             lanes = _call(
-                builder, "llvm.x86.avx512.vpdpbusd.512", words,
+                builder,
+                "llvm.x86.avx512.vpdpbusd.512",
+                words,
                 [start, builder.bitcast(codes, words), builder.bitcast(twice, words)],
-            )  # fmt: skip
+            )
             factors = _pair_factors(builder, first, second, code_scale)
             step = _call(
                 builder,

@@ -46,12 +46,24 @@ COLLAPSED_CATEGORY = {"N": "\xd1", "L": "\xd2", "P": "\xd3", "M": "\xd4", "S": "
 # llama.cpp's tables are Unicode 15.1; Python 3.11's unicodedata is 14.0. The letters and
 # numbers assigned in 15.0/15.1 (inclusive ranges) would otherwise look unassigned.
 _UNICODE_15_LETTERS_NUMBERS = [
-    (0x1123F, 0x11240, "L"), (0x11F02, 0x11F02, "L"), (0x11F04, 0x11F10, "L"), (0x11F12, 0x11F33, "L"),
-    (0x11F50, 0x11F59, "N"), (0x1342F, 0x1342F, "L"), (0x13441, 0x13446, "L"), (0x1B132, 0x1B132, "L"),
-    (0x1B155, 0x1B155, "L"), (0x1D2C0, 0x1D2D3, "N"), (0x1DF25, 0x1DF2A, "L"), (0x1E030, 0x1E06D, "L"),
-    (0x1E4D0, 0x1E4EB, "L"), (0x1E4F0, 0x1E4F9, "N"), (0x2B739, 0x2B739, "L"), (0x2EBF0, 0x2EE5D, "L"),
+    (0x1123F, 0x11240, "L"),
+    (0x11F02, 0x11F02, "L"),
+    (0x11F04, 0x11F10, "L"),
+    (0x11F12, 0x11F33, "L"),
+    (0x11F50, 0x11F59, "N"),
+    (0x1342F, 0x1342F, "L"),
+    (0x13441, 0x13446, "L"),
+    (0x1B132, 0x1B132, "L"),
+    (0x1B155, 0x1B155, "L"),
+    (0x1D2C0, 0x1D2D3, "N"),
+    (0x1DF25, 0x1DF2A, "L"),
+    (0x1E030, 0x1E06D, "L"),
+    (0x1E4D0, 0x1E4EB, "L"),
+    (0x1E4F0, 0x1E4F9, "N"),
+    (0x2B739, 0x2B739, "L"),
+    (0x2EBF0, 0x2EE5D, "L"),
     (0x31350, 0x323AF, "L"),
-]  # fmt: skip
+]
 _UNICODE_15_STARTS = [start for start, _, _ in _UNICODE_15_LETTERS_NUMBERS]
 # What replaces \p{X} inside a character class: the stand-in plus the ASCII members of X
 _CLASS_BODY = {

@@ -98,8 +98,16 @@ class Reference:
         factors = None if s.local else self.t("rope_freqs.weight")
         base = s.rope_base
         h = rms(x, self.t(p + "attn_norm.weight"), c.norm_eps)
-        q = rope(rms(self.linear(p + "attn_q.weight", h).reshape(n, c.n_heads, -1),
-                     self.t(p + "attn_q_norm.weight"), c.norm_eps), positions, base, factors)  # fmt: skip
+        q = rope(
+            rms(
+                self.linear(p + "attn_q.weight", h).reshape(n, c.n_heads, -1),
+                self.t(p + "attn_q_norm.weight"),
+                c.norm_eps,
+            ),
+            positions,
+            base,
+            factors,
+        )
         owner = i if s.owns_kv else s.kv_layer
         if s.owns_kv:
             k_raw = self.linear(p + "attn_k.weight", h).reshape(n, s.n_kv_heads, -1)

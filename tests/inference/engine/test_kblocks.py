@@ -79,9 +79,23 @@ def test_q4_k_blocks_give_the_nibble_kernels_bits(simd):
     for r in range(0, rows, 2):
         expected, out = np.zeros(2, np.float32), np.full(2, np.nan, np.float32)
         pair_mins.SELECTED["generic"](
-            nibbles, r * nb, (r + 1) * nb, ints, scales.ravel(), r * g, (r + 1) * g, int_scales,
-            mins.ravel(), r * g, (r + 1) * g, sums, g, 5, 0, expected,
-        )  # fmt: skip
+            nibbles,
+            r * nb,
+            (r + 1) * nb,
+            ints,
+            scales.ravel(),
+            r * g,
+            (r + 1) * g,
+            int_scales,
+            mins.ravel(),
+            r * g,
+            (r + 1) * g,
+            sums,
+            g,
+            5,
+            0,
+            expected,
+        )
         _kernels(simd)[0](flat, r * rb, (r + 1) * rb, ints, int_scales, sums, COLS // 256, out)
         np.testing.assert_array_equal(out, expected)
         if simd == "wide" and r + 4 <= rows:  # the quad: this pair and the next
@@ -116,9 +130,18 @@ def test_q6_k_blocks_give_the_int8_kernels_bits(simd):
     for r in range(0, rows, 2):
         expected, out = np.zeros(2, np.float32), np.full(2, np.nan, np.float32)
         intdot.SELECTED["generic"][2](
-            q.ravel(), r * COLS, (r + 1) * COLS, ints, scales.ravel(), r * g, (r + 1) * g, int_scales, g, 4,
+            q.ravel(),
+            r * COLS,
+            (r + 1) * COLS,
+            ints,
+            scales.ravel(),
+            r * g,
+            (r + 1) * g,
+            int_scales,
+            g,
+            4,
             expected,
-        )  # fmt: skip
+        )
         _kernels(simd)[1](flat, r * rb, (r + 1) * rb, ints, int_scales, sums, COLS // 256, out)
         np.testing.assert_array_equal(out, expected)
         if simd == "wide" and r + 4 <= rows:  # the quad: this pair and the next

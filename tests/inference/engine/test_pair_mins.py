@@ -85,9 +85,19 @@ def test_folded_min_terms_give_the_bits_of_the_separate_chain(simd, layout):
     )
     start = weights.size // 2
     out = _separate_and_folded(
-        weights, start, ints, scales.ravel(), int_scales, mins.ravel(), sums, n_groups, shift, nib, pair,
+        weights,
+        start,
+        ints,
+        scales.ravel(),
+        int_scales,
+        mins.ravel(),
+        sums,
+        n_groups,
+        shift,
+        nib,
+        pair,
         pair_mins.SELECTED[simd],
-    )  # fmt: skip
+    )
     np.testing.assert_array_equal(out[1], out[0])
     expected = [_reference(q[r], ints, scales[r], int_scales, mins[r], sums) for r in range(2)]
     np.testing.assert_array_equal(out[1], np.array(expected, np.float32))

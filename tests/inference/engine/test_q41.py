@@ -88,9 +88,23 @@ def test_every_selection_gives_the_nibble_kernels_bits(simd):
     for r in range(0, q.shape[0], 2):
         expected, out = np.zeros(2, np.float32), np.full(2, np.nan, np.float32)
         pair_mins.SELECTED["generic"](
-            nibbles, r * nb, (r + 1) * nb, ints, scales.ravel(), r * g, (r + 1) * g, int_scales,
-            mins.ravel(), r * g, (r + 1) * g, sums, g, 5, 0, expected,
-        )  # fmt: skip
+            nibbles,
+            r * nb,
+            (r + 1) * nb,
+            ints,
+            scales.ravel(),
+            r * g,
+            (r + 1) * g,
+            int_scales,
+            mins.ravel(),
+            r * g,
+            (r + 1) * g,
+            sums,
+            g,
+            5,
+            0,
+            expected,
+        )
         Q41_KERNELS[simd](
             packed, r * rb, (r + 1) * rb, ints, scales.ravel(), int_scales, mins.ravel(), sums, g, out
         )
@@ -161,8 +175,17 @@ def test_every_q8_0_block_kernel_gives_the_int8_copys_bits(simd):
     for r in range(0, rows, 2):
         expected, out = np.zeros(2, np.float32), np.full(2, np.nan, np.float32)
         intdot.SELECTED["generic"][2](
-            q.ravel(), r * cols, (r + 1) * cols, ints, scales.ravel(), r * g, (r + 1) * g, int_scales,
-            g, 5, expected,
-        )  # fmt: skip
+            q.ravel(),
+            r * cols,
+            (r + 1) * cols,
+            ints,
+            scales.ravel(),
+            r * g,
+            (r + 1) * g,
+            int_scales,
+            g,
+            5,
+            expected,
+        )
         Q80_KERNELS[simd](flat, r * rb, (r + 1) * rb, ints, scales.ravel(), int_scales, g, out)
         np.testing.assert_array_equal(out, expected)

@@ -134,9 +134,18 @@ def test_the_512_bit_pair_and_quad_give_the_int8_copys_bits():
                 )
                 following = np.zeros(2, np.float32)
                 pair(
-                    q.ravel(), (r + 2) * cols, (r + 3) * cols, ints, scales.ravel(), (r + 2) * g, (r + 3) * g,
-                    int_scales, g, 5, following,
-                )  # fmt: skip
+                    q.ravel(),
+                    (r + 2) * cols,
+                    (r + 3) * cols,
+                    ints,
+                    scales.ravel(),
+                    (r + 2) * g,
+                    (r + 3) * g,
+                    int_scales,
+                    g,
+                    5,
+                    following,
+                )
                 np.testing.assert_array_equal(quad, np.concatenate([expected, following]))
 
 

@@ -197,8 +197,11 @@ def test_layer_kinds_and_deltanet_metadata_errors():
 
     assert recurrent_layers(FakeFile(), 8) == [True, True, True, False] * 2  # the default interval 4
     assert recurrent_layers(FakeFile(**{"attention.recurrent_layers": [1, 0, 0, 1, 1]}), 4) == [
-        True, False, False, True
-    ]  # fmt: skip
+        True,
+        False,
+        False,
+        True,
+    ]
     keys = {"ssm.group_count": 2, "ssm.time_step_rank": 4, "ssm.state_size": 8, "ssm.inner_size": 32}
     with pytest.raises(GGUFError, match="qwen35.ssm.conv_kernel is missing"):
         deltanet_shape(FakeFile(**keys))

@@ -55,7 +55,7 @@ def test_the_family_picks_the_diffusion_backend(backend):
         (GenerationRequest(HELLO, logprobs=LogprobsRequest(2, "logprobs")), "logprobs"),
         (GenerationRequest(HELLO, logprobs=LogprobsRequest(0, "include")), "include"),
     ],
-)  # fmt: skip
+)
 def test_what_a_denoiser_cannot_honour_is_a_400_naming_it(backend, request_, param):
     refused = backend.validate(request_)
     assert isinstance(refused, Error) and refused.status == 400
@@ -87,8 +87,11 @@ def test_one_delta_per_committed_block_and_a_seed_repeats_the_reply(engine, back
     assert isinstance(finish, Finish) and finish.usage.completion_tokens == produced
     # The blocks the sampler commits for this prompt and seed, run directly.
     prompt = backend.validate(request)
-    blocks = list(generate_blocks(engine.model, engine.new_cache(256), prompt.tokens, prompt.max_tokens,
-                                  engine.stop_ids, 7))  # fmt: skip
+    blocks = list(
+        generate_blocks(
+            engine.model, engine.new_cache(256), prompt.tokens, prompt.max_tokens, engine.stop_ids, 7
+        )
+    )
     assert produced == sum(len(b.tokens) for b in blocks)
     assert finish.reason == ("stop" if blocks[-1].finished else "length")
     texts = [

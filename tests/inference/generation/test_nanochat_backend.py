@@ -107,11 +107,17 @@ def test_the_prompt_is_nanochats_protocol(tok):
     request = greedy(Message("user", "Hi"), Message("assistant", "Hello"), Message("user", "2+2?"))
     assert backend.tokenize(request) == [
         s("<|bos|>"),
-        s("<|user_start|>"), *tok.encode("Hi"), s("<|user_end|>"),
-        s("<|assistant_start|>"), *tok.encode("Hello"), s("<|assistant_end|>"),
-        s("<|user_start|>"), *tok.encode("2+2?"), s("<|user_end|>"),
+        s("<|user_start|>"),
+        *tok.encode("Hi"),
+        s("<|user_end|>"),
         s("<|assistant_start|>"),
-    ]  # fmt: skip
+        *tok.encode("Hello"),
+        s("<|assistant_end|>"),
+        s("<|user_start|>"),
+        *tok.encode("2+2?"),
+        s("<|user_end|>"),
+        s("<|assistant_start|>"),
+    ]
 
 
 def test_calculator_markers_are_tokens_in_assistant_turns_only(tok):
@@ -126,9 +132,14 @@ def test_calculator_markers_are_tokens_in_assistant_turns_only(tok):
     start = tokens.index(s("<|assistant_start|>")) + 1
     assistant_part = tokens[start : tokens.index(s("<|assistant_end|>"))]
     assert assistant_part == [
-        s("<|python_start|>"), *tok.encode("2+2"), s("<|python_end|>"),
-        s("<|output_start|>"), *tok.encode("4"), s("<|output_end|>"), *tok.encode("So 4."),
-    ]  # fmt: skip
+        s("<|python_start|>"),
+        *tok.encode("2+2"),
+        s("<|python_end|>"),
+        s("<|output_start|>"),
+        *tok.encode("4"),
+        s("<|output_end|>"),
+        *tok.encode("So 4."),
+    ]
 
 
 def test_a_prefill_continues_the_assistant_turn(tok):
