@@ -29,6 +29,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from api.paths import API_PATHS
 from inference.runtime.pipe import StreamPipe
 from inference.types import Finish, ReasoningDelta, TextDelta, ToolCallDelta
 
@@ -74,8 +75,6 @@ DECODE_RATE = Histogram(
     registry=REGISTRY,
 )
 
-_API_ROUTES: list[tuple[re.Pattern, str]] | None = None
-
 
 def _route_template(pattern: str) -> str:
     """``^(?:v1/)?models/(?P<model_id>.+?)/?$`` -> ``/v1/models/{model}``."""
@@ -85,15 +84,13 @@ def _route_template(pattern: str) -> str:
     return "/" + text
 
 
+API_ROUTES = [(re.compile(pattern), _route_template(pattern)) for pattern in API_PATHS]
+
+
 def endpoint_label(path: str) -> str:
     """The metric label of a request path: its API route template, else a coarse class."""
-    global _API_ROUTES
-    if _API_ROUTES is None:
-        from api.routing import api_urlpatterns  # routing imports this module's middleware
-
-        _API_ROUTES = [(p.pattern.regex, _route_template(p.pattern.regex.pattern)) for p in api_urlpatterns]
     relative = path.lstrip("/")
-    for regex, template in _API_ROUTES:
+    for regex, template in API_ROUTES:
         if regex.match(relative):
             return template
     if relative == "":

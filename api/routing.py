@@ -18,6 +18,7 @@ from django.urls import Resolver404, re_path, resolve
 from inference.model_files import ModelFileError
 from inference.runtime import service as services
 
+from . import paths
 from .consumers.anthropic import CountTokensConsumer, MessagesConsumer
 from .consumers.chat import ChatCompletionsConsumer
 from .consumers.completions import CompletionsConsumer
@@ -32,21 +33,20 @@ from .errors import ApiError, wants_anthropic_errors
 from .metrics import RequestMetricsMiddleware
 
 api_urlpatterns = [
-    re_path(r"^(?:v1/)?chat/completions/?$", ChatCompletionsConsumer.as_asgi()),
-    re_path(r"^(?:v1/)?completions/?$", CompletionsConsumer.as_asgi()),
-    re_path(r"^(?:v1/)?responses/?$", ResponsesConsumer.as_asgi()),
-    re_path(r"^(?:v1/)?embeddings/?$", EmbeddingsConsumer.as_asgi()),
-    re_path(r"^(?:v1/)?messages/?$", MessagesConsumer.as_asgi()),
-    re_path(r"^(?:v1/)?messages/count_tokens/?$", CountTokensConsumer.as_asgi()),
-    re_path(r"^(?:v1/)?models/?$", ModelListConsumer.as_asgi()),
-    re_path(r"^(?:v1/)?models/(?P<model_id>.+?)/?$", ModelConsumer.as_asgi()),
-    re_path(r"^(?:v1/)?health/?$", HealthConsumer.as_asgi()),
-    # llama.cpp's own endpoints, at llama-server's paths.
-    re_path(r"^infill/?$", InfillConsumer.as_asgi()),
-    re_path(r"^tokenize/?$", TokenizerConsumer.as_asgi()),
-    re_path(r"^detokenize/?$", DetokenizeConsumer.as_asgi()),
-    re_path(r"^metrics/?$", MetricsConsumer.as_asgi()),
-    re_path(r"^openapi\.json$", OpenApiConsumer.as_asgi()),
+    re_path(paths.CHAT_COMPLETIONS, ChatCompletionsConsumer.as_asgi()),
+    re_path(paths.COMPLETIONS, CompletionsConsumer.as_asgi()),
+    re_path(paths.RESPONSES, ResponsesConsumer.as_asgi()),
+    re_path(paths.EMBEDDINGS, EmbeddingsConsumer.as_asgi()),
+    re_path(paths.MESSAGES, MessagesConsumer.as_asgi()),
+    re_path(paths.COUNT_TOKENS, CountTokensConsumer.as_asgi()),
+    re_path(paths.MODELS, ModelListConsumer.as_asgi()),
+    re_path(paths.MODEL, ModelConsumer.as_asgi()),
+    re_path(paths.HEALTH, HealthConsumer.as_asgi()),
+    re_path(paths.INFILL, InfillConsumer.as_asgi()),
+    re_path(paths.TOKENIZE, TokenizerConsumer.as_asgi()),
+    re_path(paths.DETOKENIZE, DetokenizeConsumer.as_asgi()),
+    re_path(paths.METRICS, MetricsConsumer.as_asgi()),
+    re_path(paths.OPENAPI, OpenApiConsumer.as_asgi()),
 ]
 # Health probes and scrapes still answer when --conns is reached.
 UNGATED_PATHS = ("health", "v1/health", "metrics")

@@ -12,6 +12,7 @@ way a circle is usually hidden), and the module-level imports form no circle.
 from __future__ import annotations
 
 import ast
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -299,3 +300,11 @@ def test_an_upward_import_a_plain_part_importing_a_kernel_and_a_hidden_circle_ar
         ("inference.engine.jit.stage_calls", "inference.engine.jit.compile_split")
     ]
     assert outside_imports(edges) == ["inference.engine.models.llama:1 imports django"]
+
+
+@pytest.mark.parametrize("app", ["api", "fleet", "inference"])
+def test_no_app_hides_a_circle_behind_a_deferred_import(app):
+    # A function-level import is fine for start-up cost (the worker loads the engine late);
+    # it must not be what keeps two modules from importing each other.
+    edges = [e for path in sorted((ROOT / app).rglob("*.py")) for e in imports_of(path)]
+    assert cycles([dataclasses.replace(e, deferred=False) for e in edges], app) == []

@@ -16,6 +16,7 @@ from typing import Any
 from .fanout import Cancelled
 
 POLL_SECONDS = 0.2
+DOCUMENT_TASK = "fleet.document_item"
 
 
 def celery_map(
@@ -27,11 +28,12 @@ def celery_map(
     """Run ``name`` over ``items`` as a Celery group and wait for every result."""
     from celery import group
 
-    from fleet.tasks import document_item
+    from lmserve_site.celery import app
 
     if not items:
         return []
-    result = group(document_item.s(name, item) for item in items).apply_async()
+    # By the task's name (fleet/tasks.py declares it), as jobs.py sends builds.
+    result = group(app.signature(DOCUMENT_TASK, (name, item)) for item in items).apply_async()
     try:
         reported = -1
         while not result.ready():
