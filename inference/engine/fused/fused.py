@@ -97,7 +97,7 @@ class _Arena:
         n_mins = sum(m.layout.mins.size for m in grouped if m.layout.mins is not None)
         self.mins = np.empty(max(n_mins, 1), np.float32)  # (groups with mins,)
         self.floats = np.empty(max(sum(m.weights.size for m in floating), 1), np.float32)  # (float weights,)
-        self.rows: dict[int, list[int]] = {}
+        self.rows: dict[int, sk.LinearRow] = {}
         self._place_grouped(grouped)
         self._place_blocks(release)
         at = 0
@@ -105,7 +105,9 @@ class _Arena:
             view = self.floats[at : at + m.weights.size].reshape(m.weights.shape)
             view[...] = m.weights
             m.weights = view
-            self.rows[id(m)] = [at, m.rows, m.cols, -1, -1, sk.FLOAT_SHIFT, m.activation_kind, -1, -1, -1]
+            self.rows[id(m)] = sk.LinearRow(
+                q_off=at, rows=m.rows, cols=m.cols, shift=sk.FLOAT_SHIFT, kind=m.activation_kind
+            )
             at += m.weights.size
         self.biases: list[np.ndarray] = []
         self.bias_at = 0
@@ -131,18 +133,16 @@ class _Arena:
                 m.layout = GroupLayout(q_view, s_view, m_view, lay.group_size)
             else:
                 m.layout = NibbleLayout(packed, nib, s_view, m_view, lay.group_size)
-            self.rows[id(m)] = [
-                q_at,
-                m.rows,
-                m.cols,
-                s_at,
-                m_off,
-                lay.group_shift,
-                m.activation_kind,
-                -1,
-                -1 if nib is None else nib,
-                -1,
-            ]
+            self.rows[id(m)] = sk.LinearRow(
+                q_off=q_at,
+                rows=m.rows,
+                cols=m.cols,
+                shift=lay.group_shift,
+                kind=m.activation_kind,
+                s_off=s_at,
+                m_off=m_off,
+                nib=-1 if nib is None else nib,
+            )
             q_at, s_at = q_at + lay.q.size // (1 if nib is None else 2), s_at + lay.scales.size
 
     def _block_kind(self, m: GroupedMatrix) -> int | None:
@@ -166,12 +166,15 @@ class _Arena:
         for m in self.quint:
             kind, first = self.block_kinds[id(m)], at
             if m.blocks_only:
-                row = [-1] * sk.LINEAR_FIELDS
-                row[sk.Q_OFF], row[sk.ROWS], row[sk.COLS] = sk.BLOCKS_ONLY, m.rows, m.cols
-                row[sk.M_OFF] = 0 if m.format.has_mins else -1  # (>= 0: the blocks carry mins)
-                row[sk.SHIFT], row[sk.KIND] = m.group_size.bit_length() - 1, m.activation_kind
-                self.rows[id(m)] = row
-            self.rows[id(m)][sk.QUINT] = encode(at, kind)
+                self.rows[id(m)] = sk.LinearRow(
+                    q_off=sk.BLOCKS_ONLY,
+                    rows=m.rows,
+                    cols=m.cols,
+                    shift=m.group_size.bit_length() - 1,
+                    kind=m.activation_kind,
+                    m_off=0 if m.format.has_mins else -1,  # (>= 0: the blocks carry mins)
+                )
+            self.rows[id(m)] = self.rows[id(m)]._replace(quint=encode(at, kind))
             if m.file_blocks is not None:  # the file's bytes as they are
                 for part in m.file_blocks:
                     self.q[at : at + part.size] = part.view(np.int8).ravel()
@@ -200,13 +203,13 @@ class _Arena:
     def row(self, matrix: GroupedMatrix | None, bias: np.ndarray | None) -> list[int]:
         """The table row of a matrix (zero rows for an empty slot), with its bias appended."""
         if matrix is None:
-            return [0] * (sk.LINEAR_FIELDS - 2) + [-1, -1]
-        row = list(self.rows[id(matrix)])
+            return sk.EMPTY_LINEAR.columns()
+        row = self.rows[id(matrix)]
         if bias is not None:
-            row[sk.B_OFF] = self.bias_at
+            row = row._replace(b_off=self.bias_at)
             self.biases.append(np.asarray(bias, np.float32))
             self.bias_at += len(bias)
-        return row
+        return row.columns()
 
     def bias_array(self) -> np.ndarray:
         return np.concatenate(self.biases) if self.biases else np.zeros(1, np.float32)  # (all biases,)

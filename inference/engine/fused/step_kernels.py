@@ -20,13 +20,14 @@ counters (worksharing.py) and waiting for each stage to complete before the next
 
 and at the end PREP_HEAD, HEAD for the rows whose logits are wanted. With one row every thread
 rounds the input itself (no stage, no wait): cheaper than one more barrier per product.
-Weights live in flat arenas, each linear described by a row of an int64 table
-(``LINEAR_FIELDS``). The kernel's inputs are named tuples (``StepModel``, ``StepRows``).
+Weights live in flat arenas, each linear described by a row of an int64 table (built by
+keyword as a ``LinearRow``, read by the column numbers below). The kernel's inputs are named tuples (``StepModel``, ``StepRows``).
 """
 
 from __future__ import annotations
 
 from collections import namedtuple
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -50,6 +51,32 @@ Q_OFF, ROWS, COLS, S_OFF, M_OFF, SHIFT, KIND, B_OFF, NIB, QUINT = range(10)
 BLOCKS_ONLY = -1
 FLOAT_SHIFT = 0
 LINEAR_FIELDS = 10
+
+
+class LinearRow(NamedTuple):
+    """One matrix's row of the linear table, built by keyword; the kernels read it as int64
+    columns, this tuple's fields in order (Q_OFF ... QUINT)."""
+
+    q_off: int
+    rows: int
+    cols: int
+    shift: int
+    kind: int
+    s_off: int = -1
+    m_off: int = -1
+    b_off: int = -1
+    nib: int = -1
+    quint: int = -1
+
+    def columns(self) -> list[int]:
+        """The row as the table's columns."""
+        at = {Q_OFF: self.q_off, ROWS: self.rows, COLS: self.cols, S_OFF: self.s_off, M_OFF: self.m_off}
+        at |= {SHIFT: self.shift, KIND: self.kind, B_OFF: self.b_off, NIB: self.nib, QUINT: self.quint}
+        return [at[column] for column in range(LINEAR_FIELDS)]
+
+
+# An empty slot (a layer without that matrix): no rows, so the kernels skip it.
+EMPTY_LINEAR = LinearRow(q_off=0, rows=0, cols=0, shift=0, kind=0, s_off=0, m_off=0, b_off=0)
 # Linear slots of a layer: q/k/v (or the stacked qkv in slot 0), output, gate/up (or stacked
 # gate_up in slot 4), down. Unused slots have ROWS 0.
 SLOT_Q, SLOT_OUT, SLOT_GATE, SLOT_UP, SLOT_DOWN = 0, 3, 4, 5, 6
