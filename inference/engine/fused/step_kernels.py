@@ -21,7 +21,8 @@ counters (worksharing.py) and waiting for each stage to complete before the next
 and at the end PREP_HEAD, HEAD for the rows whose logits are wanted. With one row every thread
 rounds the input itself (no stage, no wait): cheaper than one more barrier per product.
 Weights live in flat arenas, each linear described by a row of an int64 table (built by
-keyword as a ``LinearRow``, read by the column numbers below). The kernel's inputs are named tuples (``StepModel``, ``StepRows``).
+keyword as a ``LinearRow``, read by the column numbers below). The kernel's inputs are named
+tuples (``StepModel``, ``StepRows``).
 """
 
 from __future__ import annotations
