@@ -118,6 +118,15 @@ class FleetSource:
         rows = sorted((doc.rows for doc in self.fleet.manifest.documents), reverse=True)
         return sum(rows[: self.rag_docs])
 
+    def serving_bytes(self) -> int:
+        """The most memory the source holds while serving (float32 rows): its cache of read
+        cartridges, full of the longest ones, and its cache of compositions, full of the
+        largest. Nothing of it is held at start-up, so the KV RAM guard sets it aside."""
+        per_row = self.geometry.bytes_per_position(4)
+        rows = sorted((doc.rows for doc in self.fleet.manifest.documents), reverse=True)
+        cartridges = sum(rows[: self.cartridges.capacity]) * per_row
+        return cartridges + self.compositions.capacity * self.composed_rows_max() * per_row
+
     def check_model_file(self, model_path: str | os.PathLike) -> None:
         """Refuse a model other than the one the fleet was built for, from the GGUF file alone
         (before the server starts loading it)."""

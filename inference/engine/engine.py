@@ -142,6 +142,13 @@ class Engine:
         return self.file.options.experts.value if self.has_routed_experts else None
 
     @property
+    def serving_bytes(self) -> int:
+        """Memory the model takes beyond what it holds after the load, once it serves: the
+        mapped pages of borrowed experts (the page cache must keep them) and their caches of
+        converted experts, full. 0 for a model that holds all its weights."""
+        return sum(borrower.serving_bytes for borrower in self.file.borrowers)
+
+    @property
     def model_id(self) -> str:
         return self.path.name.removesuffix(".gguf")
 

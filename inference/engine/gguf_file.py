@@ -14,7 +14,7 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import gguf
 import numpy as np
@@ -53,6 +53,13 @@ class TensorInfo:
     data: np.ndarray  # F32/F16 typed with `shape`; other types uint8 (..., rows, row_bytes)
 
 
+class Borrower(Protocol):
+    """Something that reads its tensor from the mapped file while serving."""
+
+    @property
+    def serving_bytes(self) -> int: ...
+
+
 class GGUFFile:
     """A GGUF file opened read-only with its tensors memory-mapped."""
 
@@ -67,6 +74,9 @@ class GGUFFile:
         self.metadata: dict[str, Any] = reader.metadata
         self.tensors: dict[str, TensorInfo] = reader.tensors
         self.data_start: int = reader.data_start  # the header (metadata, tensor table) ends here
+        # What keeps reading tensors from the map while serving (borrowed experts), each with
+        # the memory it takes then (``serving_bytes``).
+        self.borrowers: list[Borrower] = []
 
     @property
     def architecture(self) -> str:

@@ -35,7 +35,10 @@ class PrefixSource(Protocol):
     """Supplies the prefix of every conversation the worker serves.
 
     A source may also have ``describe() -> dict``: entries merged into GET /health (the
-    cartridge source reports ``{"cartridge": {"path": ..., "rows": ...}}``)."""
+    cartridge source reports ``{"cartridge": {"path": ..., "rows": ...}}``); and
+    ``serving_bytes() -> int``: the memory it will hold while serving and does not hold at
+    start-up (a fleet's caches of cartridges and compositions), which the KV RAM guard sets
+    aside."""
 
     def check(self, engine: Engine) -> None:
         """Called once after the model loads: raise PrefixMismatchError (a clear message naming

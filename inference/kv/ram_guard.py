@@ -41,25 +41,31 @@ def available_memory(meminfo: str | None = None) -> int | None:
     return None
 
 
-def judge_kv_slots(requested: int, slot_bytes: int, available: int | None, force: bool = False) -> RamVerdict:
-    """The slot count to run with, given the price of one slot and the memory available."""
+def judge_kv_slots(
+    requested: int, slot_bytes: int, available: int | None, force: bool = False, reserved: int = 0
+) -> RamVerdict:
+    """The slot count to run with, given the price of one slot and the memory available, of
+    which ``reserved`` bytes go to what the model and the prefix source take once serving
+    (borrowed experts' pages and caches, a fleet's cartridges): the slots get the rest."""
     if available is None:
         return RamVerdict(requested, "info", f"KV RAM guard: available memory unknown; {requested} slot(s)")
     total = requested * slot_bytes
+    room = max(0, available - reserved)
+    kept = f" less {reserved / MIB:.1f} MiB kept for serving the model and its prefixes" if reserved else ""
     arithmetic = (
         f"KV RAM guard: {requested} slot(s) x {slot_bytes / MIB:.1f} MiB = {total / MIB:.1f} MiB "
-        f"of {available / MIB:.1f} MiB available"
+        f"of {available / MIB:.1f} MiB available{kept}"
     )
-    if total <= available // 2:
+    if total <= room // 2:
         return RamVerdict(requested, "info", arithmetic)
-    if total <= available or force:
-        why = "--kv-slots-force given; " if total > available else ""
+    if total <= room or force:
+        why = "--kv-slots-force given; " if total > room else ""
         return RamVerdict(
             requested,
             "warning",
             f"{arithmetic}: over half of it; {why}the OS may evict the model's weights from the page cache",
         )
-    fitting = max(1, (available // 2) // max(1, slot_bytes))
+    fitting = max(1, (room // 2) // max(1, slot_bytes))
     return RamVerdict(
         fitting,
         "warning",

@@ -200,7 +200,9 @@ class InferenceWorker:
         from inference.kv.ram_guard import available_memory, judge_kv_slots
 
         slot_bytes = engine.new_cache(n_ctx).nbytes  # zeroed pages are not committed: free to probe
-        verdict = judge_kv_slots(self.kv_slots, slot_bytes, available_memory(), self.kv_slots_force)
+        source = self.prefix_source
+        reserved = engine.serving_bytes + (source.serving_bytes() if hasattr(source, "serving_bytes") else 0)
+        verdict = judge_kv_slots(self.kv_slots, slot_bytes, available_memory(), self.kv_slots_force, reserved)
         getattr(logger, verdict.level)("%s", verdict.message)
         return verdict.slots
 

@@ -3,10 +3,13 @@ refused when unknown, carried to the engine through the worker, reported by /hea
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from django.core.management import CommandError, call_command
 
 from api.management.commands.lmserve import Command as LmserveCommand
+from inference.kv.ram_guard import MIB
 from inference.management.commands.generate import Command as GenerateCommand
 from inference.runtime.service import InferenceService, ServeConfig
 from inference.runtime.worker import READY
@@ -37,13 +40,18 @@ def test_an_expert_cache_below_one_is_refused(args):
         call_command(*args, "--expert-cache=0")
 
 
-def test_the_server_loads_a_moe_model_with_borrowed_experts_and_says_so(synthetic_dir):
+def test_the_server_loads_a_moe_model_with_borrowed_experts_and_says_so(synthetic_dir, caplog):
     path = gemma4_path("gemma4-moe", synthetic_dir)
     service = InferenceService(ServeConfig(model=str(path), ctx=128, experts="borrow", expert_cache=3), path)
     assert service.health()["experts"] is None  # not loaded yet
-    assert service.worker._load() and service.worker.state == READY
-    options = service.worker.backend.engine.file.options
+    with caplog.at_level(logging.INFO):
+        assert service.worker._load() and service.worker.state == READY
+    engine = service.worker.backend.engine
+    options = engine.file.options
     assert options.experts == "borrow" and options.expert_cache == 3
+    # The KV RAM guard sets aside what the borrowed experts take once serving.
+    assert engine.serving_bytes > 0
+    assert f"less {engine.serving_bytes / MIB:.1f} MiB kept for serving" in caplog.text
     assert service.health()["experts"] == "borrow"
     dense = gemma4_path("gemma4", synthetic_dir)
     plain = InferenceService(ServeConfig(model=str(dense), ctx=128, experts="borrow"), dense)

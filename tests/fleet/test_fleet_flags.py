@@ -4,6 +4,7 @@ worker's check once the model loads."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 import sys
@@ -18,8 +19,9 @@ from fleet.cartridges.init import initial_cartridge
 from fleet.fleets.build import FleetBuildSpec, build_fleet
 from fleet.fleets.source import FleetSource
 from inference.engine.engine import Engine
+from inference.kv.ram_guard import MIB
 from inference.runtime.queue import JobQueue
-from inference.runtime.worker import FAILED, InferenceWorker
+from inference.runtime.worker import FAILED, READY, InferenceWorker
 from tests.fixtures.synthetic_gguf import synthetic_path
 
 
@@ -106,6 +108,15 @@ def test_the_context_must_hold_the_composed_prefix(fleet_dir, llama):
 def test_bad_knobs_are_refused_by_the_parser(fleet_dir, llama, flag, value):
     with pytest.raises(CommandError, match=flag.lstrip("-")):
         lmserve(llama, "--fleet", fleet_dir, flag, value)
+
+
+def test_the_kv_ram_guard_sets_aside_what_the_fleet_will_hold(fleet_dir, llama, caplog):
+    source = FleetSource(fleet_dir, rag_docs=2)
+    worker = InferenceWorker(llama, JobQueue(1), 256, prefix_source=source)
+    with caplog.at_level(logging.INFO, logger="lmserve.worker"):
+        assert worker._load() and worker.state == READY
+    assert source.serving_bytes() > 0
+    assert f"less {source.serving_bytes() / MIB:.1f} MiB kept for serving" in caplog.text
 
 
 def test_the_worker_refuses_a_foreign_fleet_once_the_model_loads(fleet_dir, synthetic_dir):

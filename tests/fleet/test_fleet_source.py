@@ -133,6 +133,20 @@ def test_the_cartridge_lru_stays_small(fleet_dir, engine):
     assert len(source.cartridges) == 2 and list(source.cartridges) == [2, 3]
 
 
+def test_serving_bytes_cover_what_the_caches_hold_once_full(fleet_dir, engine):
+    # Every request composing two new documents fills both caches to capacity: what they hold
+    # then is at most what the source reported for the KV RAM guard, and with documents of one
+    # length exactly it.
+    source = FleetSource(fleet_dir, rag_docs=2, rag_chunks=2, resident=3)
+    texts = list(DOCS.values())
+    for i in range(len(texts)):
+        source.choose(engine, ask(texts[i] + " " + texts[(i + 1) % len(texts)]))
+    held = [p for cache in (source.cartridges, source.compositions) for p in cache.values()]
+    assert len(source.cartridges) == 3 and len(source.compositions) == 2
+    rows = {doc.rows for doc in source.fleet.manifest.documents}
+    assert rows == {6} and sum(p.k.nbytes + p.v.nbytes for p in held) == source.serving_bytes()
+
+
 def test_a_fleet_for_another_model_is_refused_with_both_identities(fleet_dir, synthetic_dir):
     other_path = synthetic_path("qwen3", synthetic_dir)
     source = FleetSource(fleet_dir)

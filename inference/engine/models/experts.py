@@ -64,6 +64,14 @@ class BorrowedExperts(Sequence[QuantMatrix]):
         """Memory held by the converted experts in the cache now."""
         return sum(m.nbytes for m in self.cache.values())
 
+    @property
+    def serving_bytes(self) -> int:
+        """Memory this tensor takes while serving: its experts' pages of the mapped file (the
+        page cache must keep them) and a full cache of converted experts."""
+        mapped = self.tensor.data[:, self.rows.start : self.rows.stop].nbytes  # (n_expert, rows, row bytes)
+        one = next(iter(self.cache.values())).nbytes  # every expert converts to the same size
+        return mapped + self.cache_size * one
+
 
 def repacked_experts(t: TensorInfo, rows: range) -> list[QuantMatrix]:
     """Every expert of t converted now, one matrix each."""
@@ -80,5 +88,7 @@ def routed_experts(f: GGUFFile, name: str, row_range: slice | None = None) -> Se
     t = f.tensor(name)
     rows = _row_span(t, row_range)
     if f.options.experts is ExpertMode.BORROW:
-        return BorrowedExperts(t, rows, f.options.expert_cache)
+        borrowed = BorrowedExperts(t, rows, f.options.expert_cache)
+        f.borrowers.append(borrowed)
+        return borrowed
     return repacked_experts(t, rows)

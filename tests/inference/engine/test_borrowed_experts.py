@@ -28,27 +28,9 @@ DECODE_STEPS = 4
 
 
 def borrowed_tensors(engine: Engine) -> list[BorrowedExperts]:
-    """Every BorrowedExperts the model holds, found by walking its layers' attributes."""
-    found, seen = [], set()
-
-    def walk(obj, depth=0):
-        if id(obj) in seen or depth > 4:
-            return
-        seen.add(id(obj))
-        if isinstance(obj, BorrowedExperts):
-            found.append(obj)
-        elif isinstance(obj, dict):
-            for v in obj.values():
-                walk(v, depth + 1)
-        elif isinstance(obj, (list, tuple)):
-            for v in obj:
-                walk(v, depth + 1)
-        elif hasattr(obj, "__dict__") and type(obj).__module__.startswith("inference.engine.models"):
-            for v in vars(obj).values():
-                walk(v, depth + 1)
-
-    for layer in engine.model.layers:
-        walk(layer)
+    """Every BorrowedExperts the model holds (the file keeps what still reads it)."""
+    found = engine.file.borrowers
+    assert all(isinstance(b, BorrowedExperts) for b in found)
     return found
 
 
@@ -112,3 +94,13 @@ def test_a_model_without_experts_has_nothing_to_borrow(synthetic_dir, caplog):
         engine = Engine.load(synthetic_path("llama", synthetic_dir), BORROW)
     assert engine.expert_mode is None and not borrowed_tensors(engine)
     assert "nothing to borrow" in caplog.text
+
+
+def test_serving_bytes_count_the_mapped_experts_and_full_caches(moe_path):
+    # What the KV RAM guard sets aside: every routed expert's bytes of the file (the gate and
+    # up halves of a fused tensor add up to it) and each tensor's cache of converted experts.
+    assert Engine.load(moe_path).serving_bytes == 0  # repacked: all held after the load
+    engine = Engine.load(moe_path, BORROW)
+    mapped = sum(t.data.nbytes for name, t in engine.file.tensors.items() if name.endswith("_exps.weight"))
+    converted = sum(b.cache_size * b[0].nbytes for b in borrowed_tensors(engine))
+    assert converted > 0 and engine.serving_bytes == mapped + converted

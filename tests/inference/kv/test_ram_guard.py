@@ -46,3 +46,13 @@ def test_a_slot_bigger_than_half_still_leaves_one():
 
 def test_unknown_memory_keeps_the_request():
     assert judge_kv_slots(9, 100 * MIB, None).slots == 9
+
+
+def test_what_serving_will_take_is_set_aside_before_the_slots():
+    # 400 MiB of slots fit half of 1000 MiB, not half of what 600 MiB of borrowed experts
+    # and fleet cartridges leave; with 900 MiB set aside one slot is all that fits.
+    verdict = judge_kv_slots(4, 100 * MIB, 1000 * MIB, reserved=600 * MIB)
+    assert (verdict.slots, verdict.level) == (4, "warning")
+    assert "less 600.0 MiB kept for serving the model and its prefixes" in verdict.message
+    assert judge_kv_slots(4, 100 * MIB, 1000 * MIB, reserved=900 * MIB).slots == 1
+    assert judge_kv_slots(4, 100 * MIB, 1000 * MIB, reserved=2000 * MIB).slots == 1
