@@ -1,10 +1,11 @@
 """Fleet measurements (docs/FLEET.md): build time, retrieval top-1 accuracy, answer accuracy.
 
     .venv/bin/python bench/fleet.py [--model PATH] [--prefix-tokens 256] [--embed-chunk 256]
-                                    [--answers] [--max-tokens 32] [--json OUT]
+                                    [--steps 0] [--answers] [--max-tokens 32] [--json OUT]
 
-Builds a fleet of bench/data/fleet/docs (ten made-up documents on distinct topics, untrained
-cartridges: ``--steps 0``) into a temporary directory, then for each of the fifty questions in
+Builds a fleet of bench/data/fleet/docs (ten made-up documents on distinct topics; untrained
+cartridges, or with ``--steps N`` jointly trained for N rounds as ``build_fleet --steps N``
+trains them) into a temporary directory, then for each of the fifty questions in
 bench/data/fleet/questions.json asks retrieval which document it belongs to (the FleetSource's
 own path: the question as a conversation's first user message). With ``--answers``, greedy
 replies under three conditions are checked for the expected answer: no context, the right
@@ -60,7 +61,7 @@ def greedy(loop: TokenGenerator, prompt: list[int], max_tokens: int, prefix: KVP
 
 def build(engine: Engine, args, out: Path) -> dict:
     t0 = time.perf_counter()
-    spec = FleetBuildSpec(DATA / "docs", out, engine.path, args.prefix_tokens, 0, args.embed_chunk)
+    spec = FleetBuildSpec(DATA / "docs", out, engine.path, args.prefix_tokens, args.steps, args.embed_chunk)
     result = build_fleet(spec, engine=engine)
     return {**result.as_dict(), "seconds_per_document": (time.perf_counter() - t0) / result.documents}
 
@@ -139,6 +140,7 @@ def main() -> None:
     parser.add_argument("--model", default=str(default_model_path()))
     parser.add_argument("--prefix-tokens", type=int, default=256)
     parser.add_argument("--embed-chunk", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=0, help="joint-training rounds (0: untrained)")
     parser.add_argument("--rag-docs", type=int, default=2)
     parser.add_argument("--rag-chunks", type=int, default=8)
     parser.add_argument("--answers", action="store_true", help="also measure answer accuracy (slow)")
