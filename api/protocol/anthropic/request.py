@@ -127,11 +127,11 @@ class MessagesRequest:
             messages, tools = without_tools(messages), ()
             constraint = None if self.forced_call else constraint
         return GenerationRequest(
-            (*system, *messages),
-            sampling_overrides(self),
-            self.max_tokens,
-            self.stop_sequences,
-            self.ignore_eos,
+            messages=(*system, *messages),
+            sampling=sampling_overrides(self),
+            max_tokens=self.max_tokens,
+            stop=self.stop_sequences,
+            ignore_eos=self.ignore_eos,
             # A prefilled reply starts with the client's text, not a think block.
             reasoning=self.thinking and reasoning_available and constraint is None and not self.prefill,
             constraint=constraint,

@@ -127,11 +127,11 @@ class ChatCompletionRequest:
             return reasoning_unavailable("reasoning_effort", self.reasoning_effort)
         budget = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         return GenerationRequest(
-            self.messages,
-            sampling_overrides(self),
-            budget,
-            self.stop,
-            self.ignore_eos,
+            messages=self.messages,
+            sampling=sampling_overrides(self),
+            max_tokens=budget,
+            stop=self.stop,
+            ignore_eos=self.ignore_eos,
             reasoning=reasoning and self.constraint is None,
             constraint=self.constraint,
             tools=self.tools,

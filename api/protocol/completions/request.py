@@ -79,11 +79,11 @@ class CompletionRequest:
         raw = RawPrompt(self.prompt, self.prompt_tokens, fim)
         logprobs = LogprobsRequest(self.logprobs, "logprobs") if self.logprobs is not None else None
         return GenerationRequest(
-            (),
-            sampling_overrides(self),
-            self.max_tokens,
-            self.stop,
-            self.ignore_eos,
+            messages=(),
+            sampling=sampling_overrides(self),
+            max_tokens=self.max_tokens,
+            stop=self.stop,
+            ignore_eos=self.ignore_eos,
             raw=raw,
             logprobs=logprobs,
         )

@@ -56,7 +56,7 @@ class EmbeddingsRequest:
         )
 
     def to_embedding(self) -> EmbeddingRequest:
-        return EmbeddingRequest(self.texts)
+        return EmbeddingRequest(texts=self.texts)
 
 
 def parse_input(value: object) -> tuple[str, ...]:

@@ -77,7 +77,12 @@ class InfillRequest:
         )
         raw = RawPrompt(self.input_prefix, fim=fim, param="input_prefix")
         return GenerationRequest(
-            (), sampling_overrides(self), self.n_predict, self.stop, self.ignore_eos, raw=raw
+            messages=(),
+            sampling=sampling_overrides(self),
+            max_tokens=self.n_predict,
+            stop=self.stop,
+            ignore_eos=self.ignore_eos,
+            raw=raw,
         )
 
 

@@ -148,11 +148,11 @@ class ResponsesRequest:
             # in a system turn of its own instead of the declarations.
             tools, task = (), (Message("system", forced_custom_task(self.forced_custom)),)
         return GenerationRequest(
-            (*system, *self.input, *task),
-            sampling_overrides(self),
-            self.max_output_tokens,
-            self.stop,
-            self.ignore_eos,
+            messages=(*system, *self.input, *task),
+            sampling=sampling_overrides(self),
+            max_tokens=self.max_output_tokens,
+            stop=self.stop,
+            ignore_eos=self.ignore_eos,
             reasoning=self.wants_reasoning and self.constraint is None,
             constraint=self.constraint,
             tools=tools,
