@@ -43,9 +43,12 @@ class HeldCache:
     def __init__(self):
         self.cache: KVCache | None = None
 
-    def acquire(self, prompt: PreparedPrompt, choice: PrefixChoice | None) -> KVCache:
+    def held(self) -> KVCache:
         assert self.cache is not None, "a run names its cache first"
         return self.cache
+
+    def acquire(self, prompt: PreparedPrompt, choice: PrefixChoice | None) -> KVCache:
+        return self.held()
 
     def release(self) -> None:
         pass
@@ -54,7 +57,7 @@ class HeldCache:
         pass
 
     def scratch(self, tokens: list[int]) -> KVCache:
-        return self.acquire(PreparedPrompt(tokens, 0), None)
+        return self.held()
 
     def discard(self, cache: KVCache) -> None:
         cache.truncate(0)  # a failed run's rows are undefined; a prefix stays
