@@ -13,8 +13,8 @@ import numpy as np
 
 from ..jit.intrinsics import fma32, prefetch
 from ..jit.kernel_only import kernel_only
+from ..quants.codes import Q4_1_TAG, Q5_0_TAG, Q8_0_TAG, Q41_BLOCK, Q80_BLOCK, QUINT_BLOCK
 from ..quants.intdot import ROW_BLOCK, dot_rows_int
-from ..quants.intdot_ir import Q41_BLOCK, Q41_OFFSET, Q80_BLOCK, Q80_OFFSET, QUINT_BLOCK, QUINT_OFFSET
 from ..quants.nibbles import dot_rows_nib
 from ..quants.tiles import TILE_W, dot_tile_rows
 from . import step_kernels as sk  # a module object: step_kernels imports this module too
@@ -28,16 +28,16 @@ PASS_BLOCKS = 4
 
 @numba.njit(cache=True)
 def tile_row_bytes(cols, nib):
-    """Bytes of a weight row as the tiles read it (the NIB field): int8 codes (-1), the file's
-    Q5_0, Q8_0 or Q4_1 blocks (QUINT_OFFSET, Q80_OFFSET, Q41_OFFSET: whole tiles only, no
-    _rest_rows), or packed nibbles."""
+    """Bytes of a weight row as the tiles read it (``nib``, a layout's tag: codes.py): int8
+    codes (-1), the file's Q5_0, Q8_0 or Q4_1 blocks (whole tiles only, no _rest_rows), or
+    packed nibbles."""
     if nib < 0:
         return cols
-    if nib == Q41_OFFSET:
+    if nib == Q4_1_TAG:
         return cols // 32 * Q41_BLOCK
-    if nib == QUINT_OFFSET:
+    if nib == Q5_0_TAG:
         return cols // 32 * QUINT_BLOCK
-    if nib == Q80_OFFSET:
+    if nib == Q8_0_TAG:
         return cols // 32 * Q80_BLOCK
     return cols >> 1
 
@@ -195,7 +195,7 @@ def dot_tile_many(weights, lin, rounded, k, n_rows, r0, r1, out, accumulate, scr
     min_tile = np.zeros((PASS_BLOCKS, ROW_BLOCK, r1 - r0), np.float32)  # (blocks, rows, w rows) min terms
     row_bias = bias[b_first + r0 : b_first + r1] if has_bias else bias[:0]
     mins_t = np.empty((groups if has_mins else 0, r1 - r0), np.float32)  # (groups, weight rows)
-    if has_mins and nib == Q41_OFFSET:
+    if has_mins and nib == Q4_1_TAG:
         transpose_block_mins(weights.q, lin[sk.Q_OFF] + r0 * row_bytes, row_bytes, r1 - r0, groups, mins_t)
     elif has_mins:
         transpose_mins(mins, lin[sk.M_OFF] + r0 * groups, r1 - r0, groups, mins_t)

@@ -32,8 +32,8 @@ from ..quants.blocks import (
     block_row_bytes,
     dot_pair_q80,
 )
+from ..quants.codes import Q4_1_TAG, Q5_0_TAG, Q8_0_TAG
 from ..quants.intdot import ROW_BLOCK, dot_pair_int, dot_row_int, min_sum
-from ..quants.intdot_ir import Q41_OFFSET, Q80_OFFSET, QUINT_OFFSET
 from ..quants.kblocks import dot_pair_q4k, dot_pair_q6k, dot_quad_q4k, dot_quad_q6k
 from ..quants.nibbles import dot_pair_nib, dot_row_nib
 from ..quants.pair_mins import dot_pair_min
@@ -345,10 +345,10 @@ def tile_reads(kind, n_rows):
 
 @numba.njit(cache=True)
 def tile_marker(kind):
-    """The tiles' NIB marker of the blocks of ``kind`` they read (tile_reads)."""
+    """The tiles' layout tag (codes.py) of the blocks of ``kind`` they read (tile_reads)."""
     if kind == BLOCK_Q5_0:
-        return QUINT_OFFSET
-    return Q80_OFFSET if kind == BLOCK_Q8_0 else Q41_OFFSET
+        return Q5_0_TAG
+    return Q8_0_TAG if kind == BLOCK_Q8_0 else Q4_1_TAG
 
 
 @numba.njit(cache=True)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..jit.intrinsics import load_word, store_word
 from ..quants.blocks import BLOCK_Q4_1, BLOCK_Q4_K, BLOCK_Q5_0, BLOCK_Q6_K, BLOCK_Q8_0
-from ..quants.intdot_ir import Q41_BLOCK, Q41_QS, Q80_BLOCK, Q80_QS, QUINT_BLOCK, QUINT_QH, QUINT_QS
+from ..quants.codes import Q41_BLOCK, Q41_QS, Q80_BLOCK, Q80_QS, QUINT_BLOCK, QUINT_QH, QUINT_QS
 from ..quants.kblocks_ir import Q4K_BLOCK, Q4K_QS, Q4K_SCALES, Q6K_BLOCK, Q6K_D, Q6K_QH, Q6K_SCALES
 from .kernels import half_value
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .intdot import HOST_SIMD, _group_dot_pair_intrinsic
-from .intdot_ir import Q41_BLOCK, Q80_BLOCK, Q80_OFFSET, Q80_QS, QUINT_BLOCK
+from ..jit.simd import SELECTIONS, for_selection
+from .codes import Q41_BLOCK, Q80_BLOCK, Q80_QS, QUINT_BLOCK
+from .intdot import HOST_SIMD, group_dot_pair
 from .kblocks_ir import Q4K_BLOCK, Q6K_BLOCK, SUPER
 from .quint import WIDE, f16_exact
 from .wide import PAIR, Q8_0
@@ -78,28 +79,15 @@ def unpack_q80(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(b[:, :, Q80_QS:]).view(np.int8).reshape(rows, -1), d
 
 
-_pair = {s: _group_dot_pair_intrinsic(GROUP, s, Q80_OFFSET) for s in ("generic", "avx2", "vnni")}
-_generic_pair, _avx2_pair, _vnni_pair = _pair["generic"], _pair["avx2"], _pair["vnni"]
+def _q80_pair(simd: str):
+    """dot_pair_q80 through selection ``simd``'s 256-bit instructions. q holds the blocks (as
+    int8), q0/q1 byte offsets of the two rows; the scales array is taken and unused (each
+    block carries its scale): dot_pair_int's signature otherwise."""
 
+    def dot_pair_q80(q, q0, q1, ints, scales, int_scales, n_groups, out):
+        group_dot_pair(simd, "q8_0_blocks", q, q0, q1, ints, scales, 0, 0, int_scales, n_groups, out)
 
-# q holds the blocks (as int8), q0/q1 byte offsets of the two rows; the scales array is taken
-# and unused (each block carries its scale): dot_pair_int's signature otherwise.
-@numba.njit(cache=True)
-def generic_dot_pair_q80(q, q0, q1, ints, scales, int_scales, n_groups, out):
-    """dot_pair_q80 through the generic instruction selection (CPUs with F16C)."""
-    _generic_pair(q, q0, q1, ints, scales, 0, 0, int_scales, n_groups, out)
-
-
-@numba.njit(cache=True)
-def avx2_dot_pair_q80(q, q0, q1, ints, scales, int_scales, n_groups, out):
-    """dot_pair_q80 through AVX2 (only where the CPU has it)."""
-    _avx2_pair(q, q0, q1, ints, scales, 0, 0, int_scales, n_groups, out)
-
-
-@numba.njit(cache=True)
-def vnni_dot_pair_q80(q, q0, q1, ints, scales, int_scales, n_groups, out):
-    """dot_pair_q80 through VNNI (only where the CPU has it)."""
-    _vnni_pair(q, q0, q1, ints, scales, 0, 0, int_scales, n_groups, out)
+    return for_selection(dot_pair_q80, simd)
 
 
 _wide_pair = PAIR[Q8_0]
@@ -112,11 +100,8 @@ def wide_dot_pair_q80(q, q0, q1, ints, scales, int_scales, n_groups, out):
 
 
 # The vnni selection runs the 512-bit pair where the CPU has AVX-512 (AVX-VNNI alone: 256-bit).
-SELECTED = {
-    "vnni": wide_dot_pair_q80 if WIDE else vnni_dot_pair_q80,
-    "avx2": avx2_dot_pair_q80,
-    "generic": generic_dot_pair_q80,
-}
+NARROW = {simd: _q80_pair(simd) for simd in SELECTIONS}  # each selection's 256-bit pair
+SELECTED = {**NARROW, "vnni": wide_dot_pair_q80} if WIDE else NARROW
 # dot_pair_q80(q, q0, q1, ints, scales, int_scales, n_groups, out): the Q8_0 blocks of two
 # weight rows at byte offsets q0 and q1 with one activation row -> out[0], out[1]: the int8
 # copy's bits (dot_pair_int).

@@ -72,6 +72,16 @@ class BlockFormat:
         return sum(field.nbytes for field in cls.fields)
 
     @classmethod
+    def field_offset(cls, name: str) -> int:
+        """Byte offset of field ``name`` inside a block."""
+        start = 0
+        for field in cls.fields:
+            if field.name == name:
+                return start
+            start += field.nbytes
+        raise KeyError(f"{cls.__name__} has no field {name!r}")
+
+    @classmethod
     def split(cls, blocks: np.ndarray) -> dict[str, np.ndarray]:
         """Column views of ``blocks`` (n_blocks, type_size) uint8, one per field."""
         views, start = {}, 0

@@ -12,13 +12,18 @@ pass over a weight row with the same instructions per row, so it gives each row 
 ``dot_row_int`` gives it: a token's product does not depend on the tokens beside it.
 
 Each kernel exists in every instruction selection (``vnni``, ``avx2``, ``generic``: simd.py,
-``SELECTED``); ``dot_row_int``, ``dot_rows_int`` and ``dot_pair_int`` are the process's
+``SELECTED``), compiled from one Python function per kernel (``simd.for_selection``); the
+intrinsics below take the selection and the weight codes' layout (codes.py) as constant
+strings. ``dot_row_int``, ``dot_rows_int`` and ``dot_pair_int`` are the process's
 (HOST_SIMD), and all give the same bits. Activation codes are int8 (ggml's Q8_0/Q8_1/Q8_K
 range, -127..127). dot_row_reference is the numpy reference within a rounding bound,
 intdot_reference.dot_row_bitwise_reference the one bit for bit.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -28,7 +33,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..jit.intrinsics import element_pointer, fma32
-from ..jit.simd import host_simd
+from ..jit.simd import SELECTIONS, for_selection, host_simd, literal_strings
+from .codes import LAYOUTS, GroupCodes
 from .intdot_ir import row_dots
 
 ROW_BLOCK = 4  # activation rows per weight pass in dot_rows_int
@@ -38,74 +44,86 @@ ROW_BLOCK = 4  # activation rows per weight pass in dot_rows_int
 HOST_SIMD = host_simd()
 
 
-def _group_dot_intrinsic(group: int, simd: str, nibble_offset: int | None = None):
-    """An intrinsic ``f(q, q_start, ints, scales, s_start, int_scales, n_groups) -> float32``:
-    sum over groups g of scales[s_start + g] * int_scales[g] * sum_j q[q_start + g*G + j] *
-    ints[g*G + j] for groups of ``group`` (16 or 32) int8 weights and int8 activations."""
-
-    @intrinsic
-    def group_dot(typingctx, q, q_start, ints, scales, s_start, int_scales, n_groups):
-        sig = types.float32(q, q_start, ints, scales, s_start, int_scales, n_groups)
-
-        def codegen(context, builder, signature, args):
-            q_type, _, ints_type, scales_type, _, int_scales_type, _ = signature.args
-            q_arr, q_start, ints_arr, scales_arr, s_start, int_scales_arr, n_groups = args
-            zero = ir.Constant(ir.IntType(64), 0)
-            q0 = element_pointer(context, builder, q_type, q_arr, q_start)
-            a0 = element_pointer(context, builder, ints_type, ints_arr, zero)
-            s0 = element_pointer(context, builder, scales_type, scales_arr, s_start)
-            d0 = element_pointer(context, builder, int_scales_type, int_scales_arr, zero)
-            return row_dots(builder, simd, group, [(q0, s0)], [(a0, d0)], n_groups, nibble_offset)[0][0]
-
-        return sig, codegen
-
-    return group_dot
+def literal_choice(simd, codes) -> tuple[str, GroupCodes] | None:
+    """The selection and layout named by an intrinsic's two literal arguments (or None)."""
+    names = literal_strings(simd, codes)
+    return None if names is None else (names[0], LAYOUTS[names[1]])
 
 
-def _group_dot_pair_intrinsic(group: int, simd: str, nibble_offset: int | None = None):
-    """An intrinsic ``f(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups,
-    out)``: out[0], out[1] = the group_dot of weight rows at q_start and q_next (scales at
-    s_start, s_next) with one activation row: two independent sums in flight for one token."""
+@intrinsic(prefer_literal=True)
+def group_dot(typingctx, simd, codes, q, q_start, ints, scales, s_start, int_scales, n_groups):
+    """``group_dot(simd, codes, q, q_start, ints, scales, s_start, int_scales, n_groups) ->
+    float32``: sum over groups g of scales[s_start + g] * int_scales[g] * sum_j (weight code j
+    of group g) * ints[g*G + j], the weight groups read in layout ``codes`` (codes.py) from
+    byte q_start of ``q``, with the instructions of selection ``simd`` (both constant strings)."""
+    chosen = literal_choice(simd, codes)
+    if chosen is None:
+        return None
+    selection, layout = chosen
+    sig = types.float32(simd, codes, q, q_start, ints, scales, s_start, int_scales, n_groups)
 
-    @intrinsic
-    def group_dot_pair(
-        typingctx, q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out
-    ):
-        sig = types.void(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
+    def codegen(context, builder, signature, args):
+        _, _, q_type, _, ints_type, scales_type, _, int_scales_type, _ = signature.args
+        _, _, q_arr, q_start, ints_arr, scales_arr, s_start, int_scales_arr, n_groups = args
+        zero = ir.Constant(ir.IntType(64), 0)
+        q0 = element_pointer(context, builder, q_type, q_arr, q_start)
+        a0 = element_pointer(context, builder, ints_type, ints_arr, zero)
+        s0 = element_pointer(context, builder, scales_type, scales_arr, s_start)
+        d0 = element_pointer(context, builder, int_scales_type, int_scales_arr, zero)
+        return row_dots(builder, selection, layout, [(q0, s0)], [(a0, d0)], n_groups)[0][0]
 
-        def codegen(context, builder, signature, args):
-            q_type, _, _, ints_type, scales_type, _, _, int_scales_type, _, out_type = signature.args
+    return sig, codegen
+
+
+@intrinsic(prefer_literal=True)
+def group_dot_pair(
+    typingctx, simd, codes, q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out
+):
+    """``group_dot_pair(simd, codes, q, q_start, q_next, ints, scales, s_start, s_next,
+    int_scales, n_groups, out)``: out[0], out[1] = the group_dot of weight rows at q_start and
+    q_next (scales at s_start, s_next) with one activation row: two independent sums in flight
+    for one token."""
+    chosen = literal_choice(simd, codes)
+    if chosen is None:
+        return None
+    selection, layout = chosen
+    sig = types.void(
+        simd, codes, q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out
+    )
+
+    def codegen(context, builder, signature, args):
+        _, _, q_type, _, _, ints_type, scales_type, _, _, int_scales_type, _, out_type = signature.args
+        (
+            _,
+            _,
+            q_arr,
+            q_start,
+            q_next,
+            ints_arr,
+            scales_arr,
+            s_start,
+            s_next,
+            int_scales_arr,
+            n_groups,
+            out_arr,
+        ) = args
+        zero = ir.Constant(ir.IntType(64), 0)
+        weight_rows = [
             (
-                q_arr,
-                q_start,
-                q_next,
-                ints_arr,
-                scales_arr,
-                s_start,
-                s_next,
-                int_scales_arr,
-                n_groups,
-                out_arr,
-            ) = args
-            zero = ir.Constant(ir.IntType(64), 0)
-            weight_rows = [
-                (
-                    element_pointer(context, builder, q_type, q_arr, qs),
-                    element_pointer(context, builder, scales_type, scales_arr, ss),
-                )
-                for qs, ss in ((q_start, s_start), (q_next, s_next))
-            ]
-            a0 = element_pointer(context, builder, ints_type, ints_arr, zero)
-            d0 = element_pointer(context, builder, int_scales_type, int_scales_arr, zero)
-            sums = row_dots(builder, simd, group, weight_rows, [(a0, d0)], n_groups, nibble_offset)
-            for i, row in enumerate(sums):
-                index = ir.Constant(ir.IntType(64), i)
-                builder.store(row[0], element_pointer(context, builder, out_type, out_arr, index))
-            return context.get_dummy_value()
+                element_pointer(context, builder, q_type, q_arr, qs),
+                element_pointer(context, builder, scales_type, scales_arr, ss),
+            )
+            for qs, ss in ((q_start, s_start), (q_next, s_next))
+        ]
+        a0 = element_pointer(context, builder, ints_type, ints_arr, zero)
+        d0 = element_pointer(context, builder, int_scales_type, int_scales_arr, zero)
+        sums = row_dots(builder, selection, layout, weight_rows, [(a0, d0)], n_groups)
+        for i, row in enumerate(sums):
+            index = ir.Constant(ir.IntType(64), i)
+            builder.store(row[0], element_pointer(context, builder, out_type, out_arr, index))
+        return context.get_dummy_value()
 
-        return sig, codegen
-
-    return group_dot_pair
+    return sig, codegen
 
 
 def _row_pointer(context, builder, array_type, array, row):
@@ -115,143 +133,80 @@ def _row_pointer(context, builder, array_type, array, row):
     return cgutils.get_item_pointer(context, builder, array_type, view, [row, zero])
 
 
-def _group_dot_rows_intrinsic(group: int, n_rows: int, simd: str, nibble_offset: int | None = None):
-    """An intrinsic ``f(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)``:
-    out[i] = the group_dot of weight row q[q_start:] with activation row n0 + i of the 2-D
-    ``ints`` / ``int_scales``, for i < n_rows, the weights read once for all of them."""
+@intrinsic(prefer_literal=True)
+def group_dot_rows(typingctx, simd, codes, q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out):
+    """``group_dot_rows(simd, codes, q, q_start, ints, n0, scales, s_start, int_scales,
+    n_groups, out)``: out[i] = the group_dot of weight row q[q_start:] with activation row
+    n0 + i of the 2-D ``ints`` / ``int_scales``, for i < ROW_BLOCK, the weights read once for
+    all of them."""
+    chosen = literal_choice(simd, codes)
+    if chosen is None:
+        return None
+    selection, layout = chosen
+    sig = types.void(simd, codes, q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
 
-    @intrinsic
-    def group_dot_rows(typingctx, q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out):
-        sig = types.void(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+    def codegen(context, builder, signature, args):
+        _, _, q_type, _, ints_type, n0_type, scales_type, _, int_scales_type, _, out_type = signature.args
+        _, _, q_arr, q_start, ints_arr, n0, scales_arr, s_start, int_scales_arr, n_groups, out_arr = args
+        first = context.cast(builder, n0, n0_type, types.int64)
+        rows = [builder.add(first, ir.Constant(ir.IntType(64), i)) for i in range(ROW_BLOCK)]
+        q0 = element_pointer(context, builder, q_type, q_arr, q_start)
+        s0 = element_pointer(context, builder, scales_type, scales_arr, s_start)
+        a_rows = [_row_pointer(context, builder, ints_type, ints_arr, r) for r in rows]
+        d_rows = [_row_pointer(context, builder, int_scales_type, int_scales_arr, r) for r in rows]
+        act_rows = list(zip(a_rows, d_rows, strict=True))
+        sums = row_dots(builder, selection, layout, [(q0, s0)], act_rows, n_groups)[0]
+        for i, value in enumerate(sums):
+            index = ir.Constant(ir.IntType(64), i)
+            builder.store(value, element_pointer(context, builder, out_type, out_arr, index))
+        return context.get_dummy_value()
 
-        def codegen(context, builder, signature, args):
-            q_type, _, ints_type, n0_type, scales_type, _, int_scales_type, _, out_type = signature.args
-            q_arr, q_start, ints_arr, n0, scales_arr, s_start, int_scales_arr, n_groups, out_arr = args
-            first = context.cast(builder, n0, n0_type, types.int64)
-            rows = [builder.add(first, ir.Constant(ir.IntType(64), i)) for i in range(n_rows)]
-            q0 = element_pointer(context, builder, q_type, q_arr, q_start)
-            s0 = element_pointer(context, builder, scales_type, scales_arr, s_start)
-            a_rows = [_row_pointer(context, builder, ints_type, ints_arr, r) for r in rows]
-            d_rows = [_row_pointer(context, builder, int_scales_type, int_scales_arr, r) for r in rows]
-            act_rows = list(zip(a_rows, d_rows, strict=True))
-            sums = row_dots(builder, simd, group, [(q0, s0)], act_rows, n_groups, nibble_offset)[0]
-            for i, value in enumerate(sums):
-                index = ir.Constant(ir.IntType(64), i)
-                builder.store(value, element_pointer(context, builder, out_type, out_arr, index))
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return group_dot_rows
-
-
-_generic_16, _generic_32 = _group_dot_intrinsic(16, "generic"), _group_dot_intrinsic(32, "generic")
-_avx2_16, _avx2_32 = _group_dot_intrinsic(16, "avx2"), _group_dot_intrinsic(32, "avx2")
-_generic_rows_16 = _group_dot_rows_intrinsic(16, ROW_BLOCK, "generic")
-_generic_rows_32 = _group_dot_rows_intrinsic(32, ROW_BLOCK, "generic")
-_avx2_rows_16 = _group_dot_rows_intrinsic(16, ROW_BLOCK, "avx2")
-_avx2_rows_32 = _group_dot_rows_intrinsic(32, ROW_BLOCK, "avx2")
-_vnni_16, _vnni_32 = _group_dot_intrinsic(16, "vnni"), _group_dot_intrinsic(32, "vnni")
-_vnni_rows_16 = _group_dot_rows_intrinsic(16, ROW_BLOCK, "vnni")
-_vnni_rows_32 = _group_dot_rows_intrinsic(32, ROW_BLOCK, "vnni")
-_vnni_pair_16, _vnni_pair_32 = _group_dot_pair_intrinsic(16, "vnni"), _group_dot_pair_intrinsic(32, "vnni")
-_generic_pair_16, _generic_pair_32 = (
-    _group_dot_pair_intrinsic(16, "generic"),
-    _group_dot_pair_intrinsic(32, "generic"),
-)
-_avx2_pair_16, _avx2_pair_32 = _group_dot_pair_intrinsic(16, "avx2"), _group_dot_pair_intrinsic(32, "avx2")
+    return sig, codegen
 
 
-@numba.njit(cache=True)
-def generic_dot_row_int(q, q_start, ints, scales, s_start, int_scales, n_groups, group_shift):
-    """dot_row_int through the generic instruction selection."""
-    if group_shift == 4:
-        return _generic_16(q, q_start, ints, scales, s_start, int_scales, n_groups)
-    return _generic_32(q, q_start, ints, scales, s_start, int_scales, n_groups)
+class IntDots(NamedTuple):
+    """One selection's integer dot products of int8 weight codes (signatures below)."""
+
+    row: Callable
+    rows: Callable
+    pair: Callable
 
 
-@numba.njit(cache=True)
-def avx2_dot_row_int(q, q_start, ints, scales, s_start, int_scales, n_groups, group_shift):
-    """dot_row_int through AVX2's ``pmaddubsw``/``pmaddwd`` (only where the CPU has AVX2)."""
-    if group_shift == 4:
-        return _avx2_16(q, q_start, ints, scales, s_start, int_scales, n_groups)
-    return _avx2_32(q, q_start, ints, scales, s_start, int_scales, n_groups)
+def _int_dots(simd: str) -> IntDots:
+    """The three kernels of int8 weight codes in groups of 16 (group_shift 4) or 32, compiled
+    for selection ``simd``."""
+
+    def dot_row_int(q, q_start, ints, scales, s_start, int_scales, n_groups, group_shift):
+        if group_shift == 4:
+            return group_dot(simd, "int8_16", q, q_start, ints, scales, s_start, int_scales, n_groups)
+        return group_dot(simd, "int8_32", q, q_start, ints, scales, s_start, int_scales, n_groups)
+
+    def dot_rows_int(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, group_shift, out):
+        if group_shift == 4:
+            group_dot_rows(simd, "int8_16", q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+        else:
+            group_dot_rows(simd, "int8_32", q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+
+    def dot_pair_int(
+        q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, group_shift, out
+    ):
+        if group_shift == 4:
+            group_dot_pair(
+                simd, "int8_16", q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out
+            )
+        else:
+            group_dot_pair(
+                simd, "int8_32", q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out
+            )
+
+    return IntDots(
+        for_selection(dot_row_int, simd),
+        for_selection(dot_rows_int, simd),
+        for_selection(dot_pair_int, simd),
+    )
 
 
-@numba.njit(cache=True)
-def vnni_dot_row_int(q, q_start, ints, scales, s_start, int_scales, n_groups, group_shift):
-    """dot_row_int through VNNI's ``vpdpbusd`` (only where the CPU has it)."""
-    if group_shift == 4:
-        return _vnni_16(q, q_start, ints, scales, s_start, int_scales, n_groups)
-    return _vnni_32(q, q_start, ints, scales, s_start, int_scales, n_groups)
-
-
-@numba.njit(cache=True)
-def generic_dot_rows_int(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, group_shift, out):
-    """dot_rows_int through the generic instruction selection."""
-    if group_shift == 4:
-        _generic_rows_16(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
-    else:
-        _generic_rows_32(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
-
-
-@numba.njit(cache=True)
-def avx2_dot_rows_int(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, group_shift, out):
-    """dot_rows_int through AVX2 (only where the CPU has AVX2)."""
-    if group_shift == 4:
-        _avx2_rows_16(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
-    else:
-        _avx2_rows_32(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
-
-
-@numba.njit(cache=True)
-def vnni_dot_rows_int(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, group_shift, out):
-    """dot_rows_int through VNNI (only where the CPU has it)."""
-    if group_shift == 4:
-        _vnni_rows_16(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
-    else:
-        _vnni_rows_32(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
-
-
-@numba.njit(cache=True)
-def generic_dot_pair_int(
-    q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, group_shift, out
-):
-    """dot_pair_int through the generic instruction selection."""
-    if group_shift == 4:
-        _generic_pair_16(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
-    else:
-        _generic_pair_32(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
-
-
-@numba.njit(cache=True)
-def avx2_dot_pair_int(
-    q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, group_shift, out
-):
-    """dot_pair_int through AVX2 (only where the CPU has AVX2)."""
-    if group_shift == 4:
-        _avx2_pair_16(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
-    else:
-        _avx2_pair_32(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
-
-
-@numba.njit(cache=True)
-def vnni_dot_pair_int(
-    q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, group_shift, out
-):
-    """dot_pair_int through VNNI (only where the CPU has it)."""
-    if group_shift == 4:
-        _vnni_pair_16(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
-    else:
-        _vnni_pair_32(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
-
-
-# Each selection's (dot_row_int, dot_rows_int, dot_pair_int).
-SELECTED = {
-    "vnni": (vnni_dot_row_int, vnni_dot_rows_int, vnni_dot_pair_int),
-    "avx2": (avx2_dot_row_int, avx2_dot_rows_int, avx2_dot_pair_int),
-    "generic": (generic_dot_row_int, generic_dot_rows_int, generic_dot_pair_int),
-}
+SELECTED = {simd: _int_dots(simd) for simd in SELECTIONS}
 
 
 # dot_row_int(q, q_start, ints, scales, s_start, int_scales, n_groups, group_shift): the sum over

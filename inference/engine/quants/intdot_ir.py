@@ -26,19 +26,9 @@ from __future__ import annotations
 from llvmlite import ir
 from numba.core import cgutils
 
+from .codes import Q5_0_BLOCKS, GroupCodes
+
 LANES = 8
-# nibble_offset QUINT_OFFSET: a Q5_0 block read as the file stores it (quint.py): f16 scale d,
-# the 32 fifth bits as a uint32 qh, 16 bytes of nibbles qs; codes stored plus 16.
-QUINT_OFFSET = 16
-QUINT_BLOCK, QUINT_QH, QUINT_QS = 22, 2, 6  # block bytes, byte offsets of qh and qs
-# nibble_offset Q41_OFFSET (a marker, not an offset): a Q4_1 block as the file stores it
-# (q41.py): f16 scale d, f16 min m, 16 bytes of nibbles (codes 0..15, stored as they are).
-Q41_OFFSET = 41
-Q41_BLOCK, Q41_QS = 20, 4  # block bytes, byte offset of qs
-# nibble_offset Q80_OFFSET (a marker): a Q8_0 block as the file stores it (blocks.py): f16
-# scale d, 32 int8 codes.
-Q80_OFFSET = 80
-Q80_BLOCK, Q80_QS = 34, 2  # block bytes, byte offset of qs
 # Float operations carry this flag, which changes no result: numba's fastmath pass adds its
 # reassociating flags only to instructions that have none, and this code can end up inside a
 # fastmath kernel, where the one-row and the multi-row sums would then be reordered differently.
@@ -71,18 +61,24 @@ def _load_nibbles(builder, pointer, offset: int):
     return builder.sub(codes, ir.Constant(codes.type, [offset] * 32)) if offset else codes
 
 
+def _at(builder, pointer, offset: int):
+    """pointer + offset bytes (pointer itself for 0)."""
+    return builder.gep(pointer, [ir.Constant(ir.IntType(64), offset)]) if offset else pointer
+
+
 def _load_quint(builder, block, subtract: bool):
     """A Q5_0 block's 32 codes (0..31: the nibbles of qs, bit j of qh the fifth bit of code
-    j), minus QUINT_OFFSET if ``subtract`` -> <32 x i8>. AVX-512 turns the bit select into a
-    mask move and a masked byte move."""
-    codes = _load_nibbles(builder, builder.gep(block, [ir.Constant(ir.IntType(64), QUINT_QS)]), 0)
-    word = builder.gep(block, [ir.Constant(ir.IntType(64), QUINT_QH)])
+    j), minus the stored offset if ``subtract`` -> <32 x i8>. AVX-512 turns the bit select
+    into a mask move and a masked byte move."""
+    layout = Q5_0_BLOCKS
+    codes = _load_nibbles(builder, _at(builder, block, layout.codes_at), 0)
+    word = _at(builder, block, layout.fifth_bits_at)
     fifth = builder.load(builder.bitcast(word, I32.as_pointer()), align=1)
     bits = builder.bitcast(fifth, ir.VectorType(ir.IntType(1), 32))
     codes = builder.or_(
         codes, builder.select(bits, ir.Constant(codes.type, [16] * 32), ir.Constant(codes.type, None))
     )
-    return builder.sub(codes, ir.Constant(codes.type, [QUINT_OFFSET] * 32)) if subtract else codes
+    return builder.sub(codes, ir.Constant(codes.type, [layout.offset] * 32)) if subtract else codes
 
 
 def _quint_scale(builder, block):
@@ -100,26 +96,33 @@ def _q41_halves(builder, block):
     return [builder.extract_element(wide, ir.Constant(I32, i)) for i in range(2)]
 
 
-def prepare_weights(builder, simd: str, group: int, q_ptr, nibble_offset: int | None = None):
+def block_scale(builder, codes: GroupCodes, block):
+    """A file block's f16 scale widened to float32 (exact), and its min after it (Q4_1) or
+    None. Q4_1's and Q8_0's scale come with the next two bytes in one vector load (no move
+    through a general register); Q5_0's alone, as a scalar load."""
+    if codes.five_bit:
+        return _quint_scale(builder, block), None
+    scale, after = _q41_halves(builder, block)
+    return scale, after if codes.block_min else None
+
+
+def prepare_weights(builder, simd: str, codes: GroupCodes, q_ptr):
     """What every row's product with this weight group reuses: (codes, magnitudes or None,
-    offset still in the codes). ``nibble_offset`` None: int8 codes; else 4-bit codes packed
-    two a byte (groups of 32), stored plus this offset."""
-    vnni = simd == "vnni" and group == 32
-    if nibble_offset == Q41_OFFSET:  # the block's nibbles: Q4_1's codes 0..15, no offset
-        q_ptr, nibble_offset = builder.gep(q_ptr, [ir.Constant(ir.IntType(64), Q41_QS)]), 0
-    if nibble_offset == Q80_OFFSET:  # the block's int8 codes, as the int8 copy's
-        q_ptr, nibble_offset = builder.gep(q_ptr, [ir.Constant(ir.IntType(64), Q80_QS)]), None
-    if nibble_offset is None:
-        w = _load_codes(builder, q_ptr, group)
-    elif nibble_offset == QUINT_OFFSET:
-        w = _load_quint(builder, q_ptr, subtract=not vnni)
-    else:  # vpdpbusd takes the stored (unsigned) codes and subtracts the offset in its accumulator
-        w = _load_nibbles(builder, q_ptr, 0 if vnni else nibble_offset)
+    offset still in the codes), from the group's bytes at ``q_ptr`` in the ``codes`` layout."""
+    vnni = simd == "vnni" and codes.group == 32
+    # vpdpbusd takes stored unsigned codes as they are and subtracts the offset in its accumulator
+    keep_offset = vnni and codes.offset > 0
+    if codes.five_bit:
+        w = _load_quint(builder, q_ptr, subtract=not keep_offset)
+    elif codes.packed:
+        w = _load_nibbles(builder, _at(builder, q_ptr, codes.codes_at), 0 if keep_offset else codes.offset)
+    else:
+        w = _load_codes(builder, _at(builder, q_ptr, codes.codes_at), codes.group)
     if simd == "generic":
-        return builder.sext(w, ir.VectorType(I32, group)), None, 0
-    if nibble_offset == 0 or (vnni and nibble_offset):
-        return w, None, nibble_offset if vnni else 0  # codes 0..15: their own magnitudes
-    sign = "llvm.x86.avx2.psign.b" if group == 32 else "llvm.x86.ssse3.psign.b.128"
+        return builder.sext(w, ir.VectorType(I32, codes.group)), None, 0
+    if codes.unsigned or keep_offset:
+        return w, None, codes.offset if keep_offset else 0  # codes 0..15: their own magnitudes
+    sign = "llvm.x86.avx2.psign.b" if codes.group == 32 else "llvm.x86.ssse3.psign.b.128"
     return w, _call(builder, sign, w.type, [w, w]), 0  # (w, |w|)
 
 
@@ -200,28 +203,20 @@ def _min_chains(builder, mins, act_sums, g, chains) -> None:
             builder.store(step, chain)
 
 
-def row_dots(
-    builder, simd: str, group: int, weight_rows, act_rows, n_groups, nibble_offset=None, min_terms=None
-):
+def row_dots(builder, simd: str, codes: GroupCodes, weight_rows, act_rows, n_groups, min_terms=None):
     """For every weight row (q pointer, scales pointer) and activation row (codes pointer,
     code scales pointer): sum over groups g of fl(scale[g] * code_scale[g]) * lanes(g),
     accumulated lane-wise with FMA -> [weight row][activation row] float32 values. Each weight
     group is loaded and prepared once for all activation rows; every pair gets the same
-    instructions, so the same bits, whichever other rows it is computed with. With
-    ``nibble_offset`` the weight codes are packed 4-bit (prepare_weights): the same integer
-    lanes, so the same bits as their int8 copy, from half the bytes.
+    instructions, so the same bits, whichever other rows it is computed with. The weight
+    codes are read in the ``codes`` layout (codes.py): packed nibbles or a file's blocks give
+    the same integer lanes, so the same bits as their int8 copy, from fewer bytes. A file
+    block carries its scale (and min): the scales (and mins) pointers are then unused.
 
     ``min_terms`` (mins pointer per weight row, group sums pointer per activation row) adds
     each pair's min term, min_sum's chain of fused multiply-adds run in the same group loop
     (its latency hidden behind the vector work) and added to the lane sum as the callers of a
     separate min_sum add it: the same bits."""
-    weight_bytes = group if nibble_offset is None else group // 2
-    if nibble_offset == QUINT_OFFSET:  # whole Q5_0 blocks, the scale inside (s pointers unused)
-        weight_bytes = QUINT_BLOCK
-    if nibble_offset == Q41_OFFSET:  # whole Q4_1 blocks, scale and min inside (s, m unused)
-        weight_bytes = Q41_BLOCK
-    if nibble_offset == Q80_OFFSET:  # whole Q8_0 blocks, the scale inside (s unused)
-        weight_bytes = Q80_BLOCK
     floats = ir.VectorType(ir.FloatType(), LANES)
     accs = [
         [cgutils.alloca_once_value(builder, ir.Constant(floats, None)) for _ in act_rows] for _ in weight_rows
@@ -234,30 +229,26 @@ def row_dots(
     )
     with cgutils.for_range(builder, n_groups) as loop:
         g = loop.index
-        offset = builder.mul(g, ir.Constant(g.type, group))
-        w_offset = builder.mul(g, ir.Constant(g.type, weight_bytes))
+        offset = builder.mul(g, ir.Constant(g.type, codes.group))
+        w_offset = builder.mul(g, ir.Constant(g.type, codes.stride))
         block_mins = []
         for (q0, s0), row_accs in zip(weight_rows, accs, strict=True):
             block = builder.gep(q0, [w_offset])
-            weights = prepare_weights(builder, simd, group, block, nibble_offset)
-            if nibble_offset == QUINT_OFFSET:
-                scale = _quint_scale(builder, block)
-            elif nibble_offset == Q41_OFFSET:
-                scale, low = _q41_halves(builder, block)
-                block_mins.append(low)
-            elif nibble_offset == Q80_OFFSET:  # d and the first two codes loaded, d kept
-                scale = _q41_halves(builder, block)[0]
-            else:
+            weights = prepare_weights(builder, simd, codes, block)
+            if codes.block is None:
                 scale = builder.load(builder.gep(s0, [g]))
+            else:
+                scale, low = block_scale(builder, codes, block)
+                block_mins.append(low)
             for acc, (a0, d0) in zip(row_accs, act_rows, strict=True):
                 factor = builder.fmul(scale, builder.load(builder.gep(d0, [g])), flags=EXACT)
                 splat = builder.insert_element(ir.Constant(floats, ir.Undefined), factor, ir.Constant(I32, 0))
                 splat = builder.shuffle_vector(splat, splat, _constant_vector([0] * LANES))
-                lanes = group_lanes(builder, simd, group, weights, builder.gep(a0, [offset]))
+                lanes = group_lanes(builder, simd, codes.group, weights, builder.gep(a0, [offset]))
                 builder.store(_fma(builder, builder.sitofp(lanes, floats), splat, builder.load(acc)), acc)
         if min_terms:
             weight_mins, act_sums = min_terms
-            if nibble_offset != Q41_OFFSET:
+            if not codes.block_min:
                 block_mins = [builder.load(builder.gep(m0, [g])) for m0 in weight_mins]
             _min_chains(builder, block_mins, act_sums, g, chains)
     sums = [[lane_sum(builder, builder.load(acc)) for acc in row_accs] for row_accs in accs]

@@ -17,6 +17,9 @@ the CPU's features compile and run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -24,7 +27,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from ..jit.intrinsics import element_pointer
-from ..jit.simd import target_features
+from ..jit.simd import SELECTIONS, for_selection, literal_strings, target_features
 from . import wide_ir
 from .formats import GGMLType
 from .intdot import HOST_SIMD
@@ -36,108 +39,74 @@ BLOCK_BYTES = {GGMLType.Q4_K: Q4K_BLOCK, GGMLType.Q6_K: Q6K_BLOCK}
 FORMATS = {GGMLType.Q4_K: Q4_K, GGMLType.Q6_K: Q6_K}
 
 
-def _pair_intrinsic(kind: str, simd: str, n_pairs: int = 1):
-    """``f(q, q0, q1, ints, int_scales, sums, n_super, out)``: out[0], out[1] = the products of
-    the rows of ``kind`` super-blocks at byte offsets q0 and q1 of ``q`` with one activation
-    row (codes ``ints``, code scales and group sums per group). ``simd`` "wide": both rows in
-    512-bit registers (kblocks_wide_ir.py); then ``n_pairs`` 2: out[0:4] = the rows at q0 +
-    i * (q1 - q0), i < 4, two pairs sharing the activation's work."""
+@intrinsic(prefer_literal=True)
+def super_pairs(typingctx, simd, kind, n_pairs, q, q0, q1, ints, int_scales, sums, n_super, out):
+    """``super_pairs(simd, kind, n_pairs, q, q0, q1, ints, int_scales, sums, n_super, out)``:
+    out[0], out[1] = the products of the rows of ``kind`` super-blocks ("q4_k" or "q6_k") at
+    byte offsets q0 and q1 of ``q`` with one activation row (codes ``ints``, code scales and
+    group sums per group), through selection ``simd``. ``simd`` "wide": both rows in 512-bit
+    registers (kblocks_wide_ir.py); then ``n_pairs`` 2: out[0:4] = the rows at q0 + i * (q1 -
+    q0), i < 4, two pairs sharing the activation's work. The first three are constants."""
+    names = literal_strings(simd, kind)
+    if names is None or not isinstance(n_pairs, types.IntegerLiteral):
+        return None
+    (selection, block_kind), pairs_wanted = names, n_pairs.literal_value
+    sig = types.void(simd, kind, n_pairs, q, q0, q1, ints, int_scales, sums, n_super, out)
 
-    @intrinsic
-    def pair(typingctx, q, q0, q1, ints, int_scales, sums, n_super, out):
-        sig = types.void(q, q0, q1, ints, int_scales, sums, n_super, out)
+    def codegen(context, builder, signature, args):
+        t, a = signature.args[3:], args[3:]  # the literals carry no value
+        zero = ir.Constant(ir.IntType(64), 0)
 
-        def codegen(context, builder, signature, args):
-            t, zero = signature.args, ir.Constant(ir.IntType(64), 0)
+        def pointer(i, index):
+            return element_pointer(context, builder, t[i], a[i], index)
 
-            def pointer(i, index):
-                return element_pointer(context, builder, t[i], args[i], index)
+        rows = [pointer(0, a[1]), pointer(0, a[2])]
+        activation = (pointer(3, zero), pointer(4, zero), pointer(5, zero), a[6])
+        if selection == "wide":
+            stride = builder.sub(a[2], a[1])
+            for i in range(2, 2 * pairs_wanted):
+                at = builder.add(a[1], builder.mul(stride, ir.Constant(ir.IntType(64), i)))
+                rows.append(pointer(0, at))
+            pairs = [(rows[2 * p], rows[2 * p + 1]) for p in range(pairs_wanted)]
+            totals = [v for pair in wide_pair_dots(builder, block_kind, pairs, *activation) for v in pair]
+        else:
+            totals = kblock_pair_dots(builder, selection, block_kind, rows, *activation)
+        for i, value in enumerate(totals):
+            builder.store(value, pointer(7, ir.Constant(ir.IntType(64), i)))
+        return context.get_dummy_value()
 
-            rows = [pointer(0, args[1]), pointer(0, args[2])]
-            activation = (pointer(3, zero), pointer(4, zero), pointer(5, zero), args[6])
-            if simd == "wide":
-                stride = builder.sub(args[2], args[1])
-                for i in range(2, 2 * n_pairs):
-                    at = builder.add(args[1], builder.mul(stride, ir.Constant(ir.IntType(64), i)))
-                    rows.append(pointer(0, at))
-                pairs = [(rows[2 * p], rows[2 * p + 1]) for p in range(n_pairs)]
-                totals = [v for pair in wide_pair_dots(builder, kind, pairs, *activation) for v in pair]
-            else:
-                totals = kblock_pair_dots(builder, simd, kind, rows, *activation)
-            for i, value in enumerate(totals):
-                builder.store(value, pointer(7, ir.Constant(ir.IntType(64), i)))
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return pair
-
-
-_q4k = {s: _pair_intrinsic(KIND_Q4_K, s) for s in ("generic", "avx2", "vnni", "wide")}
-_q6k = {s: _pair_intrinsic(KIND_Q6_K, s) for s in ("generic", "avx2", "vnni", "wide")}
-_generic_q4k, _avx2_q4k, _vnni_q4k, _wide_q4k = (_q4k[s] for s in ("generic", "avx2", "vnni", "wide"))
-_generic_q6k, _avx2_q6k, _vnni_q6k, _wide_q6k = (_q6k[s] for s in ("generic", "avx2", "vnni", "wide"))
-_quad_q4k, _quad_q6k = _pair_intrinsic(KIND_Q4_K, "wide", 2), _pair_intrinsic(KIND_Q6_K, "wide", 2)
+    return sig, codegen
 
 
-@numba.njit(cache=True)
-def generic_dot_pair_q4k(q, q0, q1, ints, int_scales, sums, n_super, out):
-    """dot_pair_q4k through the generic instruction selection."""
-    _generic_q4k(q, q0, q1, ints, int_scales, sums, n_super, out)
+class SuperPairs(NamedTuple):
+    """One selection's pairs of Q4_K and Q6_K rows (signatures below)."""
+
+    q4k: Callable
+    q6k: Callable
 
 
-@numba.njit(cache=True)
-def avx2_dot_pair_q4k(q, q0, q1, ints, int_scales, sums, n_super, out):
-    """dot_pair_q4k through AVX2 (only where the CPU has it)."""
-    _avx2_q4k(q, q0, q1, ints, int_scales, sums, n_super, out)
+def _super_pairs(simd: str) -> SuperPairs:
+    """dot_pair_q4k and dot_pair_q6k compiled for ``simd`` (a selection, or "wide")."""
 
+    def dot_pair_q4k(q, q0, q1, ints, int_scales, sums, n_super, out):
+        super_pairs(simd, KIND_Q4_K, 1, q, q0, q1, ints, int_scales, sums, n_super, out)
 
-@numba.njit(cache=True)
-def vnni_dot_pair_q4k(q, q0, q1, ints, int_scales, sums, n_super, out):
-    """dot_pair_q4k through VNNI (only where the CPU has it)."""
-    _vnni_q4k(q, q0, q1, ints, int_scales, sums, n_super, out)
+    def dot_pair_q6k(q, q0, q1, ints, int_scales, sums, n_super, out):
+        super_pairs(simd, KIND_Q6_K, 1, q, q0, q1, ints, int_scales, sums, n_super, out)
 
-
-@numba.njit(cache=True)
-def generic_dot_pair_q6k(q, q0, q1, ints, int_scales, sums, n_super, out):
-    """dot_pair_q6k through the generic instruction selection (``sums`` unused: no mins)."""
-    _generic_q6k(q, q0, q1, ints, int_scales, sums, n_super, out)
-
-
-@numba.njit(cache=True)
-def avx2_dot_pair_q6k(q, q0, q1, ints, int_scales, sums, n_super, out):
-    """dot_pair_q6k through AVX2 (only where the CPU has it)."""
-    _avx2_q6k(q, q0, q1, ints, int_scales, sums, n_super, out)
-
-
-@numba.njit(cache=True)
-def vnni_dot_pair_q6k(q, q0, q1, ints, int_scales, sums, n_super, out):
-    """dot_pair_q6k through VNNI (groups of 16 keep the avx2 sequence, as intdot_ir)."""
-    _vnni_q6k(q, q0, q1, ints, int_scales, sums, n_super, out)
-
-
-@numba.njit(cache=True)
-def wide_dot_pair_q4k(q, q0, q1, ints, int_scales, sums, n_super, out):
-    """dot_pair_q4k with both rows in 512-bit registers (only where wide_ir.fits)."""
-    _wide_q4k(q, q0, q1, ints, int_scales, sums, n_super, out)
-
-
-@numba.njit(cache=True)
-def wide_dot_pair_q6k(q, q0, q1, ints, int_scales, sums, n_super, out):
-    """dot_pair_q6k with both rows in 512-bit registers (only where wide_ir.fits)."""
-    _wide_q6k(q, q0, q1, ints, int_scales, sums, n_super, out)
+    return SuperPairs(for_selection(dot_pair_q4k, simd), for_selection(dot_pair_q6k, simd))
 
 
 @numba.njit(cache=True)
 def wide_dot_quad_q4k(q, q0, q1, ints, int_scales, sums, n_super, out):
     """out[0:4] = the Q4_K rows at q0 + i * (q1 - q0), two 512-bit pairs (where wide_ir.fits)."""
-    _quad_q4k(q, q0, q1, ints, int_scales, sums, n_super, out)
+    super_pairs("wide", KIND_Q4_K, 2, q, q0, q1, ints, int_scales, sums, n_super, out)
 
 
 @numba.njit(cache=True)
 def wide_dot_quad_q6k(q, q0, q1, ints, int_scales, sums, n_super, out):
     """out[0:4] = the Q6_K rows at q0 + i * (q1 - q0), two 512-bit pairs (where wide_ir.fits)."""
-    _quad_q6k(q, q0, q1, ints, int_scales, sums, n_super, out)
+    super_pairs("wide", KIND_Q6_K, 2, q, q0, q1, ints, int_scales, sums, n_super, out)
 
 
 # Each selection's (dot_pair_q4k, dot_pair_q6k)(q, q0, q1, ints, int_scales, sums, n_super,
@@ -146,11 +115,9 @@ def wide_dot_quad_q6k(q, q0, q1, ints, int_scales, sums, n_super, out):
 # out[0], out[1]: the bits of dot_pair_min (Q4_K's nibbles, offset 0) / dot_pair_int (Q6_K).
 # The vnni selection runs the 512-bit pairs where the CPU has AVX-512 BW (AVX-VNNI alone: 256).
 WIDE = wide_ir.fits(target_features())
-SELECTED = {
-    "vnni": (wide_dot_pair_q4k, wide_dot_pair_q6k) if WIDE else (vnni_dot_pair_q4k, vnni_dot_pair_q6k),
-    "avx2": (avx2_dot_pair_q4k, avx2_dot_pair_q6k),
-    "generic": (generic_dot_pair_q4k, generic_dot_pair_q6k),
-}
+NARROW = {simd: _super_pairs(simd) for simd in SELECTIONS}  # each selection's 256-bit pairs
+WIDE_PAIRS = _super_pairs("wide")
+SELECTED = {**NARROW, "vnni": WIDE_PAIRS} if WIDE else NARROW
 dot_pair_q4k, dot_pair_q6k = SELECTED[HOST_SIMD]
 
 

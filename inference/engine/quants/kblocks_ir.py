@@ -24,10 +24,13 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from .intdot_ir import EXACT, I8, I32, LANES, _call, _constant_vector, _fma, group_lanes, lane_sum
+from .kquants import Q4_K, Q6_K
 
 SUPER = 256  # weights of a super-block
-Q4K_BLOCK, Q4K_SCALES, Q4K_QS = 144, 4, 16  # bytes; byte offsets of the scale field and qs
-Q6K_BLOCK, Q6K_QH, Q6K_SCALES, Q6K_D = 210, 128, 192, 208
+# A super-block's bytes, and the byte offsets of its fields (kquants.py's layouts).
+Q4K_BLOCK, Q4K_SCALES, Q4K_QS = Q4_K.type_size(), Q4_K.field_offset("scales"), Q4_K.field_offset("qs")
+Q6K_BLOCK, Q6K_QH = Q6_K.type_size(), Q6_K.field_offset("qh")
+Q6K_SCALES, Q6K_D = Q6_K.field_offset("scales"), Q6_K.field_offset("d")
 KIND_Q4_K, KIND_Q6_K = "q4_k", "q6_k"
 I64 = ir.IntType(64)
 FLOAT = ir.FloatType()

@@ -18,20 +18,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
-from .intdot import (
-    HOST_SIMD,
-    ROW_BLOCK,
-    _group_dot_intrinsic,
-    _group_dot_pair_intrinsic,
-    _group_dot_rows_intrinsic,
-)
+from ..jit.simd import SELECTIONS, for_selection
+from .codes import NIBBLES_8
+from .intdot import HOST_SIMD, IntDots, group_dot, group_dot_pair, group_dot_rows
 from .layout import GroupArrays, GroupLayout
 
 GROUP = 32
-NIBBLE_OFFSET = 8  # codes -8..7 are stored as 0..15
+NIBBLE_OFFSET = NIBBLES_8.offset  # codes -8..7 are stored as 0..15
 
 
 def packable_offset(q: np.ndarray, group_size: int) -> int | None:
@@ -90,106 +85,52 @@ class NibbleLayout(GroupArrays):
         return GroupLayout(q, self.scales[row_ids], mins, self.group_size)
 
 
-OFFSETS = (0, NIBBLE_OFFSET)
-_generic_0, _generic_8 = (_group_dot_intrinsic(GROUP, "generic", o) for o in OFFSETS)
-_avx2_0, _avx2_8 = (_group_dot_intrinsic(GROUP, "avx2", o) for o in OFFSETS)
-_generic_rows_0, _generic_rows_8 = (
-    _group_dot_rows_intrinsic(GROUP, ROW_BLOCK, "generic", o) for o in OFFSETS
-)  # noqa: E501
-_avx2_rows_0, _avx2_rows_8 = (_group_dot_rows_intrinsic(GROUP, ROW_BLOCK, "avx2", o) for o in OFFSETS)
-_generic_pair_0, _generic_pair_8 = (_group_dot_pair_intrinsic(GROUP, "generic", o) for o in OFFSETS)
-_avx2_pair_0, _avx2_pair_8 = (_group_dot_pair_intrinsic(GROUP, "avx2", o) for o in OFFSETS)
-_vnni_0, _vnni_8 = (_group_dot_intrinsic(GROUP, "vnni", o) for o in OFFSETS)
-_vnni_rows_0, _vnni_rows_8 = (_group_dot_rows_intrinsic(GROUP, ROW_BLOCK, "vnni", o) for o in OFFSETS)
-_vnni_pair_0, _vnni_pair_8 = (_group_dot_pair_intrinsic(GROUP, "vnni", o) for o in OFFSETS)
+def _nibble_dots(simd: str) -> IntDots:
+    """intdot's three kernels over packed nibbles stored plus ``offset`` (0 or 8), compiled
+    for selection ``simd``."""
+
+    def dot_row_nib(q, q_start, ints, scales, s_start, int_scales, n_groups, offset):
+        if offset == 0:
+            return group_dot(simd, "nibbles", q, q_start, ints, scales, s_start, int_scales, n_groups)
+        return group_dot(simd, "nibbles_8", q, q_start, ints, scales, s_start, int_scales, n_groups)
+
+    def dot_rows_nib(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, offset, out):
+        if offset == 0:
+            group_dot_rows(simd, "nibbles", q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
+        else:
+            group_dot_rows(
+                simd, "nibbles_8", q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out
+            )
+
+    def dot_pair_nib(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, offset, out):
+        if offset == 0:
+            group_dot_pair(
+                simd, "nibbles", q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out
+            )
+        else:
+            group_dot_pair(
+                simd,
+                "nibbles_8",
+                q,
+                q_start,
+                q_next,
+                ints,
+                scales,
+                s_start,
+                s_next,
+                int_scales,
+                n_groups,
+                out,
+            )
+
+    return IntDots(
+        for_selection(dot_row_nib, simd),
+        for_selection(dot_rows_nib, simd),
+        for_selection(dot_pair_nib, simd),
+    )
 
 
-@numba.njit(cache=True)
-def generic_dot_row_nib(q, q_start, ints, scales, s_start, int_scales, n_groups, offset):
-    """dot_row_nib through the generic instruction selection."""
-    if offset == 0:
-        return _generic_0(q, q_start, ints, scales, s_start, int_scales, n_groups)
-    return _generic_8(q, q_start, ints, scales, s_start, int_scales, n_groups)
-
-
-@numba.njit(cache=True)
-def avx2_dot_row_nib(q, q_start, ints, scales, s_start, int_scales, n_groups, offset):
-    """dot_row_nib through AVX2 (only where the CPU has AVX2)."""
-    if offset == 0:
-        return _avx2_0(q, q_start, ints, scales, s_start, int_scales, n_groups)
-    return _avx2_8(q, q_start, ints, scales, s_start, int_scales, n_groups)
-
-
-@numba.njit(cache=True)
-def vnni_dot_row_nib(q, q_start, ints, scales, s_start, int_scales, n_groups, offset):
-    """dot_row_nib through VNNI (only where the CPU has it)."""
-    if offset == 0:
-        return _vnni_0(q, q_start, ints, scales, s_start, int_scales, n_groups)
-    return _vnni_8(q, q_start, ints, scales, s_start, int_scales, n_groups)
-
-
-@numba.njit(cache=True)
-def generic_dot_rows_nib(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, offset, out):
-    """dot_rows_nib through the generic instruction selection."""
-    if offset == 0:
-        _generic_rows_0(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
-    else:
-        _generic_rows_8(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
-
-
-@numba.njit(cache=True)
-def avx2_dot_rows_nib(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, offset, out):
-    """dot_rows_nib through AVX2 (only where the CPU has AVX2)."""
-    if offset == 0:
-        _avx2_rows_0(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
-    else:
-        _avx2_rows_8(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
-
-
-@numba.njit(cache=True)
-def vnni_dot_rows_nib(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, offset, out):
-    """dot_rows_nib through VNNI (only where the CPU has it)."""
-    if offset == 0:
-        _vnni_rows_0(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
-    else:
-        _vnni_rows_8(q, q_start, ints, n0, scales, s_start, int_scales, n_groups, out)
-
-
-@numba.njit(cache=True)
-def generic_dot_pair_nib(
-    q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, offset, out
-):
-    """dot_pair_nib through the generic instruction selection."""
-    if offset == 0:
-        _generic_pair_0(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
-    else:
-        _generic_pair_8(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
-
-
-@numba.njit(cache=True)
-def avx2_dot_pair_nib(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, offset, out):
-    """dot_pair_nib through AVX2 (only where the CPU has AVX2)."""
-    if offset == 0:
-        _avx2_pair_0(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
-    else:
-        _avx2_pair_8(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
-
-
-@numba.njit(cache=True)
-def vnni_dot_pair_nib(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, offset, out):
-    """dot_pair_nib through VNNI (only where the CPU has it)."""
-    if offset == 0:
-        _vnni_pair_0(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
-    else:
-        _vnni_pair_8(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
-
-
-# Each selection's (dot_row_nib, dot_rows_nib, dot_pair_nib).
-SELECTED = {
-    "vnni": (vnni_dot_row_nib, vnni_dot_rows_nib, vnni_dot_pair_nib),
-    "avx2": (avx2_dot_row_nib, avx2_dot_rows_nib, avx2_dot_pair_nib),
-    "generic": (generic_dot_row_nib, generic_dot_rows_nib, generic_dot_pair_nib),
-}
+SELECTED = {simd: _nibble_dots(simd) for simd in SELECTIONS}
 # The host's selection (all give the same bits); q holds packed bytes (as int8), q_start and
 # q_next are byte offsets: a row of cols weights is cols // 2 bytes.
 dot_row_nib, dot_rows_nib, dot_pair_nib = SELECTED[HOST_SIMD]

@@ -5,7 +5,7 @@ layout (nibbles.py) keeps a Q4_1 matrix as three streams: 16 bytes of packed cod
 scale and a float32 min per 32 weights (24 bytes). The file spends 20: an f16 scale ``d``, an
 f16 min ``m`` and the same 16 bytes of nibbles (byte j: code j low, code j + 16 high). A
 decode step keeps those blocks (fused.py, a second copy beside the nibbles the tiles of
-several rows read) and the vector kernel (intdot_ir.py ``Q41_OFFSET``) widens d and m from
+several rows read) and the vector kernel (intdot_ir.py, codes.py ``q4_1_blocks``) widens d and m from
 one 4-byte load: the same integer lanes, the same float32 scale and min (an f16 widens
 exactly), the same min-term chain (pair_mins.py), so every product has the nibbles' bits, from
 one stream of 0.625 bytes a weight instead of three of 0.75. SmolLM2-135M keeps 210 of its
@@ -20,9 +20,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ..jit.simd import SELECTIONS, for_selection
+from .codes import Q41_BLOCK, Q41_QS
 from .intdot import HOST_SIMD
-from .intdot_ir import Q41_BLOCK, Q41_OFFSET, Q41_QS
-from .pair_mins import _pair_min_intrinsic
+from .pair_mins import group_dot_pair_min
 from .quint import WIDE, f16_exact
 from .wide import PAIR, Q4_1
 
@@ -67,28 +68,17 @@ def unpack_q41(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return codes.reshape(rows, -1), d, m
 
 
-_pair = {s: _pair_min_intrinsic(GROUP, s, Q41_OFFSET) for s in ("generic", "avx2", "vnni")}
-_generic_pair, _avx2_pair, _vnni_pair = _pair["generic"], _pair["avx2"], _pair["vnni"]
+def _q41_pair(simd: str):
+    """dot_pair_q41 through selection ``simd``'s 256-bit instructions. q holds the blocks (as
+    int8), q0/q1 byte offsets of the two rows; scales and mins are taken and unused (each
+    block carries its own): pair_mins' signature otherwise."""
 
+    def dot_pair_q41(q, q0, q1, ints, scales, int_scales, mins, sums, n_groups, out):
+        group_dot_pair_min(
+            simd, "q4_1_blocks", q, q0, q1, ints, scales, 0, 0, int_scales, mins, 0, 0, sums, n_groups, out
+        )
 
-# q holds the blocks (as int8), q0/q1 byte offsets of the two rows; scales and mins are taken
-# and unused (each block carries its own): the intrinsic keeps pair_mins' signature.
-@numba.njit(cache=True)
-def generic_dot_pair_q41(q, q0, q1, ints, scales, int_scales, mins, sums, n_groups, out):
-    """dot_pair_q41 through the generic instruction selection (CPUs with F16C)."""
-    _generic_pair(q, q0, q1, ints, scales, 0, 0, int_scales, mins, 0, 0, sums, n_groups, out)
-
-
-@numba.njit(cache=True)
-def avx2_dot_pair_q41(q, q0, q1, ints, scales, int_scales, mins, sums, n_groups, out):
-    """dot_pair_q41 through AVX2 (only where the CPU has it)."""
-    _avx2_pair(q, q0, q1, ints, scales, 0, 0, int_scales, mins, 0, 0, sums, n_groups, out)
-
-
-@numba.njit(cache=True)
-def vnni_dot_pair_q41(q, q0, q1, ints, scales, int_scales, mins, sums, n_groups, out):
-    """dot_pair_q41 through VNNI (only where the CPU has it)."""
-    _vnni_pair(q, q0, q1, ints, scales, 0, 0, int_scales, mins, 0, 0, sums, n_groups, out)
+    return for_selection(dot_pair_q41, simd)
 
 
 _wide_pair = PAIR[Q4_1]
@@ -101,11 +91,8 @@ def wide_dot_pair_q41(q, q0, q1, ints, scales, int_scales, mins, sums, n_groups,
 
 
 # The vnni selection runs the 512-bit pair where the CPU has AVX-512 (AVX-VNNI alone: 256-bit).
-SELECTED = {
-    "vnni": wide_dot_pair_q41 if WIDE else vnni_dot_pair_q41,
-    "avx2": avx2_dot_pair_q41,
-    "generic": generic_dot_pair_q41,
-}
+NARROW = {simd: _q41_pair(simd) for simd in SELECTIONS}  # each selection's 256-bit pair
+SELECTED = {**NARROW, "vnni": wide_dot_pair_q41} if WIDE else NARROW
 # dot_pair_q41(q, q0, q1, ints, scales, int_scales, mins, sums, n_groups, out): the Q4_1 blocks
 # of two weight rows at byte offsets q0 and q1, one activation row's codes, code scales and
 # group sums -> out[0], out[1], each with its min term: dot_pair_min's bits.

@@ -6,7 +6,7 @@ the file spends 22: an f16 scale ``d``, the fifth bits of the 32 codes as a litt
 uint32 ``qh`` (bit j: code j) and 16 bytes ``qs`` of nibbles (byte j: code j low, code j + 16
 high). Qwen2.5-Coder-0.5B keeps 133 of its 170 matrices in Q5_0: ~250M weights per token.
 A decode step keeps those blocks byte for byte (fused.py) and the vector kernel
-(intdot_ir.py ``QUINT_OFFSET``, wide_ir.py) unpacks them in registers: the same integer
+(intdot_ir.py, codes.py ``q5_0_blocks``; wide_ir.py) unpacks them in registers: the same integer
 lanes and the same float32 scale (an f16 widens exactly), so every product has the bits of
 the int8 copy's, from 0.69 bytes a weight instead of 1.125.
 
@@ -16,15 +16,19 @@ and any matrix whose codes are -16..15 in groups of 32 with f16-exact scales.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import numba
 import numpy as np
 
-from ..jit.simd import target_features
+from ..jit.simd import SELECTIONS, for_selection, target_features
 from . import wide, wide_ir
-from .intdot import HOST_SIMD, _group_dot_intrinsic, _group_dot_pair_intrinsic
-from .intdot_ir import QUINT_BLOCK, QUINT_OFFSET
+from .codes import Q5_0_BLOCKS, QUINT_BLOCK
+from .intdot import HOST_SIMD, group_dot, group_dot_pair
 
 GROUP = 32
+QUINT_OFFSET = Q5_0_BLOCKS.offset  # codes -16..15 are stored as 0..31
 # Whether the one-row products read Q5_0 matrices as blocks (a second copy beside the int8
 # codes the tiles read). Two threads streaming 151936x896 (bench/lab/q5_stream.py): the 512-bit
 # pair reads the blocks 1.0-1.56x as fast as the int8 copy (the more the memory bus is shared,
@@ -92,40 +96,31 @@ def dot_row_quint_reference(blocks: np.ndarray, ints: np.ndarray, int_scales: np
     return float((d[0].astype(np.float64) * int_scales.astype(np.float64) * sums).sum())
 
 
+class QuintDots(NamedTuple):
+    """One selection's products over Q5_0 blocks (signatures at the end of the module)."""
+
+    row: Callable
+    pair: Callable
+
+
+def _quint_dots(simd: str) -> QuintDots:
+    """dot_row_quint and dot_pair_quint through selection ``simd``'s 256-bit instructions. q
+    holds the blocks (as int8), q_start a byte offset; the scales array and s_start of the
+    intdot signatures are taken and unused (each block carries its scale), so the call sites
+    stay those of dot_row_int / dot_pair_int."""
+
+    def dot_row_quint(q, q_start, ints, scales, s_start, int_scales, n_groups):
+        return group_dot(simd, "q5_0_blocks", q, q_start, ints, scales, s_start, int_scales, n_groups)
+
+    def dot_pair_quint(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out):
+        group_dot_pair(
+            simd, "q5_0_blocks", q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out
+        )
+
+    return QuintDots(for_selection(dot_row_quint, simd), for_selection(dot_pair_quint, simd))
+
+
 _wide_pair, _wide_quad = wide.PAIR[wide.Q5_0], wide.QUAD[wide.Q5_0]
-
-
-_row = {s: _group_dot_intrinsic(GROUP, s, QUINT_OFFSET) for s in ("generic", "avx2", "vnni")}
-_pair = {s: _group_dot_pair_intrinsic(GROUP, s, QUINT_OFFSET) for s in ("generic", "avx2", "vnni")}
-_generic_row, _avx2_row, _vnni_row = _row["generic"], _row["avx2"], _row["vnni"]
-_generic_pair, _avx2_pair, _vnni_pair = _pair["generic"], _pair["avx2"], _pair["vnni"]
-
-
-# q holds the blocks (as int8), q_start a byte offset; the scales array and s_start of the
-# intdot signatures are taken and unused (each block carries its scale), so the call sites
-# stay those of dot_row_int / dot_pair_int.
-@numba.njit(cache=True)
-def generic_dot_row_quint(q, q_start, ints, scales, s_start, int_scales, n_groups):
-    """dot_row_quint through the generic instruction selection."""
-    return _generic_row(q, q_start, ints, scales, s_start, int_scales, n_groups)
-
-
-@numba.njit(cache=True)
-def avx2_dot_row_quint(q, q_start, ints, scales, s_start, int_scales, n_groups):
-    """dot_row_quint through AVX2 (only where the CPU has AVX2)."""
-    return _avx2_row(q, q_start, ints, scales, s_start, int_scales, n_groups)
-
-
-@numba.njit(cache=True)
-def vnni_dot_row_quint(q, q_start, ints, scales, s_start, int_scales, n_groups):
-    """dot_row_quint through VNNI (offset 16 in the vpdpbusd accumulator)."""
-    return _vnni_row(q, q_start, ints, scales, s_start, int_scales, n_groups)
-
-
-@numba.njit(cache=True)
-def generic_dot_pair_quint(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out):
-    """dot_pair_quint through the generic instruction selection."""
-    _generic_pair(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
 
 
 @numba.njit(cache=True)
@@ -141,24 +136,9 @@ def wide_dot_quad_quint(q, q_start, q_next, ints, scales, s_start, s_next, int_s
     _wide_quad(q, q_start, q_next, ints, int_scales, int_scales, n_groups, out)
 
 
-@numba.njit(cache=True)
-def avx2_dot_pair_quint(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out):
-    """dot_pair_quint through AVX2 (only where the CPU has AVX2)."""
-    _avx2_pair(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
-
-
-@numba.njit(cache=True)
-def vnni_dot_pair_quint(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out):
-    """dot_pair_quint through VNNI (only where the CPU has it)."""
-    _vnni_pair(q, q_start, q_next, ints, scales, s_start, s_next, int_scales, n_groups, out)
-
-
 # Each selection's (dot_row_quint, dot_pair_quint); all give the int8 copy's bits. The vnni
 # selection runs the 512-bit pair where the CPU has AVX-512 (AVX-VNNI alone: 256-bit).
 WIDE = wide_ir.fits(target_features())
-SELECTED = {
-    "vnni": (vnni_dot_row_quint, wide_dot_pair_quint if WIDE else vnni_dot_pair_quint),
-    "avx2": (avx2_dot_row_quint, avx2_dot_pair_quint),
-    "generic": (generic_dot_row_quint, generic_dot_pair_quint),
-}
+NARROW = {simd: _quint_dots(simd) for simd in SELECTIONS}  # each selection's 256-bit kernels
+SELECTED = {**NARROW, "vnni": NARROW["vnni"]._replace(pair=wide_dot_pair_quint)} if WIDE else NARROW
 dot_row_quint, dot_pair_quint = SELECTED[HOST_SIMD]

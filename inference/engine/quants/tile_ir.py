@@ -24,20 +24,14 @@ from __future__ import annotations
 from llvmlite import ir
 from numba.core import cgutils
 
+from .codes import GroupCodes
 from .intdot_ir import (
     EXACT,
     I8,
     I16,
     I32,
     LANES,
-    Q41_BLOCK,
-    Q41_OFFSET,
-    Q41_QS,
-    Q80_BLOCK,
-    Q80_OFFSET,
-    Q80_QS,
-    QUINT_BLOCK,
-    QUINT_OFFSET,
+    _at,
     _call,
     _constant_vector,
     _load_codes,
@@ -46,14 +40,7 @@ from .intdot_ir import (
     _quint_scale,
 )
 
-# nibble_offset markers of the file's blocks a wide tile reads (intdot_ir.py): their codes and
-# f16 scales, unpacked in registers, go through the arithmetic of int8 codes (Q5_0, Q8_0) or
-# of unsigned nibbles (Q4_1; its mins are the caller's: prefill_tiles reads them).
-BLOCK_BYTES = {QUINT_OFFSET: QUINT_BLOCK, Q80_OFFSET: Q80_BLOCK, Q41_OFFSET: Q41_BLOCK}
-UNSIGNED = (0, Q41_OFFSET)  # nibble_offset of unsigned 4-bit codes
-
 WIDE = 2 * LANES  # float lanes of a 512-bit vector: two weight rows' eight
-I64 = ir.IntType(64)
 FLOATS = ir.VectorType(ir.FloatType(), WIDE)
 WORDS = ir.VectorType(I32, WIDE)
 
@@ -100,35 +87,36 @@ def _dpwssd(builder, acc, first, second):
 class _PairGroup:
     """One group of a weight pair, prepared once for every activation row."""
 
-    def __init__(self, builder, group: int, nibble_offset, first, second, g):
-        """first, second: (q pointer, scales pointer) of the pair's rows; g: the group index."""
-        self.group, self.nibbles = group, nibble_offset in UNSIGNED
-        if nibble_offset in BLOCK_BYTES:  # a block a group: codes and scale from its bytes
-            at = builder.mul(g, ir.Constant(g.type, BLOCK_BYTES[nibble_offset]))
+    def __init__(self, builder, codes: GroupCodes, first, second, g):
+        """first, second: (q pointer, scales pointer) of the pair's rows; g: the group index.
+        A file block's codes and f16 scale, unpacked in registers, go through the arithmetic
+        of int8 codes (Q5_0, Q8_0) or of unsigned nibbles (Q4_1; its mins are the caller's:
+        prefill_tiles reads them)."""
+        self.group, self.nibbles = codes.group, codes.unsigned
+        at = builder.mul(g, ir.Constant(g.type, codes.stride))
+        if codes.block is not None:  # a block a group: codes and scale from its bytes
             blocks = [builder.gep(q, [at]) for q, _ in (first, second)]
-            rows = [self._block_codes(builder, block, nibble_offset) for block in blocks]
-            scales = [_quint_scale(builder, block) for block in blocks]  # (both start with f16 d)
+            rows = [self._block_codes(builder, block, codes) for block in blocks]
+            scales = [_quint_scale(builder, block) for block in blocks]  # (all start with f16 d)
         else:
-            w_bytes = group if nibble_offset is None else group // 2
-            at = builder.mul(g, ir.Constant(g.type, w_bytes))
             rows = [self._codes(builder, builder.gep(q, [at])) for q, _ in (first, second)]
             scales = [builder.load(builder.gep(s, [g])) for _, s in (first, second)]
         self.codes = _concat(builder, *rows)  # <64 x i8> or <32 x i16>
         self.scales = _pair_scales(builder, *scales)  # <16 x float>
         zero = ir.Constant(WORDS, None)
         self.start = zero
-        if group == 32 and not self.nibbles:  # signed codes: -128 * each lane's four codes
+        if self.group == 32 and not self.nibbles:  # signed codes: -128 * each lane's four codes
             moved = ir.Constant(ir.VectorType(I8, 64), [-128] * 64)
             self.start = builder.sub(zero, _dpbusd(builder, zero, moved, self.codes))
 
     @staticmethod
-    def _block_codes(builder, block, marker):
+    def _block_codes(builder, block, codes: GroupCodes):
         """A Q5_0 or Q8_0 block's 32 signed codes, or a Q4_1 block's unsigned ones -> <32 x i8>."""
-        if marker == QUINT_OFFSET:
+        if codes.five_bit:
             return _load_quint(builder, block, subtract=True)
-        if marker == Q41_OFFSET:
-            return _load_nibbles(builder, builder.gep(block, [ir.Constant(I64, Q41_QS)]), 0)
-        return _load_codes(builder, builder.gep(block, [ir.Constant(I64, Q80_QS)]), 32)
+        if codes.packed:
+            return _load_nibbles(builder, _at(builder, block, codes.codes_at), 0)
+        return _load_codes(builder, _at(builder, block, codes.codes_at), 32)
 
     def _codes(self, builder, pointer):
         if self.nibbles:
@@ -165,24 +153,24 @@ def _half_sum(builder, total, first: int):
     )
 
 
-def wide_tile_dots(builder, group: int, weight_rows, act_rows, n_groups, nibble_offset=None):
+def wide_tile_dots(builder, codes: GroupCodes, weight_rows, act_rows, n_groups):
     """For every weight row (q pointer, scales pointer; an even number of them) and activation
     row (codes pointer, code scales pointer): the one-row kernel's value, as row_dots returns
     it ([weight row][activation row] float32), through 512-bit vectors of weight pairs.
-    ``nibble_offset``: None for int8 codes, 0 for unsigned 4-bit codes packed two a byte,
-    QUINT_OFFSET, Q80_OFFSET or Q41_OFFSET for the file's Q5_0, Q8_0 or Q4_1 blocks (scale
-    pointers unused; Q4_1's mins left out)."""
-    assert len(weight_rows) % 2 == 0 and group in (16, 32)
-    assert nibble_offset in (None, 0) or nibble_offset in BLOCK_BYTES
-    assert group == 32 or nibble_offset is None
+    ``codes``: int8 codes, unsigned 4-bit codes packed two a byte, or the file's Q5_0, Q8_0 or
+    Q4_1 blocks (scale pointers unused; Q4_1's mins left out); not nibbles stored plus an
+    offset."""
+    assert len(weight_rows) % 2 == 0 and codes.group in (16, 32)
+    assert codes.block is not None or codes.offset == 0
+    group = codes.group
     pairs = [(weight_rows[i], weight_rows[i + 1]) for i in range(0, len(weight_rows), 2)]
     accs = [[cgutils.alloca_once_value(builder, ir.Constant(FLOATS, None)) for _ in act_rows] for _ in pairs]
     with cgutils.for_range(builder, n_groups) as loop:
         g = loop.index
-        prepared = [_PairGroup(builder, group, nibble_offset, first, second, g) for first, second in pairs]
+        prepared = [_PairGroup(builder, codes, first, second, g) for first, second in pairs]
         a_at = builder.mul(g, ir.Constant(g.type, group))
         for t, (a0, d0) in enumerate(act_rows):
-            act = act_group(builder, group, nibble_offset in UNSIGNED, builder.gep(a0, [a_at]))
+            act = act_group(builder, group, codes.unsigned, builder.gep(a0, [a_at]))
             code_scale = _splat(builder, builder.load(builder.gep(d0, [g])), WIDE)
             for pair, pair_accs in zip(prepared, accs, strict=True):
                 factor = builder.fmul(pair.scales, code_scale, flags=EXACT)

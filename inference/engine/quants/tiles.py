@@ -16,16 +16,16 @@ kernel's (intdot.dot_row_int / nibbles.dot_row_nib), bit for bit:
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
 from ..jit.intrinsics import element_pointer
-from ..jit.simd import target_features
-from .intdot import HOST_SIMD, ROW_BLOCK, _row_pointer
-from .intdot_ir import Q41_OFFSET, Q80_OFFSET, QUINT_OFFSET, row_dots
+from ..jit.simd import SELECTIONS, for_selection, target_features
+from .codes import Q4_1_TAG, Q5_0_TAG, Q8_0_TAG
+from .intdot import HOST_SIMD, ROW_BLOCK, _row_pointer, literal_choice
+from .intdot_ir import row_dots
 from .intdot_reference import dot_row_bitwise_reference
 from .tile_ir import wide_tile_dots
 
@@ -36,182 +36,199 @@ WIDE_FEATURES = ("avx512f", "avx512bw", "avx512vl", "avx512vnni")
 WIDE = HOST_SIMD == "vnni" and all(f in target_features() for f in WIDE_FEATURES)
 
 
-def _tile_intrinsic(group: int, simd: str, nibble_offset: int | None, wide: bool):
-    """An intrinsic ``f(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales,
-    out, col0)``: the module's dot_tile_rows for one group size, code packing and selection."""
-
-    @intrinsic
-    def tile(typingctx, q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0):
-        sig = types.void(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-
-        def codegen(context, builder, signature, args):
-            t = signature.args
-            i64 = [context.cast(builder, args[i], t[i], types.int64) for i in (1, 2, 4, 6, 7)]
-            q_start, row_bytes, n0, s_start, n_groups = i64
-            weight_rows = []
-            for w in range(TILE_W):
-                k = ir.Constant(ir.IntType(64), w)
-                q_at = builder.add(q_start, builder.mul(k, row_bytes))
-                s_at = builder.add(s_start, builder.mul(k, n_groups))
-                weight_rows.append(
-                    (
-                        element_pointer(context, builder, t[0], args[0], q_at),
-                        element_pointer(context, builder, t[5], args[5], s_at),
-                    )
-                )
-            act_rows = []
-            for i in range(ROW_BLOCK):
-                row = builder.add(n0, ir.Constant(ir.IntType(64), i))
-                act_rows.append(
-                    (
-                        _row_pointer(context, builder, t[3], args[3], row),
-                        _row_pointer(context, builder, t[8], args[8], row),
-                    )
-                )
-            if wide:
-                sums = wide_tile_dots(builder, group, weight_rows, act_rows, n_groups, nibble_offset)
-            else:
-                sums = row_dots(builder, simd, group, weight_rows, act_rows, n_groups, nibble_offset)
-            col0 = context.cast(builder, args[10], t[10], types.int64)
-            out_rows = [
-                _row_pointer(context, builder, t[9], args[9], ir.Constant(ir.IntType(64), i))
-                for i in range(ROW_BLOCK)
-            ]
-            for w, row in enumerate(sums):
-                column = builder.add(col0, ir.Constant(ir.IntType(64), w))
-                for i, value in enumerate(row):
-                    builder.store(value, builder.gep(out_rows[i], [column]))
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return tile
-
-
-def _variants(simd: str, wide: bool):
-    """(int8 groups of 16, int8 groups of 32, nibbles offset 0, nibbles offset 8, Q5_0 blocks,
-    Q8_0 blocks, Q4_1 blocks without their mins) tiles. Nibbles stored with an offset take the
-    256-bit tile of the selection (the wide tile takes unsigned 4-bit codes only)."""
-    return (
-        _tile_intrinsic(16, simd, None, wide),
-        _tile_intrinsic(32, simd, None, wide),
-        _tile_intrinsic(32, simd, 0, wide),
-        _tile_intrinsic(32, simd, 8, False),
-        _tile_intrinsic(32, simd, QUINT_OFFSET, wide),
-        _tile_intrinsic(32, simd, Q80_OFFSET, wide),
-        _tile_intrinsic(32, simd, Q41_OFFSET, wide),
+@intrinsic(prefer_literal=True)
+def tile(
+    typingctx, simd, codes, q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0
+):
+    """``tile(simd, codes, q, q_start, row_bytes, ints, n0, scales, s_start, n_groups,
+    int_scales, out, col0)``: dot_tile_rows for one layout of the weight codes (codes.py) and
+    one selection, both constant strings; ``simd`` "wide" is vnni with two weight rows per
+    512-bit vector (tile_ir.py), which nibbles stored plus an offset leave to the 256-bit tile."""
+    chosen = literal_choice(simd, codes)
+    if chosen is None:
+        return None
+    selection, layout = chosen
+    wide = selection == "wide" and not (layout.packed and layout.offset and layout.block is None)
+    sig = types.void(
+        simd, codes, q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0
     )
 
+    def codegen(context, builder, signature, args):
+        t, a = signature.args[2:], args[2:]  # the literal selection and layout carry no value
+        i64 = [context.cast(builder, a[i], t[i], types.int64) for i in (1, 2, 4, 6, 7)]
+        q_start, row_bytes, n0, s_start, n_groups = i64
+        weight_rows = []
+        for w in range(TILE_W):
+            k = ir.Constant(ir.IntType(64), w)
+            q_at = builder.add(q_start, builder.mul(k, row_bytes))
+            s_at = builder.add(s_start, builder.mul(k, n_groups))
+            weight_rows.append(
+                (
+                    element_pointer(context, builder, t[0], a[0], q_at),
+                    element_pointer(context, builder, t[5], a[5], s_at),
+                )
+            )
+        act_rows = []
+        for i in range(ROW_BLOCK):
+            row = builder.add(n0, ir.Constant(ir.IntType(64), i))
+            act_rows.append(
+                (
+                    _row_pointer(context, builder, t[3], a[3], row),
+                    _row_pointer(context, builder, t[8], a[8], row),
+                )
+            )
+        if wide:
+            sums = wide_tile_dots(builder, layout, weight_rows, act_rows, n_groups)
+        else:
+            narrow = "vnni" if selection == "wide" else selection
+            sums = row_dots(builder, narrow, layout, weight_rows, act_rows, n_groups)
+        col0 = context.cast(builder, a[10], t[10], types.int64)
+        out_rows = [
+            _row_pointer(context, builder, t[9], a[9], ir.Constant(ir.IntType(64), i))
+            for i in range(ROW_BLOCK)
+        ]
+        for w, row in enumerate(sums):
+            column = builder.add(col0, ir.Constant(ir.IntType(64), w))
+            for i, value in enumerate(row):
+                builder.store(value, builder.gep(out_rows[i], [column]))
+        return context.get_dummy_value()
 
-_generic = _variants("generic", False)
-_avx2 = _variants("avx2", False)
-_vnni = _variants("vnni", False)
-_wide = _variants("vnni", True)
-_g16, _g32, _g0, _g8, _g5, _g80, _g41 = _generic
-_a16, _a32, _a0, _a8, _a5, _a80, _a41 = _avx2
-_v16, _v32, _v0, _v8, _v5, _v80, _v41 = _vnni
-_w16, _w32, _w0, _w8, _w5, _w80, _w41 = _wide
-
-
-@numba.njit(cache=True, inline="always")  # no call per tile: no reference counts
-def generic_dot_tile_rows(
-    q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out, col0
-):
-    """dot_tile_rows through the generic instruction selection."""
-    if nib == 0:
-        _g0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif nib == QUINT_OFFSET:
-        _g5(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif nib == Q80_OFFSET:
-        _g80(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif nib == Q41_OFFSET:
-        _g41(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif nib > 0:
-        _g8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif group_shift == 4:
-        _g16(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    else:
-        _g32(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-
-
-@numba.njit(cache=True, inline="always")  # no call per tile: no reference counts
-def avx2_dot_tile_rows(
-    q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out, col0
-):
-    """dot_tile_rows through AVX2 (only where the CPU has AVX2)."""
-    if nib == 0:
-        _a0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif nib == QUINT_OFFSET:
-        _a5(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif nib == Q80_OFFSET:
-        _a80(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif nib == Q41_OFFSET:
-        _a41(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif nib > 0:
-        _a8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif group_shift == 4:
-        _a16(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    else:
-        _a32(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
+    return sig, codegen
 
 
-@numba.njit(cache=True, inline="always")  # no call per tile: no reference counts
-def vnni_dot_tile_rows(
-    q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out, col0
-):
-    """dot_tile_rows through 256-bit VNNI (AVX-VNNI or AVX-512 VL; only where the CPU has it)."""
-    if nib == 0:
-        _v0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif nib == QUINT_OFFSET:
-        _v5(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif nib == Q80_OFFSET:
-        _v80(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif nib == Q41_OFFSET:
-        _v41(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif nib > 0:
-        _v8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif group_shift == 4:
-        _v16(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    else:
-        _v32(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
+def _tile_rows(simd: str):
+    """dot_tile_rows compiled for ``simd`` (a selection, or "wide"): one call per tile, inlined
+    into its caller (no call per tile: no reference counts)."""
 
+    def dot_tile_rows(
+        q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out, col0
+    ):
+        if nib == Q4_1_TAG:
+            tile(
+                simd,
+                "q4_1_blocks",
+                q,
+                q_start,
+                row_bytes,
+                ints,
+                n0,
+                scales,
+                s_start,
+                n_groups,
+                int_scales,
+                out,
+                col0,
+            )
+        elif nib == Q5_0_TAG:
+            tile(
+                simd,
+                "q5_0_blocks",
+                q,
+                q_start,
+                row_bytes,
+                ints,
+                n0,
+                scales,
+                s_start,
+                n_groups,
+                int_scales,
+                out,
+                col0,
+            )
+        elif nib == Q8_0_TAG:
+            tile(
+                simd,
+                "q8_0_blocks",
+                q,
+                q_start,
+                row_bytes,
+                ints,
+                n0,
+                scales,
+                s_start,
+                n_groups,
+                int_scales,
+                out,
+                col0,
+            )
+        elif nib == 0:
+            tile(
+                simd,
+                "nibbles",
+                q,
+                q_start,
+                row_bytes,
+                ints,
+                n0,
+                scales,
+                s_start,
+                n_groups,
+                int_scales,
+                out,
+                col0,
+            )
+        elif nib > 0:
+            tile(
+                simd,
+                "nibbles_8",
+                q,
+                q_start,
+                row_bytes,
+                ints,
+                n0,
+                scales,
+                s_start,
+                n_groups,
+                int_scales,
+                out,
+                col0,
+            )
+        elif group_shift == 4:
+            tile(
+                simd,
+                "int8_16",
+                q,
+                q_start,
+                row_bytes,
+                ints,
+                n0,
+                scales,
+                s_start,
+                n_groups,
+                int_scales,
+                out,
+                col0,
+            )
+        else:
+            tile(
+                simd,
+                "int8_32",
+                q,
+                q_start,
+                row_bytes,
+                ints,
+                n0,
+                scales,
+                s_start,
+                n_groups,
+                int_scales,
+                out,
+                col0,
+            )
 
-@numba.njit(cache=True, inline="always")  # no call per tile: no reference counts
-def wide_dot_tile_rows(
-    q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out, col0
-):
-    """dot_tile_rows through 512-bit VNNI pairs (only where the CPU has AVX-512 VNNI and BW)."""
-    if nib == 0:
-        _w0(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif nib == QUINT_OFFSET:
-        _w5(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif nib == Q80_OFFSET:
-        _w80(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif nib == Q41_OFFSET:
-        _w41(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif nib > 0:
-        _w8(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    elif group_shift == 4:
-        _w16(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
-    else:
-        _w32(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0)
+    return for_selection(dot_tile_rows, simd, inline="always")
 
 
 # Each tile: "wide" (512-bit, needs WIDE_FEATURES) and each selection's own (simd.py).
-SELECTED = {
-    "wide": wide_dot_tile_rows,
-    "vnni": vnni_dot_tile_rows,
-    "avx2": avx2_dot_tile_rows,
-    "generic": generic_dot_tile_rows,
-}
+SELECTED = {simd: _tile_rows(simd) for simd in ("wide", *SELECTIONS)}
 # dot_tile_rows(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales,
 # group_shift, nib, out, col0): out[i, col0 + w] = the one-row kernel's value for weight row w
 # < TILE_W (codes from byte q_start + w * row_bytes of the flat ``q``, scales from s_start + w *
 # n_groups of the flat ``scales``) and activation row n0 + i < n0 + ROW_BLOCK of the 2-D
-# ``ints`` (rows, cols) and ``int_scales`` (rows, groups). nib -1: int8 codes in groups of
-# 1 << group_shift; QUINT_OFFSET, Q80_OFFSET or Q41_OFFSET: the file's Q5_0, Q8_0 or Q4_1
-# blocks (scales inside them, ``scales`` unused; Q4_1's min terms left to the caller); else
-# packed nibbles (groups of 32) stored plus nib.
+# ``ints`` (rows, cols) and ``int_scales`` (rows, groups). ``nib`` is a layout's tag (codes.py):
+# -1 for int8 codes in groups of 1 << group_shift, the offset of packed nibbles (groups of 32),
+# or the tag of the file's Q5_0, Q8_0 or Q4_1 blocks (scales inside them, ``scales`` unused;
+# Q4_1's min terms left to the caller).
 # ``out`` is a C-contiguous 2-D float32 array of at least ROW_BLOCK rows.
 dot_tile_rows = SELECTED["wide" if WIDE else HOST_SIMD]
 

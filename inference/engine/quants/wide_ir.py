@@ -27,21 +27,8 @@ from __future__ import annotations
 from llvmlite import ir
 from numba.core import cgutils
 
-from .intdot_ir import (
-    EXACT,
-    I8,
-    I32,
-    Q41_BLOCK,
-    Q41_QS,
-    Q80_BLOCK,
-    Q80_QS,
-    QUINT_BLOCK,
-    QUINT_OFFSET,
-    QUINT_QH,
-    QUINT_QS,
-    _call,
-    lane_sum,
-)
+from .codes import Q4_1_BLOCKS, Q5_0_BLOCKS, Q8_0_BLOCKS
+from .intdot_ir import EXACT, I8, I32, _call, lane_sum
 
 WIDE = 16  # int32 / float lanes of one 512-bit register
 I64 = ir.IntType(64)
@@ -50,8 +37,9 @@ NEEDED_FEATURES = ("avx512bw", "avx512vnni", "avx512vl", "gfni")
 # the source byte): the low nibble, and the high nibble moved down.
 _LOW_NIBBLE, _HIGH_NIBBLE = 0x0102040800000000, 0x1020408000000000
 Q5_0, Q4_1, Q8_0 = "q5_0", "q4_1", "q8_0"
-BLOCK_BYTES = {Q5_0: QUINT_BLOCK, Q4_1: Q41_BLOCK, Q8_0: Q80_BLOCK}
-CODE_OFFSET = {Q5_0: QUINT_OFFSET, Q4_1: 0, Q8_0: 128}  # what the unsigned codes are stored plus
+LAYOUT = {Q5_0: Q5_0_BLOCKS, Q4_1: Q4_1_BLOCKS, Q8_0: Q8_0_BLOCKS}  # codes.py
+# What the unsigned codes vpdpbusd reads are stored plus: Q8_0's int8 codes are moved up by 128.
+CODE_OFFSET = {Q5_0: Q5_0_BLOCKS.offset, Q4_1: Q4_1_BLOCKS.offset, Q8_0: 128}
 
 
 def fits(features: frozenset[str]) -> bool:
@@ -86,12 +74,12 @@ def _pair_nibbles(builder, block_a, block_b, qs_at: int):
 
 def _quint_codes(builder, block_a, block_b):
     """Q5_0: <64 x i8> row A's codes then row B's, stored plus 16 (0..31)."""
-    nibbles = _pair_nibbles(builder, block_a, block_b, QUINT_QS)
+    nibbles = _pair_nibbles(builder, block_a, block_b, Q5_0_BLOCKS.codes_at)
     mask_type = ir.VectorType(ir.IntType(1), 32)
     # Two mask loads joined (kunpckdq): built in a general register (shift, or, kmovq) the
     # mask cost ~1.5x the kernel's time, the moves from general registers being scarce.
-    bits_a = builder.load(_byte_pointer(builder, block_a, QUINT_QH, mask_type), align=1)
-    bits_b = builder.load(_byte_pointer(builder, block_b, QUINT_QH, mask_type), align=1)
+    bits_a = builder.load(_byte_pointer(builder, block_a, Q5_0_BLOCKS.fifth_bits_at, mask_type), align=1)
+    bits_b = builder.load(_byte_pointer(builder, block_b, Q5_0_BLOCKS.fifth_bits_at, mask_type), align=1)
     bits = builder.shuffle_vector(bits_a, bits_b, _order(list(range(64))))
     # + 16 where the bit is set, as select(bits, nibbles + 16, nibbles): one merge-masked
     # vpaddb (an or, then a masked move, was one instruction more)
@@ -101,8 +89,8 @@ def _quint_codes(builder, block_a, block_b):
 def _q80_codes(builder, block_a, block_b):
     """Q8_0: <64 x i8> row A's int8 codes then row B's, plus 128 (unsigned)."""
     qs_type = ir.VectorType(I8, 32)
-    qs_a = builder.load(_byte_pointer(builder, block_a, Q80_QS, qs_type), align=1)
-    qs_b = builder.load(_byte_pointer(builder, block_b, Q80_QS, qs_type), align=1)
+    qs_a = builder.load(_byte_pointer(builder, block_a, Q8_0_BLOCKS.codes_at, qs_type), align=1)
+    qs_b = builder.load(_byte_pointer(builder, block_b, Q8_0_BLOCKS.codes_at, qs_type), align=1)
     both = builder.shuffle_vector(qs_a, qs_b, _order(list(range(64))))
     return builder.xor(both, ir.Constant(both.type, [-128] * 64))
 
@@ -111,7 +99,7 @@ def _pair_codes(builder, kind: str, block_a, block_b):
     if kind == Q5_0:
         return _quint_codes(builder, block_a, block_b)
     if kind == Q4_1:
-        return _pair_nibbles(builder, block_a, block_b, Q41_QS)
+        return _pair_nibbles(builder, block_a, block_b, Q4_1_BLOCKS.codes_at)
     return _q80_codes(builder, block_a, block_b)
 
 
@@ -175,7 +163,7 @@ def pair_dots(builder, kind: str, pairs, a0, d0, n_groups, group_sums=None):
     )
     with cgutils.for_range(builder, n_groups) as loop:
         g = loop.index
-        w_at = builder.mul(g, ir.Constant(g.type, BLOCK_BYTES[kind]))
+        w_at = builder.mul(g, ir.Constant(g.type, LAYOUT[kind].stride))
         a_at = builder.gep(a0, [builder.mul(g, ir.Constant(g.type, 32))])
         twice, start = _activation(builder, a_at, CODE_OFFSET[kind])
         code_scale = builder.load(builder.gep(d0, [g]))

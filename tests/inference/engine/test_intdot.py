@@ -10,22 +10,19 @@ import pytest
 
 from inference.engine.jit.simd import SELECTIONS, missing_features, target_features
 from inference.engine.quants import intdot, nibbles
-from inference.engine.quants.intdot import (
-    dot_row_int,
-    dot_row_reference,
-    generic_dot_row_int,
-    generic_dot_rows_int,
-)
+from inference.engine.quants.intdot import dot_row_int, dot_row_reference
 from inference.engine.quants.intdot_reference import dot_row_bitwise_reference, round_to_float32
 from inference.engine.quants.nibbles import (
     NIBBLE_OFFSET,
-    generic_dot_row_nib,
-    generic_dot_rows_nib,
     pack_nibbles,
     packable_offset,
     unpack_nibbles,
 )
 from inference.engine.quants.quantize import ACT_Q8_0, ACT_Q8_1, ACT_Q8_K, round_row_int
+
+# The generic selection's kernels, as globals the numba helpers below call.
+generic_row_int, generic_rows_int = intdot.SELECTED["generic"].row, intdot.SELECTED["generic"].rows
+generic_row_nib, generic_rows_nib = nibbles.SELECTED["generic"].row, nibbles.SELECTED["generic"].rows
 
 
 def _runnable(simd: str) -> str:
@@ -86,9 +83,9 @@ def _both_selections(q, ints, scales, int_scales, n_groups, group_shift, host_ro
     """(generic one-row, host one-row, generic block, host block) for the 4 rows of ints."""
     out = np.empty((4, 4), np.float32)  # (variant, row)
     for i in range(4):
-        out[0, i] = generic_dot_row_int(q, 0, ints[i], scales, 0, int_scales[i], n_groups, group_shift)
+        out[0, i] = generic_row_int(q, 0, ints[i], scales, 0, int_scales[i], n_groups, group_shift)
         out[1, i] = host_row(q, 0, ints[i], scales, 0, int_scales[i], n_groups, group_shift)
-    generic_dot_rows_int(q, 0, ints, 0, scales, 0, int_scales, n_groups, group_shift, out[2])
+    generic_rows_int(q, 0, ints, 0, scales, 0, int_scales, n_groups, group_shift, out[2])
     host_rows(q, 0, ints, 0, scales, 0, int_scales, n_groups, group_shift, out[3])
     return out
 
@@ -155,10 +152,10 @@ def _nibble_variants(packed, q, ints, scales, int_scales, n_groups, offset, rows
     flat_q, flat_packed, flat_scales = q.ravel(), packed.ravel(), scales.ravel()
     for i in range(4):
         out[0, i] = dot_row_int(flat_q, 0, ints[i], flat_scales, 0, int_scales[i], n_groups, 5)
-        g = generic_dot_row_nib(flat_packed, 0, ints[i], flat_scales, 0, int_scales[i], n_groups, offset)
+        g = generic_row_nib(flat_packed, 0, ints[i], flat_scales, 0, int_scales[i], n_groups, offset)
         out[1, i] = g
         out[2, i] = row(flat_packed, 0, ints[i], flat_scales, 0, int_scales[i], n_groups, offset)
-    generic_dot_rows_nib(flat_packed, 0, ints, 0, flat_scales, 0, int_scales, n_groups, offset, out[3])
+    generic_rows_nib(flat_packed, 0, ints, 0, flat_scales, 0, int_scales, n_groups, offset, out[3])
     rows(flat_packed, 0, ints, 0, flat_scales, 0, int_scales, n_groups, offset, out[4])
     pair(flat_packed, 0, half, ints[0], flat_scales, 0, n_groups, int_scales[0], n_groups, offset, out[5])
     out[6, 0] = dot_row_int(flat_q, cols, ints[0], flat_scales, n_groups, int_scales[0], n_groups, 5)

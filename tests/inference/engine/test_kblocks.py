@@ -58,10 +58,8 @@ def _selections():
 def _kernels(simd: str):
     """(dot_pair_q4k, dot_pair_q6k) of a selection, or the 512-bit pair."""
     if simd == "wide":
-        return kblocks.wide_dot_pair_q4k, kblocks.wide_dot_pair_q6k
-    return kblocks.vnni_dot_pair_q4k if simd == "vnni" else kblocks.SELECTED[simd][0], (
-        kblocks.vnni_dot_pair_q6k if simd == "vnni" else kblocks.SELECTED[simd][1]
-    )
+        return kblocks.WIDE_PAIRS
+    return kblocks.NARROW[simd]
 
 
 @pytest.mark.parametrize("simd", list(_selections()))
@@ -104,7 +102,7 @@ def test_q4_k_blocks_give_the_nibble_kernels_bits(simd):
             pairs = np.full(4, np.nan, np.float32)  # the quad of selections without it: two pairs
             kblocks.pairs_dot_quad_q4k(flat, r * rb, (r + 1) * rb, ints, int_scales, sums, COLS // 256, pairs)
             np.testing.assert_array_equal(pairs, quad)
-            kblocks.wide_dot_pair_q4k(
+            kblocks.WIDE_PAIRS.q4k(
                 flat, (r + 2) * rb, (r + 3) * rb, ints, int_scales, sums, COLS // 256, after
             )
             np.testing.assert_array_equal(quad, np.concatenate([expected, after]))
@@ -150,7 +148,7 @@ def test_q6_k_blocks_give_the_int8_kernels_bits(simd):
             pairs = np.full(4, np.nan, np.float32)  # the quad of selections without it: two pairs
             kblocks.pairs_dot_quad_q6k(flat, r * rb, (r + 1) * rb, ints, int_scales, sums, COLS // 256, pairs)
             np.testing.assert_array_equal(pairs, quad)
-            kblocks.wide_dot_pair_q6k(
+            kblocks.WIDE_PAIRS.q6k(
                 flat, (r + 2) * rb, (r + 3) * rb, ints, int_scales, sums, COLS // 256, after
             )
             np.testing.assert_array_equal(quad, np.concatenate([expected, after]))

@@ -11,9 +11,8 @@ from inference.engine.jit.simd import missing_features, target_features
 from inference.engine.quants import blocks, intdot, pair_mins, q41
 from inference.engine.quants.blocks import BLOCK_Q4_1, KINDS
 from inference.engine.quants.formats import Q4_1
-from inference.engine.quants.intdot_ir import Q41_BLOCK
 from inference.engine.quants.nibbles import pack_nibbles
-from inference.engine.quants.q41 import pack_q41, q41_packable, q41_row_bytes, unpack_q41
+from inference.engine.quants.q41 import Q41_BLOCK, pack_q41, q41_packable, q41_row_bytes, unpack_q41
 from inference.engine.quants.wide_ir import fits
 
 COLS = 576
@@ -74,8 +73,8 @@ def _runnable(simd: str) -> None:
 
 
 # Each selection's kernel, and both of the vnni selection's: 256-bit (AVX-VNNI) and 512-bit.
-Q41_KERNELS = {**q41.SELECTED, "vnni_256": q41.vnni_dot_pair_q41, "wide": q41.wide_dot_pair_q41}
-Q80_KERNELS = {**blocks.SELECTED, "vnni_256": blocks.vnni_dot_pair_q80, "wide": blocks.wide_dot_pair_q80}
+Q41_KERNELS = {**q41.SELECTED, "vnni_256": q41.NARROW["vnni"], "wide": q41.wide_dot_pair_q41}
+Q80_KERNELS = {**blocks.SELECTED, "vnni_256": blocks.NARROW["vnni"], "wide": blocks.wide_dot_pair_q80}
 
 
 @pytest.mark.parametrize("simd", list(Q41_KERNELS))

@@ -11,8 +11,8 @@ from inference.engine.jit.simd import SELECTIONS, missing_features, target_featu
 from inference.engine.quants import intdot, quint
 from inference.engine.quants.blocks import BLOCK_Q5_0, KINDS
 from inference.engine.quants.formats import Q5_0
-from inference.engine.quants.intdot_ir import QUINT_BLOCK
 from inference.engine.quants.quint import (
+    QUINT_BLOCK,
     dot_row_quint_reference,
     pack_quint,
     quint_packable,
@@ -84,7 +84,7 @@ def test_every_selection_gives_the_int8_copys_bits(simd):
     q, scales, ints, int_scales = _matrix(2)
     blocks, g = pack_quint(q, scales).ravel().view(np.int8), COLS // 32
     row, pair = quint.SELECTED[simd]
-    narrow_pair = {"vnni": quint.vnni_dot_pair_quint, "avx2": quint.avx2_dot_pair_quint}.get(simd, pair)
+    narrow_pair = quint.NARROW[simd].pair
     rb, flat_s = quint_row_bytes(COLS), scales.ravel()
     for r in range(0, q.shape[0], 2):
         expected = _int8_pair(q, scales, ints, int_scales, r, "generic")

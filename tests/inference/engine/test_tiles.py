@@ -12,8 +12,8 @@ import pytest
 from inference.engine.jit.simd import SELECTIONS, missing_features, target_features
 from inference.engine.quants import tiles
 from inference.engine.quants.blocks import pack_q80
+from inference.engine.quants.codes import Q4_1_TAG, Q5_0_TAG, Q8_0_TAG
 from inference.engine.quants.intdot import ROW_BLOCK, dot_row_int
-from inference.engine.quants.intdot_ir import Q41_OFFSET, Q80_OFFSET, QUINT_OFFSET
 from inference.engine.quants.nibbles import NIBBLE_OFFSET, pack_nibbles
 from inference.engine.quants.q41 import pack_q41
 from inference.engine.quants.quint import pack_quint
@@ -25,15 +25,15 @@ CASES = [
     (5, -1, -16, 16),
     (5, 0, 0, 16),
     (5, NIBBLE_OFFSET, -8, 8),
-    (5, QUINT_OFFSET, -16, 16),
-    (5, Q80_OFFSET, -128, 128),
-    (5, Q41_OFFSET, 0, 16),
+    (5, Q5_0_TAG, -16, 16),
+    (5, Q8_0_TAG, -128, 128),
+    (5, Q4_1_TAG, 0, 16),
 ]
 # The file's blocks, scales inside (Q4_1's mins too: the tile leaves them to its caller).
 BLOCKS = {
-    QUINT_OFFSET: pack_quint,
-    Q80_OFFSET: pack_q80,
-    Q41_OFFSET: lambda q, scales: pack_q41(q, scales, -scales),
+    Q5_0_TAG: pack_quint,
+    Q8_0_TAG: pack_q80,
+    Q4_1_TAG: lambda q, scales: pack_q41(q, scales, -scales),
 }
 
 
