@@ -24,8 +24,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from inference.engine.jit.intrinsics import prefetch  # noqa: E402
+from inference.engine.quants.formats import Q5_0  # noqa: E402
 from inference.engine.quants.intdot import HOST_SIMD, dot_pair_int  # noqa: E402
-from inference.engine.quants.quint import WIDE, dot_pair_quint, pack_quint, wide_dot_quad_quint  # noqa: E402
+from inference.engine.quants.quint import WIDE, dot_pair_quint, wide_dot_quad_quint  # noqa: E402
 
 PREFETCH_BYTES = 3072
 
@@ -114,7 +115,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     q = rng.integers(-16, 16, (rows, cols), dtype=np.int8)  # (rows, cols)
     scales = rng.standard_normal((rows, cols // 32)).astype(np.float16).astype(np.float32)  # (rows, groups)
-    blocks = pack_quint(q, scales).ravel().view(np.int8)  # (rows * quint_row_bytes,)
+    blocks = Q5_0.pack_rows(q, scales).ravel().view(np.int8)  # (rows * quint_row_bytes,)
     ints = rng.integers(-127, 128, cols, dtype=np.int8)  # (cols,)
     int_scales = rng.random(cols // 32).astype(np.float32)  # (groups,)
     flat_q, flat_s = q.ravel(), scales.ravel()

@@ -24,17 +24,17 @@ from ..quants.blocks import (
     BLOCK_Q5_0,
     BLOCK_Q6_K,
     BLOCK_Q8_0,
+    FILE_FORMATS,
     block_row_bytes,
     encode,
-    pack_q80,
     q80_packable,
 )
 from ..quants.formats import GGMLType
 from ..quants.layout import GroupLayout
 from ..quants.matrix import FloatMatrix, GroupedMatrix, QuantMatrix
 from ..quants.nibbles import NibbleLayout, pack_nibbles, packable_offset
-from ..quants.q41 import pack_q41, q41_packable
-from ..quants.quint import DECODE_BLOCKS, pack_quint, quint_packable
+from ..quants.q41 import q41_packable
+from ..quants.quint import DECODE_BLOCKS, quint_packable
 from . import step_kernels as sk
 from . import step_region
 from .rowops import gelu_table
@@ -186,16 +186,12 @@ class _Arena:
                     arena_bytes = self.q[first:at].view(np.uint8).reshape(m.rows, -1)
                     m.file_blocks = (arena_bytes,)
                 continue
-            lay = m.layout
+            lay, block_format = m.layout, FILE_FORMATS[kind]
             slab = max(1, (1 << 20) // m.cols)  # rows packed at a time: ~1M weights
             for r in range(0, m.rows, slab):
                 part = slice(r, r + slab)
-                if kind == BLOCK_Q4_1:  # (slab, row bytes) uint8 each
-                    blocks = pack_q41(lay.q[part], lay.scales[part], lay.mins[part])
-                elif kind == BLOCK_Q5_0:
-                    blocks = pack_quint(lay.q[part], lay.scales[part])
-                else:
-                    blocks = pack_q80(lay.q[part], lay.scales[part])
+                mins = lay.mins[part] if block_format.has_mins else None
+                blocks = block_format.pack_rows(lay.q[part], lay.scales[part], mins)  # (slab, row bytes)
                 self.q[at : at + blocks.size] = blocks.view(np.int8).ravel()
                 at += blocks.size
             assert at == first + m.rows * row_bytes(kind, m.cols)

@@ -16,16 +16,20 @@ import numba
 import numpy as np
 
 from ..jit.simd import SELECTIONS, for_selection
-from .codes import Q41_BLOCK, Q80_BLOCK, Q80_QS, QUINT_BLOCK
+from .codes import Q41_BLOCK, Q80_BLOCK, QUINT_BLOCK
+from .formats import Q4_1, Q5_0, Q8_0, BlockFormat
 from .intdot import HOST_SIMD, group_dot_pair
 from .kblocks_ir import Q4K_BLOCK, Q6K_BLOCK, SUPER
 from .quint import WIDE, f16_exact
-from .wide import PAIR, Q8_0
+from .wide import PAIR
+from .wide import Q8_0 as WIDE_Q8_0
 
 GROUP = 32
 BLOCK_Q5_0, BLOCK_Q4_1, BLOCK_Q8_0 = 0, 1, 2
 BLOCK_Q4_K, BLOCK_Q6_K = 3, 4  # the file's super-blocks of 256 (kblocks.py)
 KINDS = 8  # encode's multiplier
+# The 32-weight kinds the arena rebuilds from the int8 codes (fused.py packs their rows).
+FILE_FORMATS: dict[int, type[BlockFormat]] = {BLOCK_Q5_0: Q5_0, BLOCK_Q4_1: Q4_1, BLOCK_Q8_0: Q8_0}
 
 
 def encode(offset: int, kind: int) -> int:
@@ -60,25 +64,6 @@ def q80_packable(q: np.ndarray, scales: np.ndarray, group_size: int) -> bool:
     return group_size == GROUP and q.size > 0 and f16_exact(scales)
 
 
-def pack_q80(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """int8 codes (rows, cols) and scales (rows, cols // 32) -> Q8_0 blocks (rows,
-    block_row_bytes(BLOCK_Q8_0, cols)) uint8: per group d (f16), then the 32 codes."""
-    rows, cols = q.shape
-    n = cols // GROUP
-    blocks = np.empty((rows, n, Q80_BLOCK), np.uint8)  # (rows, n, 34)
-    blocks[:, :, 0:Q80_QS] = scales.astype("<f2").reshape(rows, n).view(np.uint8).reshape(rows, n, 2)
-    blocks[:, :, Q80_QS:] = q.view(np.uint8).reshape(rows, n, GROUP)
-    return blocks.reshape(rows, n * Q80_BLOCK)
-
-
-def unpack_q80(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """pack_q80 undone: (rows, bytes) uint8 -> (int8 codes (rows, cols), float32 scales)."""
-    rows = blocks.shape[0]
-    b = blocks.reshape(rows, -1, Q80_BLOCK)  # (rows, n, 34)
-    d = np.ascontiguousarray(b[:, :, 0:Q80_QS]).view("<f2")[:, :, 0].astype(np.float32)  # (rows, n)
-    return np.ascontiguousarray(b[:, :, Q80_QS:]).view(np.int8).reshape(rows, -1), d
-
-
 def _q80_pair(simd: str):
     """dot_pair_q80 through selection ``simd``'s 256-bit instructions. q holds the blocks (as
     int8), q0/q1 byte offsets of the two rows; the scales array is taken and unused (each
@@ -90,7 +75,7 @@ def _q80_pair(simd: str):
     return for_selection(dot_pair_q80, simd)
 
 
-_wide_pair = PAIR[Q8_0]
+_wide_pair = PAIR[WIDE_Q8_0]
 
 
 @numba.njit(cache=True)

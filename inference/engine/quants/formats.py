@@ -91,9 +91,55 @@ class BlockFormat:
         return views
 
     @classmethod
+    def join(cls, values: dict[str, np.ndarray]) -> np.ndarray:
+        """``split`` undone: one (n_blocks, nbytes) uint8 array per field -> blocks."""
+        first = values[cls.fields[0].name]
+        blocks = np.empty((len(first), cls.type_size()), np.uint8)  # (n_blocks, type_size)
+        start = 0
+        for field in cls.fields:
+            blocks[:, start : start + field.nbytes] = values[field.name]
+            start += field.nbytes
+        return blocks
+
+    @classmethod
     def unpack(cls, blocks: np.ndarray) -> Unpacked:
         """Blocks (n_blocks, type_size) uint8 -> int8 values, float32 scales (and mins)."""
         raise NotImplementedError
+
+    @classmethod
+    def pack(cls, unpacked: Unpacked) -> np.ndarray:
+        """``unpack`` undone: values, scales (and mins) -> blocks (n_blocks, type_size) uint8.
+        Exact when the scales (and mins) are f16 values and the codes in the format's range."""
+        raise NotImplementedError(f"{cls.__name__} is read from files only")
+
+    @classmethod
+    def unpack_rows(cls, rows: np.ndarray) -> Unpacked:
+        """Rows of blocks (n_rows, bytes) uint8 -> values (n_rows, cols), scales and mins
+        (n_rows, cols // group_size)."""
+        n_rows = rows.shape[0]
+        blocks = np.ascontiguousarray(rows).reshape(-1, cls.type_size())  # (n_blocks, type_size)
+        q, scales, mins = cls.unpack(blocks)
+        return Unpacked(
+            q.reshape(n_rows, -1),
+            scales.reshape(n_rows, -1),
+            None if mins is None else mins.reshape(n_rows, -1),
+        )
+
+    @classmethod
+    def pack_rows(cls, q: np.ndarray, scales: np.ndarray, mins: np.ndarray | None = None) -> np.ndarray:
+        """``unpack_rows`` undone: values (n_rows, cols), scales (and mins) (n_rows, groups)
+        -> rows of blocks (n_rows, cols // block_size * type_size) uint8."""
+        n_rows, cols = q.shape
+        n_blocks = n_rows * (cols // cls.block_size)
+        per_block = cls.block_size // cls.group_size
+        blocks = cls.pack(
+            Unpacked(
+                q.reshape(n_blocks, cls.block_size),
+                scales.reshape(n_blocks, per_block),
+                None if mins is None else mins.reshape(n_blocks, per_block),
+            )
+        )  # (n_blocks, type_size)
+        return blocks.reshape(n_rows, -1)
 
 
 # ---- bit helpers shared by all formats (vectorized over blocks) ----
@@ -130,6 +176,25 @@ def _offset_q(codes: np.ndarray, offset: int) -> np.ndarray:
     return (codes - np.uint8(offset)).view(np.int8)
 
 
+# ---- their inverses, for pack ----
+
+
+def f16_bytes(values: np.ndarray) -> np.ndarray:
+    """f16_field undone: (n, 1) float32 -> (n, 2) uint8, a little-endian float16."""
+    return np.ascontiguousarray(values, dtype="<f2").reshape(-1, 1).view(np.uint8)
+
+
+def pack_nibbles(codes: np.ndarray) -> np.ndarray:
+    """nibbles undone: (n, 2k) codes 0..15 -> (n, k) uint8, code j low and code j + k high."""
+    k = codes.shape[-1] // 2
+    return (codes[..., :k] & 0x0F) | ((codes[..., k:] & 0x0F) << 4)
+
+
+def pack_bits_lsb_first(bits: np.ndarray) -> np.ndarray:
+    """bits_lsb_first undone: (n, 8k) of 0/1 -> (n, k) uint8."""
+    return np.packbits(bits.astype(np.uint8), axis=-1, bitorder="little")
+
+
 # ---- the 32-weight formats ----
 
 
@@ -154,6 +219,12 @@ class Q4_1(BlockFormat, qtype=GGMLType.Q4_1):
         codes = nibbles(f["qs"]).reshape(len(blocks), 32)
         return Unpacked(codes.view(np.int8), f16_field(f["d"]), f16_field(f["m"]))
 
+    @classmethod
+    def pack(cls, unpacked):
+        codes = unpacked.q.view(np.uint8)  # (n, 32) 0..15
+        d, m = f16_bytes(unpacked.scales), f16_bytes(unpacked.mins)
+        return cls.join({"d": d, "m": m, "qs": pack_nibbles(codes)})
+
 
 def _five_bit_codes(f: dict[str, np.ndarray], n_blocks: int) -> np.ndarray:
     """Low nibbles from ``qs`` plus the fifth bit from the 32-bit ``qh`` -> (n, 32) uint8."""
@@ -169,6 +240,12 @@ class Q5_0(BlockFormat, qtype=GGMLType.Q5_0):
     def unpack(cls, blocks):
         f = cls.split(blocks)
         return Unpacked(_offset_q(_five_bit_codes(f, len(blocks)), 16), f16_field(f["d"]), None)
+
+    @classmethod
+    def pack(cls, unpacked):
+        codes = unpacked.q.view(np.uint8) + np.uint8(16)  # (n, 32) 0..31, wrapping back
+        qh = pack_bits_lsb_first(codes >> 4)  # (n, 4)
+        return cls.join({"d": f16_bytes(unpacked.scales), "qh": qh, "qs": pack_nibbles(codes)})
 
 
 class Q5_1(BlockFormat, qtype=GGMLType.Q5_1):
@@ -190,3 +267,7 @@ class Q8_0(BlockFormat, qtype=GGMLType.Q8_0):
     def unpack(cls, blocks):
         f = cls.split(blocks)
         return Unpacked(np.ascontiguousarray(f["qs"]).view(np.int8), f16_field(f["d"]), None)
+
+    @classmethod
+    def pack(cls, unpacked):
+        return cls.join({"d": f16_bytes(unpacked.scales), "qs": unpacked.q.view(np.uint8)})

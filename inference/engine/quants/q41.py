@@ -11,7 +11,7 @@ exactly), the same min-term chain (pair_mins.py), so every product has the nibbl
 one stream of 0.625 bytes a weight instead of three of 0.75. SmolLM2-135M keeps 210 of its
 211 matrices in Q4_1.
 
-The blocks are rebuilt from the int8 codes, scales and mins (``pack_q41``): a Q4_1 file's own
+The blocks are rebuilt from the int8 codes, scales and mins (formats.Q4_1.pack_rows): a Q4_1 file's own
 bytes, and any matrix whose codes are 0..15 in groups of 32 with f16-exact scales and mins.
 """
 
@@ -21,7 +21,7 @@ import numba
 import numpy as np
 
 from ..jit.simd import SELECTIONS, for_selection
-from .codes import Q41_BLOCK, Q41_QS
+from .codes import Q41_BLOCK
 from .intdot import HOST_SIMD
 from .pair_mins import group_dot_pair_min
 from .quint import WIDE, f16_exact
@@ -42,30 +42,6 @@ def q41_packable(q: np.ndarray, scales: np.ndarray, mins: np.ndarray | None, gro
 def q41_row_bytes(cols):
     """Bytes of a row of ``cols`` weights in Q4_1 blocks."""
     return cols // GROUP * Q41_BLOCK
-
-
-def pack_q41(q: np.ndarray, scales: np.ndarray, mins: np.ndarray) -> np.ndarray:
-    """int8 codes 0..15 (rows, cols), scales and mins (rows, cols // 32) -> Q4_1 blocks (rows,
-    q41_row_bytes(cols)) uint8: per group d (f16), m (f16), qs (byte j = code j | code j + 16 << 4)."""
-    rows, cols = q.shape
-    n = cols // GROUP
-    u = q.astype(np.uint8).reshape(rows, n, GROUP)  # (rows, n, 32)
-    blocks = np.empty((rows, n, Q41_BLOCK), np.uint8)  # (rows, n, 20)
-    blocks[:, :, 0:2] = scales.astype("<f2").reshape(rows, n).view(np.uint8).reshape(rows, n, 2)
-    blocks[:, :, 2:4] = mins.astype("<f2").reshape(rows, n).view(np.uint8).reshape(rows, n, 2)
-    blocks[:, :, Q41_QS:] = u[:, :, :16] | (u[:, :, 16:] << 4)
-    return blocks.reshape(rows, n * Q41_BLOCK)
-
-
-def unpack_q41(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """pack_q41 undone: (rows, bytes) uint8 -> (int8 codes (rows, cols), float32 scales, mins)."""
-    rows = blocks.shape[0]
-    b = blocks.reshape(rows, -1, Q41_BLOCK)  # (rows, n, 20)
-    d = np.ascontiguousarray(b[:, :, 0:2]).view("<f2")[:, :, 0].astype(np.float32)  # (rows, n)
-    m = np.ascontiguousarray(b[:, :, 2:4]).view("<f2")[:, :, 0].astype(np.float32)  # (rows, n)
-    qs = b[:, :, Q41_QS:]  # (rows, n, 16)
-    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=2).astype(np.int8)  # (rows, n, 32)
-    return codes.reshape(rows, -1), d, m
 
 
 def _q41_pair(simd: str):

@@ -10,7 +10,7 @@ A decode step keeps those blocks byte for byte (fused.py) and the vector kernel
 lanes and the same float32 scale (an f16 widens exactly), so every product has the bits of
 the int8 copy's, from 0.69 bytes a weight instead of 1.125.
 
-The blocks are rebuilt from the int8 codes and scales (``pack_quint``): a Q5_0 file's own bytes,
+The blocks are rebuilt from the int8 codes and scales (formats.Q5_0.pack_rows): a Q5_0 file's own bytes,
 and any matrix whose codes are -16..15 in groups of 32 with f16-exact scales.
 """
 
@@ -25,6 +25,7 @@ import numpy as np
 from ..jit.simd import SELECTIONS, for_selection, target_features
 from . import wide, wide_ir
 from .codes import Q5_0_BLOCKS, QUINT_BLOCK
+from .formats import Q5_0
 from .intdot import HOST_SIMD, group_dot, group_dot_pair
 
 GROUP = 32
@@ -58,40 +59,10 @@ def quint_row_bytes(cols):
     return cols // GROUP * QUINT_BLOCK
 
 
-def pack_quint(q: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """int8 codes (rows, cols) and scales (rows, cols // 32) -> Q5_0 blocks (rows,
-    quint_row_bytes(cols)) uint8: per group d (f16), qh (uint32, bit j = bit 4 of code j + 16),
-    qs (byte j = (code j + 16) & 15 | ((code j + 16 + 16) & 15) << 4)."""
-    rows, cols = q.shape
-    n = cols // GROUP
-    u = (q.astype(np.int16) + QUINT_OFFSET).astype(np.uint8).reshape(rows, n, GROUP)  # (rows, n, 32)
-    qs = (u[:, :, :16] & 0x0F) | ((u[:, :, 16:] & 0x0F) << 4)  # (rows, n, 16)
-    bits = (u >> 4).astype(np.uint32) << np.arange(GROUP, dtype=np.uint32)  # (rows, n, 32)
-    qh = bits.sum(axis=2, dtype=np.uint32).astype("<u4")  # (rows, n)
-    d = scales.astype("<f2").reshape(rows, n)  # (rows, n)
-    blocks = np.empty((rows, n, QUINT_BLOCK), np.uint8)  # (rows, n, 22)
-    blocks[:, :, 0:2] = d.view(np.uint8).reshape(rows, n, 2)
-    blocks[:, :, 2:6] = qh.view(np.uint8).reshape(rows, n, 4)
-    blocks[:, :, 6:] = qs
-    return blocks.reshape(rows, n * QUINT_BLOCK)
-
-
-def unpack_quint(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """pack_quint undone: (rows, bytes) uint8 -> (int8 codes (rows, cols), float32 scales)."""
-    rows = blocks.shape[0]
-    b = blocks.reshape(rows, -1, QUINT_BLOCK)  # (rows, n, 22)
-    d = np.ascontiguousarray(b[:, :, 0:2]).view("<f2")[:, :, 0].astype(np.float32)  # (rows, n)
-    qh = np.ascontiguousarray(b[:, :, 2:6]).view("<u4")  # (rows, n, 1)
-    qs = b[:, :, 6:]  # (rows, n, 16)
-    low = np.concatenate([qs & 0x0F, qs >> 4], axis=2).astype(np.int16)  # (rows, n, 32)
-    fifth = ((qh >> np.arange(GROUP, dtype=np.uint32)) & 1).astype(np.int16) << 4  # (rows, n, 32)
-    return ((low | fifth) - QUINT_OFFSET).astype(np.int8).reshape(rows, -1), d
-
-
 def dot_row_quint_reference(blocks: np.ndarray, ints: np.ndarray, int_scales: np.ndarray) -> float:
     """numpy: one row of Q5_0 blocks (bytes,) against int8 activation codes (cols,) with their
     per-group scales -> float64 (within rounding of the kernels' float32)."""
-    q, d = unpack_quint(blocks[None, :])
+    q, d, _ = Q5_0.unpack_rows(blocks[None, :])
     sums = (q[0].astype(np.int64) * ints.astype(np.int64)).reshape(-1, GROUP).sum(axis=1)  # (groups,)
     return float((d[0].astype(np.float64) * int_scales.astype(np.float64) * sums).sum())
 

@@ -86,6 +86,17 @@ def test_dequantize_random_blocks_bitwise(qtype):
     assert_bitwise_equal(matrix.dequantize(), gguf_reference(qtype, data))
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q5_0, Q.Q8_0], ids=lambda t: t.name)
+def test_pack_rows_gives_back_the_files_bytes(qtype):
+    """The formats the fused forward streams as blocks are rebuilt from their unpacked codes,
+    scales and mins byte for byte (random blocks: every code, signed zeros, subnormal scales)."""
+    fmt = FORMATS[qtype]
+    rows = random_quant_bytes(qtype, 3, 128)  # (3, row bytes) uint8
+    unpacked = fmt.unpack_rows(rows)
+    assert unpacked.q.shape == (3, 128) and unpacked.scales.shape == (3, 128 // fmt.group_size)
+    np.testing.assert_array_equal(fmt.pack_rows(*unpacked), rows)
+
+
 QUANTIZABLE = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.F16, Q.BF16]
 
 

@@ -11,12 +11,10 @@ import pytest
 
 from inference.engine.jit.simd import SELECTIONS, missing_features, target_features
 from inference.engine.quants import tiles
-from inference.engine.quants.blocks import pack_q80
 from inference.engine.quants.codes import Q4_1_TAG, Q5_0_TAG, Q8_0_TAG
+from inference.engine.quants.formats import Q4_1, Q5_0, Q8_0
 from inference.engine.quants.intdot import ROW_BLOCK, dot_row_int
 from inference.engine.quants.nibbles import NIBBLE_OFFSET, pack_nibbles
-from inference.engine.quants.q41 import pack_q41
-from inference.engine.quants.quint import pack_quint
 from inference.engine.quants.tiles import TILE_W, WIDE_FEATURES, dot_tile_reference
 
 CASES = [
@@ -31,9 +29,9 @@ CASES = [
 ]
 # The file's blocks, scales inside (Q4_1's mins too: the tile leaves them to its caller).
 BLOCKS = {
-    Q5_0_TAG: pack_quint,
-    Q8_0_TAG: pack_q80,
-    Q4_1_TAG: lambda q, scales: pack_q41(q, scales, -scales),
+    Q5_0_TAG: Q5_0.pack_rows,
+    Q8_0_TAG: Q8_0.pack_rows,
+    Q4_1_TAG: lambda q, scales: Q4_1.pack_rows(q, scales, -scales),
 }
 
 

@@ -12,9 +12,9 @@ from inference.engine.fused import step_kernels as sk
 from inference.engine.fused import step_products as sp
 from inference.engine.fused.step_items import TILE_ROWS
 from inference.engine.quants.blocks import BLOCK_Q5_0, encode
+from inference.engine.quants.formats import Q5_0
 from inference.engine.quants.intdot import ROW_BLOCK
 from inference.engine.quants.nibbles import NIBBLE_OFFSET, pack_nibbles
-from inference.engine.quants.quint import pack_quint
 
 QUINT = -2  # in FORMATS' nib column: int8 codes plus their Q5_0 blocks (quants/quint.py)
 # (group shift, nib, lowest code, highest code + 1, with mins)
@@ -35,7 +35,7 @@ def _linear(rng, group_shift, nib, low, high, with_mins, rows=29, cols=256):
     scales = rng.standard_normal(rows * groups).astype(np.float16).astype(np.float32)  # (rows * groups,)
     quint_at = -1
     if nib == QUINT:  # the one-row path reads the blocks, the tiles the int8 codes
-        blocks = pack_quint(q8, scales.reshape(rows, groups)).view(np.int8).ravel()
+        blocks = Q5_0.pack_rows(q8, scales.reshape(rows, groups)).view(np.int8).ravel()
         q, quint_at, nib = np.concatenate([q, blocks]), encode(q.size, BLOCK_Q5_0), -1
     mins = rng.standard_normal(rows * groups).astype(np.float32)  # (rows * groups,)
     bias = rng.standard_normal(rows).astype(np.float32)  # (rows,)
