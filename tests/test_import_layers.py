@@ -41,6 +41,7 @@ PLAIN_MODULES = {
     "embedding",
     "fingerprint",
     "gguf_file",
+    "gguf_strings",
     "heap",
     "kv_cache",
     "kv_geometry",

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import gguf
 import numpy as np
 
+from .gguf_strings import read_strings
 from .load_options import LoadOptions
 
 GGUF_MAGIC = b"GGUF"
@@ -124,9 +125,6 @@ class GGUFFile:
         return name in self.tensors
 
 
-_U64 = struct.Struct("<Q")
-
-
 class _HeaderReader:
     """Walks the header once: magic, version, key/values, tensor infos."""
 
@@ -168,22 +166,13 @@ class _HeaderReader:
         return text
 
     def _strings(self, count: int) -> list[str]:
-        """``count`` strings in one tight loop: a vocabulary and its merges are 300k of them,
-        seconds of a model's load when read one ``_string`` call at a time."""
-        raw, pos, end, length = self.raw, self.pos, len(self.buf), _U64.unpack_from
-        out = []
-        for _ in range(count):
-            if pos + 8 > end:
-                break
-            (n,) = length(raw, pos)
-            if pos + 8 + n > end:
-                break
-            out.append(str(raw[pos + 8 : pos + 8 + n], "utf-8", "replace"))
-            pos += 8 + n
-        self.pos = pos
-        if len(out) < count:
+        """``count`` strings decoded at once (gguf_strings.py): a vocabulary and its merges are
+        300k of them, seconds of a model's load when read one ``_string`` call at a time."""
+        read = read_strings(self.buf, self.pos, count)
+        if read is None:
             raise GGUFError(f"{self.path}: file is truncated inside the header")
-        return out
+        strings, self.pos = read
+        return strings
 
     def _value_type(self) -> gguf.GGUFValueType:
         code = self._scalar("<I")

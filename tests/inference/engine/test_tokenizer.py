@@ -179,3 +179,15 @@ def test_sentencepiece_space_prefix_is_added_and_removed():
     assert [tok.token_text(i) for i in ids] == ["▁a", "<ctrl>", "▁a"]
     assert tok.decode(ids) == "a<ctrl>a"
     assert tok.add_bos and tok.bos_id == 1 and tok.eog_ids == frozenset({2})
+
+
+def test_bpe_merges_are_cut_after_position_zero_and_kept_only_when_they_make_a_token():
+    from inference.engine.tokenizer.bpe import _merge_pairs
+
+    vocab = {" a": 0, "b": 1, " ab": 2, "c": 3, "d": 4, "cd": 5, "x y": 6}
+    merges = [" a b", "c d", "c x", "nospace", "x y z"]
+    # " a b": the leading space belongs to the left part; "c x" makes no token; "x y z" makes
+    # "xy z" / "x" + "y z": cut at the first space, "xy z" is not a token.
+    assert _merge_pairs(merges, vocab) == [(" a", "b"), ("c", "d")]
+    with pytest.raises(TokenizerError, match="merges"):
+        _merge_pairs(None, vocab)
