@@ -96,6 +96,25 @@ def _q41_halves(builder, block):
     return [builder.extract_element(wide, ir.Constant(I32, i)) for i in range(2)]
 
 
+def switch_layouts(builder, tag, group_shift, layouts, emit) -> None:
+    """Emit ``emit(layout)`` once per layout of ``layouts`` (GroupCodes) and run the one the
+    run-time ``tag`` and ``group_shift`` (int64 values) name: a layout's tag, and the log2 of its
+    group (int8 codes come in groups of 16 or 32 under one tag). Any other pair runs the last
+    layout. ``emit`` leaves the builder in a block that falls through."""
+    key = builder.add(builder.mul(tag, ir.Constant(tag.type, 8)), group_shift)
+    done = builder.append_basic_block("layout.done")
+    bodies = [builder.append_basic_block(f"layout.{layout.name}") for layout in layouts]
+    switch = builder.switch(key, bodies[-1])
+    for layout, body in zip(layouts, bodies, strict=True):
+        shift = layout.group.bit_length() - 1
+        if layout is not layouts[-1]:
+            switch.add_case(ir.Constant(key.type, layout.tag * 8 + shift), body)
+        builder.position_at_end(body)
+        emit(layout)
+        builder.branch(done)
+    builder.position_at_end(done)
+
+
 def block_scale(builder, codes: GroupCodes, block):
     """A file block's f16 scale widened to float32 (exact), and its min after it (Q4_1) or
     None. Q4_1's and Q8_0's scale come with the next two bytes in one vector load (no move

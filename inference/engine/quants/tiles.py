@@ -22,10 +22,10 @@ from numba import types
 from numba.extending import intrinsic
 
 from ..jit.intrinsics import element_pointer
-from ..jit.simd import SELECTIONS, for_selection, target_features
-from .codes import Q4_1_TAG, Q5_0_TAG, Q8_0_TAG
-from .intdot import HOST_SIMD, ROW_BLOCK, _row_pointer, literal_choice
-from .intdot_ir import row_dots
+from ..jit.simd import SELECTIONS, for_selection, literal_strings, target_features
+from .codes import INT8_16, INT8_32, NIBBLES, NIBBLES_8, Q4_1_BLOCKS, Q5_0_BLOCKS, Q8_0_BLOCKS
+from .intdot import HOST_SIMD, ROW_BLOCK, _row_pointer
+from .intdot_ir import row_dots, switch_layouts
 from .intdot_reference import dot_row_bitwise_reference
 from .tile_ir import wide_tile_dots
 
@@ -36,27 +36,58 @@ WIDE_FEATURES = ("avx512f", "avx512bw", "avx512vl", "avx512vnni")
 WIDE = HOST_SIMD == "vnni" and all(f in target_features() for f in WIDE_FEATURES)
 
 
+# Every layout a tile reads, the int8 codes in groups of 32 last: what any other tag runs.
+TILE_LAYOUTS = (Q4_1_BLOCKS, Q5_0_BLOCKS, Q8_0_BLOCKS, NIBBLES, NIBBLES_8, INT8_16, INT8_32)
+
+
 @intrinsic(prefer_literal=True)
 def tile(
-    typingctx, simd, codes, q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0
+    typingctx,
+    simd,
+    nib,
+    group_shift,
+    q,
+    q_start,
+    row_bytes,
+    ints,
+    n0,
+    scales,
+    s_start,
+    n_groups,
+    int_scales,
+    out,
+    col0,
 ):
-    """``tile(simd, codes, q, q_start, row_bytes, ints, n0, scales, s_start, n_groups,
-    int_scales, out, col0)``: dot_tile_rows for one layout of the weight codes (codes.py) and
-    one selection, both constant strings; ``simd`` "wide" is vnni with two weight rows per
-    512-bit vector (tile_ir.py), which nibbles stored plus an offset leave to the 256-bit tile."""
-    chosen = literal_choice(simd, codes)
+    """``tile(simd, nib, group_shift, q, q_start, row_bytes, ints, n0, scales, s_start, n_groups,
+    int_scales, out, col0)``: dot_tile_rows through selection ``simd`` (a constant string;
+    "wide" is vnni with two weight rows per 512-bit vector, tile_ir.py, which nibbles stored
+    plus an offset leave to the 256-bit tile). The layout of the weight codes (codes.py) is
+    chosen at run time from ``nib`` and ``group_shift``: the code of every layout is emitted."""
+    chosen = literal_strings(simd)
     if chosen is None:
         return None
-    selection, layout = chosen
-    wide = selection == "wide" and not (layout.packed and layout.offset and layout.block is None)
+    (selection,) = chosen
     sig = types.void(
-        simd, codes, q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, out, col0
+        simd,
+        nib,
+        group_shift,
+        q,
+        q_start,
+        row_bytes,
+        ints,
+        n0,
+        scales,
+        s_start,
+        n_groups,
+        int_scales,
+        out,
+        col0,
     )
 
     def codegen(context, builder, signature, args):
-        t, a = signature.args[2:], args[2:]  # the literal selection and layout carry no value
-        i64 = [context.cast(builder, a[i], t[i], types.int64) for i in (1, 2, 4, 6, 7)]
-        q_start, row_bytes, n0, s_start, n_groups = i64
+        t, a = signature.args[1:], args[1:]  # the literal selection carries no value
+        i64 = [context.cast(builder, a[i], t[i], types.int64) for i in (0, 1, 3, 4, 6, 8, 9)]
+        tag, shift, q_start, row_bytes, n0, s_start, n_groups = i64
         weight_rows = []
         for w in range(TILE_W):
             k = ir.Constant(ir.IntType(64), w)
@@ -64,8 +95,8 @@ def tile(
             s_at = builder.add(s_start, builder.mul(k, n_groups))
             weight_rows.append(
                 (
-                    element_pointer(context, builder, t[0], a[0], q_at),
-                    element_pointer(context, builder, t[5], a[5], s_at),
+                    element_pointer(context, builder, t[2], a[2], q_at),
+                    element_pointer(context, builder, t[7], a[7], s_at),
                 )
             )
         act_rows = []
@@ -73,24 +104,28 @@ def tile(
             row = builder.add(n0, ir.Constant(ir.IntType(64), i))
             act_rows.append(
                 (
-                    _row_pointer(context, builder, t[3], a[3], row),
-                    _row_pointer(context, builder, t[8], a[8], row),
+                    _row_pointer(context, builder, t[5], a[5], row),
+                    _row_pointer(context, builder, t[10], a[10], row),
                 )
             )
-        if wide:
-            sums = wide_tile_dots(builder, layout, weight_rows, act_rows, n_groups)
-        else:
-            narrow = "vnni" if selection == "wide" else selection
-            sums = row_dots(builder, narrow, layout, weight_rows, act_rows, n_groups)
-        col0 = context.cast(builder, a[10], t[10], types.int64)
+        col0 = context.cast(builder, a[12], t[12], types.int64)
         out_rows = [
-            _row_pointer(context, builder, t[9], a[9], ir.Constant(ir.IntType(64), i))
+            _row_pointer(context, builder, t[11], a[11], ir.Constant(ir.IntType(64), i))
             for i in range(ROW_BLOCK)
         ]
-        for w, row in enumerate(sums):
-            column = builder.add(col0, ir.Constant(ir.IntType(64), w))
-            for i, value in enumerate(row):
-                builder.store(value, builder.gep(out_rows[i], [column]))
+
+        def emit(layout):
+            if selection == "wide" and not (layout.packed and layout.offset and layout.block is None):
+                sums = wide_tile_dots(builder, layout, weight_rows, act_rows, n_groups)
+            else:
+                narrow = "vnni" if selection == "wide" else selection
+                sums = row_dots(builder, narrow, layout, weight_rows, act_rows, n_groups)
+            for w, row in enumerate(sums):
+                column = builder.add(col0, ir.Constant(ir.IntType(64), w))
+                for i, value in enumerate(row):
+                    builder.store(value, builder.gep(out_rows[i], [column]))
+
+        switch_layouts(builder, tag, shift, TILE_LAYOUTS, emit)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -103,118 +138,22 @@ def _tile_rows(simd: str):
     def dot_tile_rows(
         q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out, col0
     ):
-        if nib == Q4_1_TAG:
-            tile(
-                simd,
-                "q4_1_blocks",
-                q,
-                q_start,
-                row_bytes,
-                ints,
-                n0,
-                scales,
-                s_start,
-                n_groups,
-                int_scales,
-                out,
-                col0,
-            )
-        elif nib == Q5_0_TAG:
-            tile(
-                simd,
-                "q5_0_blocks",
-                q,
-                q_start,
-                row_bytes,
-                ints,
-                n0,
-                scales,
-                s_start,
-                n_groups,
-                int_scales,
-                out,
-                col0,
-            )
-        elif nib == Q8_0_TAG:
-            tile(
-                simd,
-                "q8_0_blocks",
-                q,
-                q_start,
-                row_bytes,
-                ints,
-                n0,
-                scales,
-                s_start,
-                n_groups,
-                int_scales,
-                out,
-                col0,
-            )
-        elif nib == 0:
-            tile(
-                simd,
-                "nibbles",
-                q,
-                q_start,
-                row_bytes,
-                ints,
-                n0,
-                scales,
-                s_start,
-                n_groups,
-                int_scales,
-                out,
-                col0,
-            )
-        elif nib > 0:
-            tile(
-                simd,
-                "nibbles_8",
-                q,
-                q_start,
-                row_bytes,
-                ints,
-                n0,
-                scales,
-                s_start,
-                n_groups,
-                int_scales,
-                out,
-                col0,
-            )
-        elif group_shift == 4:
-            tile(
-                simd,
-                "int8_16",
-                q,
-                q_start,
-                row_bytes,
-                ints,
-                n0,
-                scales,
-                s_start,
-                n_groups,
-                int_scales,
-                out,
-                col0,
-            )
-        else:
-            tile(
-                simd,
-                "int8_32",
-                q,
-                q_start,
-                row_bytes,
-                ints,
-                n0,
-                scales,
-                s_start,
-                n_groups,
-                int_scales,
-                out,
-                col0,
-            )
+        tile(
+            simd,
+            nib,
+            group_shift,
+            q,
+            q_start,
+            row_bytes,
+            ints,
+            n0,
+            scales,
+            s_start,
+            n_groups,
+            int_scales,
+            out,
+            col0,
+        )
 
     return for_selection(dot_tile_rows, simd, inline="always")
 
