@@ -16,9 +16,34 @@ from numba import types
 from numba.extending import intrinsic
 
 from ..jit.intrinsics import element_pointer
-from ..jit.simd import SELECTIONS, for_selection
+from ..jit.simd import SELECTIONS, for_selection, literal_strings
+from .codes import INT8_16, INT8_32, NIBBLES, NIBBLES_8
 from .intdot import HOST_SIMD, literal_choice
-from .intdot_ir import row_dots
+from .intdot_ir import row_dots, switch_layouts
+
+# The arena's layouts with mins (dot_pair_min chooses among them at run time), int8 codes in
+# groups of 32 last: what any other tag runs.
+ARENA_LAYOUTS = (NIBBLES, NIBBLES_8, INT8_16, INT8_32)
+
+
+def _emit_pair_min(context, builder, t, a, selection, layout):
+    """Store the two rows' dot + min term, ``t`` and ``a`` the types and values of the
+    arguments from ``q`` on (q, q_start, q_next, ints, scales, s_start, s_next, int_scales,
+    mins, m_start, m_next, sums, n_groups, out)."""
+    zero = ir.Constant(ir.IntType(64), 0)
+
+    def pointer(i, index):
+        return element_pointer(context, builder, t[i], a[i], index)
+
+    weight_rows = [
+        (pointer(0, a[1]), pointer(4, a[5])),
+        (pointer(0, a[2]), pointer(4, a[6])),
+    ]
+    act_rows = [(pointer(3, zero), pointer(7, zero))]
+    min_terms = ([pointer(8, a[9]), pointer(8, a[10])], [pointer(11, zero)])
+    totals = row_dots(builder, selection, layout, weight_rows, act_rows, a[12], min_terms)
+    for i, row in enumerate(totals):
+        builder.store(row[0], pointer(13, ir.Constant(ir.IntType(64), i)))
 
 
 @intrinsic(prefer_literal=True)
@@ -50,41 +75,56 @@ def group_dot_pair_min(
     if chosen is None:
         return None
     selection, layout = chosen
-    sig = types.void(
-        simd,
-        codes,
-        q,
-        q_start,
-        q_next,
-        ints,
-        scales,
-        s_start,
-        s_next,
-        int_scales,
-        mins,
-        m_start,
-        m_next,
-        sums,
-        n_groups,
-        out,
-    )
+    values = (q, q_start, q_next, ints, scales, s_start, s_next, int_scales, mins, m_start, m_next, sums)
+    sig = types.void(simd, codes, *values, n_groups, out)
 
     def codegen(context, builder, signature, args):
-        t, a = signature.args[2:], args[2:]  # the literal selection and layout carry no value
-        zero = ir.Constant(ir.IntType(64), 0)
+        # the literal selection and layout carry no value
+        _emit_pair_min(context, builder, signature.args[2:], args[2:], selection, layout)
+        return context.get_dummy_value()
 
-        def pointer(i, index):
-            return element_pointer(context, builder, t[i], a[i], index)
+    return sig, codegen
 
-        weight_rows = [
-            (pointer(0, a[1]), pointer(4, a[5])),
-            (pointer(0, a[2]), pointer(4, a[6])),
-        ]
-        act_rows = [(pointer(3, zero), pointer(7, zero))]
-        min_terms = ([pointer(8, a[9]), pointer(8, a[10])], [pointer(11, zero)])
-        totals = row_dots(builder, selection, layout, weight_rows, act_rows, a[12], min_terms)
-        for i, row in enumerate(totals):
-            builder.store(row[0], pointer(13, ir.Constant(ir.IntType(64), i)))
+
+@intrinsic(prefer_literal=True)
+def arena_dot_pair_min(
+    typingctx,
+    simd,
+    nib,
+    group_shift,
+    q,
+    q_start,
+    q_next,
+    ints,
+    scales,
+    s_start,
+    s_next,
+    int_scales,
+    mins,
+    m_start,
+    m_next,
+    sums,
+    n_groups,
+    out,
+):
+    """group_dot_pair_min over the arena's codes, their layout (ARENA_LAYOUTS) chosen at run time
+    from ``nib`` (the table's tag: -1 int8 codes, else packed nibbles stored plus nib) and
+    ``group_shift``; ``simd`` a constant string."""
+    chosen = literal_strings(simd)
+    if chosen is None:
+        return None
+    (selection,) = chosen
+    values = (q, q_start, q_next, ints, scales, s_start, s_next, int_scales, mins, m_start, m_next, sums)
+    sig = types.void(simd, nib, group_shift, *values, n_groups, out)
+
+    def codegen(context, builder, signature, args):
+        t, a = signature.args[3:], args[3:]  # the literal selection carries no value
+        tag, shift = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (1, 2))
+
+        def emit(layout):
+            _emit_pair_min(context, builder, t, a, selection, layout)
+
+        switch_layouts(builder, tag, shift, ARENA_LAYOUTS, emit)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -96,82 +136,9 @@ def _pair_min(simd: str):
     def dot_pair_min(
         q, q0, q1, ints, scales, s0, s1, int_scales, mins, m0, m1, sums, n_groups, shift, nib, out
     ):
-        if nib == 0:
-            group_dot_pair_min(
-                simd,
-                "nibbles",
-                q,
-                q0,
-                q1,
-                ints,
-                scales,
-                s0,
-                s1,
-                int_scales,
-                mins,
-                m0,
-                m1,
-                sums,
-                n_groups,
-                out,
-            )
-        elif nib > 0:
-            group_dot_pair_min(
-                simd,
-                "nibbles_8",
-                q,
-                q0,
-                q1,
-                ints,
-                scales,
-                s0,
-                s1,
-                int_scales,
-                mins,
-                m0,
-                m1,
-                sums,
-                n_groups,
-                out,
-            )
-        elif shift == 4:
-            group_dot_pair_min(
-                simd,
-                "int8_16",
-                q,
-                q0,
-                q1,
-                ints,
-                scales,
-                s0,
-                s1,
-                int_scales,
-                mins,
-                m0,
-                m1,
-                sums,
-                n_groups,
-                out,
-            )
-        else:
-            group_dot_pair_min(
-                simd,
-                "int8_32",
-                q,
-                q0,
-                q1,
-                ints,
-                scales,
-                s0,
-                s1,
-                int_scales,
-                mins,
-                m0,
-                m1,
-                sums,
-                n_groups,
-                out,
-            )
+        arena_dot_pair_min(
+            simd, nib, shift, q, q0, q1, ints, scales, s0, s1, int_scales, mins, m0, m1, sums, n_groups, out
+        )
 
     return for_selection(dot_pair_min, simd)
 
