@@ -86,25 +86,6 @@ QUINT_TILE_ROWS = 32
 
 
 @numba.njit(cache=True)
-def _block_pair(kind, q, a, b, codes, scales, code_scales, mins, group_sums, cols, out):
-    """Two weight rows read as the file's blocks of ``kind`` (quants/blocks.py), at byte offsets
-    a and b of ``q``, against one token row -> out[0], out[1], min terms included (each block
-    carries its own scale, and min). ``scales`` and ``mins`` are the arenas the kernels'
-    shared signatures take; the blocks' own are read."""
-    groups = cols >> 5
-    if kind == BLOCK_Q4_K:  # super-blocks of 256
-        dot_pair_q4k(q, a, b, codes, code_scales, group_sums, cols >> 8, out)
-    elif kind == BLOCK_Q6_K:
-        dot_pair_q6k(q, a, b, codes, code_scales, group_sums, cols >> 8, out)
-    elif kind == BLOCK_Q8_0:
-        dot_pair_q80(q, a, b, codes, scales, code_scales, groups, out)
-    elif kind == BLOCK_Q4_1:  # scales and mins in the one stream
-        dot_pair_q41(q, a, b, codes, scales, code_scales, mins, group_sums, groups, out)
-    else:  # Q5_0 as the file packs it: the fewest bytes
-        dot_pair_quint(q, a, b, codes, scales, 0, 0, code_scales, groups, out)
-
-
-@numba.njit(cache=True)
 def _lone_row(weights, lin, rounded, k, n, r, kind, pair_out):
     """Row r's product with token row n, its min term included, as dot_one_row takes a row
     without a partner: Q5_0 from its blocks, the other blocks of a blocks-only matrix as a
@@ -116,7 +97,14 @@ def _lone_row(weights, lin, rounded, k, n, r, kind, pair_out):
     s_start, own_start = lin[S_OFF] + r * groups, lin[Q_OFF] + r * (cols if nib < 0 else cols >> 1)
     if lin[Q_OFF] == BLOCKS_ONLY and kind != BLOCK_Q5_0:
         at = block_offset(lin[QUINT]) + r * block_row_bytes(kind, cols)
-        _block_pair(kind, q, at, at, codes, scales, code_scales, mins, group_sums, cols, pair_out)
+        if kind == BLOCK_Q4_K:
+            dot_pair_q4k(q, at, at, codes, code_scales, group_sums, cols >> 8, pair_out)
+        elif kind == BLOCK_Q6_K:
+            dot_pair_q6k(q, at, at, codes, code_scales, group_sums, cols >> 8, pair_out)
+        elif kind == BLOCK_Q8_0:
+            dot_pair_q80(q, at, at, codes, scales, code_scales, groups, pair_out)
+        else:
+            dot_pair_q41(q, at, at, codes, scales, code_scales, mins, group_sums, groups, pair_out)
         return pair_out[0]
     if kind == BLOCK_Q5_0:
         row_start = block_offset(lin[QUINT]) + r * block_row_bytes(kind, cols)
@@ -167,13 +155,18 @@ def dot_one_row(weights, lin, rounded, k, n, r0, r1, out, accumulate, block, min
         for i in range(max(base, q_first), min(base + step * row_bytes, end), 64):
             prefetch(q, i)
         after = row_start + row_bytes
-        # The unit's layout: the file's blocks, or the arena's codes with mins, as nibbles, as int8.
         if m == 4 and kind == BLOCK_Q4_K:  # super-blocks of 256, mins inside: two pairs a call
             dot_quad_q4k(q, row_start, after, codes, code_scales, group_sums, cols >> 8, block)
         elif m == 4:
             dot_quad_q6k(q, row_start, after, codes, code_scales, group_sums, cols >> 8, block)
-        elif pair and quint:
-            _block_pair(kind, q, row_start, after, codes, scales, code_scales, mins, group_sums, cols, block)
+        elif pair and kind == BLOCK_Q4_K:
+            dot_pair_q4k(q, row_start, after, codes, code_scales, group_sums, cols >> 8, block)
+        elif pair and kind == BLOCK_Q6_K:
+            dot_pair_q6k(q, row_start, after, codes, code_scales, group_sums, cols >> 8, block)
+        elif pair and kind == BLOCK_Q8_0:
+            dot_pair_q80(q, row_start, after, codes, scales, code_scales, groups, block)
+        elif pair and kind == BLOCK_Q4_1:  # scales and mins in the one stream
+            dot_pair_q41(q, row_start, after, codes, scales, code_scales, mins, group_sums, groups, block)
         elif pair and has_mins:  # the min terms folded into the dot product's loop: same bits
             dot_pair_min(
                 q,
@@ -193,6 +186,8 @@ def dot_one_row(weights, lin, rounded, k, n, r0, r1, out, accumulate, block, min
                 nib,
                 block,
             )
+        elif pair and kind == BLOCK_Q5_0:  # Q5_0 as the file packs it: the fewest bytes
+            dot_pair_quint(q, row_start, after, codes, scales, s_start, s_start, code_scales, groups, block)
         elif pair and nib >= 0:
             dot_pair_nib(
                 q,
