@@ -40,6 +40,7 @@ def test_an_expert_cache_below_one_is_refused(args):
         call_command(*args, "--expert-cache=0")
 
 
+@pytest.mark.slow
 def test_the_server_loads_a_moe_model_with_borrowed_experts_and_says_so(synthetic_dir, caplog):
     path = gemma4_path("gemma4-moe", synthetic_dir)
     service = InferenceService(ServeConfig(model=str(path), ctx=128, experts="borrow", expert_cache=3), path)
@@ -58,6 +59,7 @@ def test_the_server_loads_a_moe_model_with_borrowed_experts_and_says_so(syntheti
     assert plain.worker._load() and plain.health()["experts"] is None  # nothing to borrow
 
 
+@pytest.mark.slow
 def test_generate_writes_the_same_text_with_borrowed_experts(synthetic_dir, capsys):
     path = str(synthetic_path("qwen3moe", synthetic_dir))
     texts = []

@@ -44,6 +44,7 @@ def _spec(corpus: Path, model: Path, tmp_path: Path, p: int = 16) -> CartridgeBu
     return CartridgeBuildSpec(corpus=corpus, out=tmp_path / "c.safetensors", model=model, prefix_tokens=p)
 
 
+@pytest.mark.slow
 def test_a_cartridge_job_succeeds_and_records_the_cartridge(corpus, model, tmp_path):
     job = create_cartridge_job(_spec(corpus, model, tmp_path))
     assert job.state == "queued" and job.parameters["prefix_tokens"] == 16
@@ -62,6 +63,7 @@ def test_a_cartridge_job_succeeds_and_records_the_cartridge(corpus, model, tmp_p
     assert run_cartridge_job(job.pk).finished == job.finished
 
 
+@pytest.mark.slow
 def test_a_trained_job_keeps_conversations_coverage_and_both_loss_curves(corpus, model, tmp_path):
     spec = replace(_spec(corpus, model, tmp_path, p=8), steps=2)
     job = run_cartridge_job(create_cartridge_job(spec).pk)

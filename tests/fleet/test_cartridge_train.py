@@ -162,6 +162,7 @@ def test_the_saved_cartridge_is_the_best_held_out_checkpoint(engine, corpus):
     assert np.array_equal(wild.cartridge.k, start.k) and np.array_equal(wild.cartridge.v, start.v)
 
 
+@pytest.mark.slow
 def test_a_timed_build_synthesises_then_trains_within_its_budget(engine, corpus, tmp_path):
     out, dataset = tmp_path / "c.safetensors", tmp_path / "dataset"
     minutes = 0.15

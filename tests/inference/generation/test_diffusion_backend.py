@@ -79,6 +79,7 @@ def test_the_budget_is_whole_canvases_after_the_prompt(engine, backend):
     assert f"{CANVAS}-token canvas" in overflow.message
 
 
+@pytest.mark.slow
 def test_one_delta_per_committed_block_and_a_seed_repeats_the_reply(engine, backend):
     request = GenerationRequest(HELLO, sampling=SEEDED, max_tokens=CANVAS + 8)
     sink, produced = run(backend, request)

@@ -115,6 +115,7 @@ def test_slots_and_sidecars_behind_a_cartridge_show_its_key_and_rows(admin_clien
         service.worker.join(30)
 
 
+@pytest.mark.slow
 def test_a_model_without_kv_reuse_says_so_instead_of_listing_slots(admin_client, tmp_path):
     from tests.fixtures.synthetic_gguf import synthetic_path
 
