@@ -1,7 +1,8 @@
 """Fleet measurements (docs/FLEET.md): build time, retrieval top-1 accuracy, answer accuracy.
 
     .venv/bin/python bench/fleet.py [--model PATH] [--prefix-tokens 256] [--embed-chunk 256]
-                                    [--steps 0] [--answers] [--max-tokens 32] [--json OUT]
+                                    [--steps 0] [--rag-docs 2] [--answers] [--max-tokens 32]
+                                    [--json OUT] [--keep DIR]
 
 Builds a fleet of bench/data/fleet/docs (ten made-up documents on distinct topics; untrained
 cartridges, or with ``--steps N`` jointly trained for N rounds as ``build_fleet --steps N``
@@ -9,9 +10,9 @@ trains them) into a temporary directory, then for each of the fifty questions in
 bench/data/fleet/questions.json asks retrieval which document it belongs to (the FleetSource's
 own path: the question as a conversation's first user message). With ``--answers``, greedy
 replies under three conditions are checked for the expected answer: no context, the right
-document in the prompt, and the fleet's composed prefix (the documents FleetSource picks,
-their cartridges' rows placed in front of the conversation exactly as a served prefix sits:
-rows [0, P), the chat's tokens from position P on).
+document in the prompt, and the fleet's composed prefix for each ``--rag-docs`` value (the
+documents FleetSource picks, their cartridges' rows placed in front of the conversation exactly
+as a served prefix sits: rows [0, P), the chat's tokens from position P on).
 """
 
 from __future__ import annotations
@@ -88,48 +89,72 @@ def measure(args) -> dict:
     engine = Engine.load(args.model)
     questions = json.loads((DATA / "questions.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        fleet_dir = Path(tmp) / "fleet"
+        fleet_dir = args.keep or Path(tmp) / "fleet"
         report = {"model": engine.model_id, "build": build(engine, args, fleet_dir)}
-        source = FleetSource(fleet_dir, rag_docs=args.rag_docs, rag_chunks=args.rag_chunks)
-        source.check(engine)
-        top1 = topk = 0
-        misses: list = []
-        answers = {"none": 0, "document": 0, "fleet": 0}
         loop = TokenGenerator(engine)
-        t0 = time.perf_counter()
-        for doc, pairs in questions.items():
-            text = (DATA / "docs" / f"{doc}.txt").read_text()
-            for question, expected in pairs:
-                choice = source.choose(engine, GenerationRequest((Message("user", question),)))
-                top1 += choice.documents[0] == doc
-                if choice.documents[0] != doc:
-                    misses.append([question, doc, list(choice.documents)])
-                topk += doc in choice.documents
-                if args.answers:
-                    ask = [{"role": "user", "content": question}]
-                    with_doc = [{"role": "user", "content": f"{text}\n\n{question}"}]
-                    replies = {
-                        "none": greedy(loop, engine.encode_chat(ask), args.max_tokens),
-                        "document": greedy(loop, engine.encode_chat(with_doc), args.max_tokens),
-                        "fleet": greedy(loop, engine.encode_chat(ask), args.max_tokens, choice.prefix),
-                    }
-                    for kind, reply in replies.items():
-                        answers[kind] += answered(reply, expected)
-                    if args.verbose:
-                        print(doc, choice.documents, question, expected, replies, flush=True)
-        n = sum(len(p) for p in questions.values())
-        report["retrieval"] = {
-            "questions": n,
-            "top1": top1 / n,
-            f"in_top{args.rag_docs}": topk / n,
-            "seconds": time.perf_counter() - t0,
-            "misses": misses,
-        }
-        if args.ablation:
-            ablation = uncentred_top1(engine, source, questions, args.embed_chunk)
-            report["retrieval"]["top1_uncentred"] = ablation
         if args.answers:
-            report["answers"] = {kind: hits / n for kind, hits in answers.items()}
+            report["answers"] = answers_without_fleet(engine, loop, questions, args)
+        report["fleet"] = {
+            k: measure_fleet(engine, loop, questions, args, fleet_dir, k) for k in args.rag_docs
+        }
+    return report
+
+
+def answers_without_fleet(engine: Engine, loop: TokenGenerator, questions: dict, args) -> dict:
+    """Answer accuracy with no context and with the right document in the user message."""
+    hits = {"none": 0, "document": 0}
+    for doc, pairs in questions.items():
+        text = (DATA / "docs" / f"{doc}.txt").read_text()
+        for question, expected in pairs:
+            asks = {
+                "none": [{"role": "user", "content": question}],
+                "document": [{"role": "user", "content": f"{text}\n\n{question}"}],
+            }
+            for kind, ask in asks.items():
+                reply = greedy(loop, engine.encode_chat(ask), args.max_tokens)
+                hits[kind] += answered(reply, expected)
+                if args.verbose:
+                    print(kind, doc, question, expected, repr(reply), flush=True)
+    n = sum(len(p) for p in questions.values())
+    return {kind: count / n for kind, count in hits.items()}
+
+
+def measure_fleet(
+    engine: Engine, loop: TokenGenerator, questions: dict, args, fleet_dir: Path, rag_docs: int
+) -> dict:
+    """Retrieval, and with ``--answers`` answer accuracy, serving ``rag_docs`` composed cartridges."""
+    source = FleetSource(fleet_dir, rag_docs=rag_docs, rag_chunks=args.rag_chunks)
+    source.check(engine)
+    top1 = topk = answers = 0
+    misses: list = []
+    t0 = time.perf_counter()
+    for doc, pairs in questions.items():
+        for question, expected in pairs:
+            choice = source.choose(engine, GenerationRequest((Message("user", question),)))
+            top1 += choice.documents[0] == doc
+            if choice.documents[0] != doc:
+                misses.append([question, doc, list(choice.documents)])
+            topk += doc in choice.documents
+            if args.answers:
+                ask = engine.encode_chat([{"role": "user", "content": question}])
+                reply = greedy(loop, ask, args.max_tokens, choice.prefix)
+                answers += answered(reply, expected)
+                if args.verbose:
+                    print(
+                        f"fleet{rag_docs}", doc, choice.documents, question, expected, repr(reply), flush=True
+                    )
+    n = sum(len(p) for p in questions.values())
+    report = {
+        "questions": n,
+        "top1": top1 / n,
+        f"in_top{rag_docs}": topk / n,
+        "seconds": time.perf_counter() - t0,
+        "misses": misses,
+    }
+    if args.ablation:
+        report["top1_uncentred"] = uncentred_top1(engine, source, questions, args.embed_chunk)
+    if args.answers:
+        report["answers"] = answers / n
     return report
 
 
@@ -141,13 +166,19 @@ def main() -> None:
     parser.add_argument("--prefix-tokens", type=int, default=256)
     parser.add_argument("--embed-chunk", type=int, default=256)
     parser.add_argument("--steps", type=int, default=0, help="joint-training rounds (0: untrained)")
-    parser.add_argument("--rag-docs", type=int, default=2)
+    parser.add_argument(
+        "--rag-docs",
+        type=lambda text: [int(k) for k in text.split(",")],
+        default=[2],
+        help="cartridges composed per question; several (1,2) measure each on the one build",
+    )
     parser.add_argument("--rag-chunks", type=int, default=8)
     parser.add_argument("--answers", action="store_true", help="also measure answer accuracy (slow)")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--ablation", action="store_true", help="also top-1 without centring")
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
+    parser.add_argument("--keep", type=Path, default=None, help="build the fleet here and keep it")
     args = parser.parse_args()
     report = measure(args)
     print(json.dumps(report, indent=2))
