@@ -181,7 +181,7 @@ class ConversationBackend:
         self._call_grammar_compiles: OrderedDict[str, bool] = OrderedDict()
         self._call_grammar_lock = threading.Lock()  # connections and the worker both ask
         self.totals = ServingTotals()
-        self._opened: list[DecodeStream] = []  # this job's streams, summed into totals at release
+        self._opened: list[DecodeStream] = []  # this job's streams not yet summed into the totals
 
     @property
     def slots(self) -> SlotPool | None:
@@ -197,10 +197,18 @@ class ConversationBackend:
         self.caches.release()
 
     def count_opened(self) -> None:
-        """Add the numbers of the streams opened since the last call to the totals."""
+        """Add the numbers of the streams opened and not yet counted to the totals."""
         for stream in self._opened:
             self.totals.add(stream.stats)
         self._opened.clear()
+
+    def count_ended(self, stream: DecodeStream) -> None:
+        """Add an ended stream's numbers to the totals now and let it go: a lockstep batch
+        that requests keep joining runs for as long as the load lasts, and its streams must
+        not wait for its end (they would pile up, and the totals would stand still)."""
+        if stream in self._opened:
+            self._opened.remove(stream)
+            self.totals.add(stream.stats)
 
     def constraint_spec(self, request: GenerationRequest) -> ConstraintSpec | None:
         """The request's constraint, a forced call spelled in this family's call convention;
@@ -370,7 +378,9 @@ class ConversationBackend:
             self.release()
 
     def end_stream(self, stream: DecodeStream) -> None:
-        """A stream of a lockstep batch ended before the batch: its slot is free for a join."""
+        """A stream of a lockstep batch ended before the batch: its numbers join the totals
+        and its slot is free for a join."""
+        self.count_ended(stream)
         self.caches.finish(stream.cache)
 
     def warm_up(self) -> None:

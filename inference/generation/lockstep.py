@@ -55,29 +55,37 @@ class Joins:
 
 def run_lockstep(backend: LockstepHost, items: Sequence[BatchItem], joins: Joins | None = None) -> list[int]:
     """Generate every item's reply into its sink, and those of the requests that join; the
-    tokens each stream generated, in the order the streams were opened."""
-    streams: list[DecodeStream | None] = []
-    live: list[DecodeStream] = []
+    tokens each stream generated, in the order the streams were opened. Under steady load
+    joins keep a batch running for as long as the load lasts, so nothing here keeps a stream
+    once it has ended (only its token count)."""
+    generated: list[int] = []  # per opened item; a stream's count is written when it ends
+    live: list[tuple[int, DecodeStream]] = []  # (its place in generated, the stream)
+
+    def finish(at: int, stream: DecodeStream) -> None:
+        generated[at] = stream.generated
+        backend.end_stream(stream)
 
     def open_all(batch: Sequence[BatchItem]) -> None:
         for item in batch:
             stream = open_stream(backend, item)
-            streams.append(stream)
-            if stream is not None and stream.live:
-                live.append(stream)
-            elif stream is not None:  # ended at its first token
-                backend.end_stream(stream)
+            generated.append(0)
+            if stream is None:
+                continue
+            if stream.live:
+                live.append((len(generated) - 1, stream))
+            else:  # ended at its first token
+                finish(len(generated) - 1, stream)
 
     open_all(items)
     while live:
-        step(backend, live)
-        for stream in live:
+        step(backend, [stream for _, stream in live])
+        for at, stream in live:
             if not stream.live:
-                backend.end_stream(stream)
-        live[:] = [s for s in live if s.live]
+                finish(at, stream)
+        live[:] = [(at, stream) for at, stream in live if stream.live]
         if joins is not None and len(live) < joins.width:
             open_all(joins.take(joins.width - len(live)))
-    return [0 if s is None else s.generated for s in streams]
+    return generated
 
 
 def open_stream(backend: LockstepHost, item: BatchItem) -> DecodeStream | None:

@@ -8,13 +8,15 @@ Each comparison runs the same requests twice on one loaded engine: one by one th
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from inference.engine.engine import Engine
 from inference.generation.backend import ConversationBackend
 from inference.generation.constraints import ConstraintSpec
 from inference.generation.lockstep import Joins
-from inference.generation.stream import BatchItem
+from inference.generation.stream import BatchItem, DecodeStream
 from inference.generation.toolcall import ToolSpec, forced_call_spec
 from inference.types import (
     Error,
@@ -160,6 +162,33 @@ def test_requests_that_arrive_join_between_steps_in_the_slots_of_ended_streams(s
     assert [room for room, _ in offered[:-1]] == [1] * (len(offered) - 1) and offered[-1] == (2, 41)
     assert offered[0][1] < offered[1][1] < 40
     assert not any(slot.busy for slot in backend.slots.slots)
+
+
+def test_a_batch_that_requests_keep_joining_lets_each_ended_stream_go(smollm2):
+    """Under steady load joins keep one batch running for as long as the load lasts (the soak
+    ran one for an hour): an ended stream's numbers join the totals at once and nothing keeps
+    the stream, so memory stays flat and /metrics moves while the batch runs."""
+    backend = ConversationBackend(smollm2, n_ctx=256, kv_slots=2)
+    long = ask("Describe a forest in spring.", max_tokens=60, ignore_eos=True)
+    waiting = [ask(f"Say {word}.", max_tokens=3, ignore_eos=True) for word in ("yes", "no", "maybe") * 4]
+    seen: list[tuple[int, int]] = []  # (streams alive, tokens in the totals) at each offer
+
+    def take(room: int) -> list[BatchItem]:
+        gc.collect()
+        alive = sum(isinstance(o, DecodeStream) for o in gc.get_objects())
+        seen.append((alive, backend.totals.predicted_tokens))
+        if not waiting:
+            return []
+        request = waiting.pop(0)
+        return [BatchItem(request, backend.validate(request), RecordingSink())]
+
+    generated = backend.generate_batch(
+        [BatchItem(long, backend.validate(long), RecordingSink())], Joins(take, 2)
+    )
+    assert generated == [60] + [3] * 12
+    assert max(alive for alive, _ in seen) <= 2  # the long stream and the one live joiner
+    # Each offer after the first comes when a joiner has ended: its 3 tokens are counted then.
+    assert [tokens for _, tokens in seen[1:13]] == [3 * n for n in range(1, 13)]
 
 
 WEATHER = ToolSpec(
