@@ -47,10 +47,13 @@ class LockstepHost(Protocol):
 class Joins:
     """Where requests that arrive during a batch come from: ``take(room)`` returns up to
     ``room`` of them (none when nothing waits), asked between steps while fewer than ``width``
-    streams are live."""
+    streams are live. ``ended``, if given, is told each stream's token count as it ends: a
+    batch that joins can run for as long as the load lasts, and a counter summed only at its
+    end (the worker's, which /health reports) would stand still meanwhile."""
 
     take: Callable[[int], Sequence[BatchItem]]
     width: int
+    ended: Callable[[int], None] | None = None
 
 
 def run_lockstep(backend: LockstepHost, items: Sequence[BatchItem], joins: Joins | None = None) -> list[int]:
@@ -64,6 +67,8 @@ def run_lockstep(backend: LockstepHost, items: Sequence[BatchItem], joins: Joins
     def finish(at: int, stream: DecodeStream) -> None:
         generated[at] = stream.generated
         backend.end_stream(stream)
+        if joins is not None and joins.ended is not None:
+            joins.ended(stream.generated)
 
     def open_all(batch: Sequence[BatchItem]) -> None:
         for item in batch:

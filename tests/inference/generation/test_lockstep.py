@@ -172,6 +172,7 @@ def test_a_batch_that_requests_keep_joining_lets_each_ended_stream_go(smollm2):
     long = ask("Describe a forest in spring.", max_tokens=60, ignore_eos=True)
     waiting = [ask(f"Say {word}.", max_tokens=3, ignore_eos=True) for word in ("yes", "no", "maybe") * 4]
     seen: list[tuple[int, int]] = []  # (streams alive, tokens in the totals) at each offer
+    told: list[int] = []  # the token counts Joins.ended heard, as they came
 
     def take(room: int) -> list[BatchItem]:
         gc.collect()
@@ -179,15 +180,17 @@ def test_a_batch_that_requests_keep_joining_lets_each_ended_stream_go(smollm2):
             type(o) is DecodeStream for o in gc.get_objects()
         )  # (isinstance would touch dead proxies)
         seen.append((alive, backend.totals.predicted_tokens))
+        assert sum(told) == backend.totals.predicted_tokens  # told as each stream ended
         if not waiting:
             return []
         request = waiting.pop(0)
         return [BatchItem(request, backend.validate(request), RecordingSink())]
 
     generated = backend.generate_batch(
-        [BatchItem(long, backend.validate(long), RecordingSink())], Joins(take, 2)
+        [BatchItem(long, backend.validate(long), RecordingSink())], Joins(take, 2, ended=told.append)
     )
     assert generated == [60] + [3] * 12
+    assert told == [3] * 12 + [60]
     assert max(alive for alive, _ in seen) <= 2  # the long stream and the one live joiner
     # Each offer after the first comes when a joiner has ended: its 3 tokens are counted then.
     assert [tokens for _, tokens in seen[1:13]] == [3 * n for n in range(1, 13)]
