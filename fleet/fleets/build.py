@@ -27,6 +27,7 @@ from fleet.cartridges.init import initial_cartridge
 from fleet.cartridges.train import DEFAULT_LR
 from inference.engine.engine import Engine
 
+from . import train
 from .format import FleetDocument, FleetIndex, FleetManifest, write_index, write_manifest
 from .retrieval import centre, embed_text
 
@@ -49,6 +50,7 @@ class FleetBuildSpec:
     frozen_rows: int = 1
     lr: float = DEFAULT_LR
     seed: int = 0
+    held_out: int = 8  # held-out conversations per document: each file keeps its best checkpoint
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,8 @@ def _check_spec(spec: FleetBuildSpec) -> list[Path]:
         raise ValueError("--prefix-tokens and --embed-chunk must be at least 1")
     if spec.steps < 0:
         raise ValueError("--steps must not be negative")
+    if spec.held_out < 0:
+        raise ValueError("--held-out must not be negative")
     if spec.out.exists() and (not spec.out.is_dir() or any(spec.out.iterdir())):
         raise ValueError(f"{spec.out}: already exists and is not an empty directory")
     return document_files(spec.docs_dir)
@@ -160,15 +164,13 @@ def _train_jointly(
 ) -> FleetManifest:
     """Train every document's cartridge in place by joint self-study (fleet.fleets.train: mixed
     visibility under a resident budget) and record each one's steps in the manifest."""
-    from fleet.fleets import train
-
     documents = [
         train.FleetDocument(
             item["name"], corpus_tokens(engine, Path(item["document"])), Path(item["cartridge"])
         )
         for item in items
     ]
-    config = train.JointConfig(rounds=spec.steps, lr=spec.lr, seed=spec.seed)
+    config = train.JointConfig(rounds=spec.steps, lr=spec.lr, held_out=spec.held_out, seed=spec.seed)
     progress.on_log(f"joint training: {spec.steps} rounds over {len(documents)} cartridges")
     try:
         result = train.train_fleet(engine, documents, config, progress.on_step, progress.cancelled)
@@ -176,11 +178,35 @@ def _train_jointly(
         raise BuildCancelled(str(exc)) from exc
     for document in documents:  # the optimizer state is the build's, not the fleet's
         document.state_path.unlink(missing_ok=True)
-    trained = tuple(replace(d, steps=result.steps.get(d.name, 0)) for d in manifest.documents)
-    training = {"method": "joint", "rounds": spec.steps, "seed": spec.seed, "lr": spec.lr}
+    trained = tuple(trained_document(d, result) for d in manifest.documents)
+    for doc in trained:
+        if doc.kept_step is not None and doc.held_out_initial is not None:
+            progress.on_log(
+                f"{doc.name}: kept step {doc.kept_step} of {doc.steps}, held-out loss "
+                f"{doc.held_out_loss:.4f} (untrained {doc.held_out_initial:.4f})"
+            )
+    training = {
+        "method": "joint",
+        "rounds": spec.steps,
+        "seed": spec.seed,
+        "lr": spec.lr,
+        "held_out": spec.held_out,
+    }
     manifest = replace(manifest, documents=trained, steps=spec.steps, training=training)
     write_manifest(directory, manifest)
     return manifest
+
+
+def trained_document(document: FleetDocument, result: train.JointResult) -> FleetDocument:
+    """A document's manifest entry after joint training: its steps, and the checkpoint kept."""
+    kept = result.kept.get(document.name)
+    return replace(
+        document,
+        steps=result.steps.get(document.name, 0),
+        kept_step=kept.step if kept else None,
+        held_out_loss=kept.loss if kept else None,
+        held_out_initial=result.initial_loss.get(document.name),
+    )
 
 
 def build_fleet(

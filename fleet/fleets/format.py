@@ -46,6 +46,11 @@ class FleetDocument:
     rows: int  # the cartridge's rows (p, or fewer for a shorter document)
     steps: int = 0  # optimizer steps the cartridge has taken
     chunks: int = 0  # its chunks in the retrieval index
+    # With held-out selection: the step of the checkpoint the file holds, its held-out loss,
+    # and the untrained initialisation's (None when the build held nothing out).
+    kept_step: int | None = None
+    held_out_loss: float | None = None
+    held_out_initial: float | None = None
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,14 @@ serving it then collapses. So each round targets one document and, with probabil
 cartridge takes an Adam step from the round's gradient (the distractors learn to stay out
 of the way). At most ``budget`` cartridges are resident (rows and Adam moments in memory);
 every ``rotate_every`` rounds the most-trained residents go to disk and the least-trained
-absent documents come in. A cartridge's file and its optimizer state are written together
-on eviction and read back exactly, so training continues bit for bit.
+absent documents come in. A cartridge's training state (its current rows and Adam moments)
+is written on eviction and read back exactly, so training continues bit for bit.
+
+With ``held_out`` conversations per document, a cartridge is measured alone on its own
+document's held-out conversations when it is first loaded (the initialisation) and whenever
+it goes to disk after training; its file holds the checkpoint with the lowest loss, as a
+single cartridge's build keeps its best (more rounds never write a worse cartridge).
+Without, its file is its last state.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from fleet.cartridges.train import (
     TrainConfig,
     TrainingCancelled,
     accumulate,
+    mean_loss,
 )
 from inference.engine.engine import Engine
 from inference.engine.training import PrefixForward
@@ -47,6 +54,7 @@ class JointConfig:
     max_distractors: int = 2
     lr: float = DEFAULT_LR  # a single cartridge's (not swept for joint training)
     accum: int = 2  # conversations per round
+    held_out: int = 0  # held-out conversations per document (0: each file keeps its last state)
     seed: int = 0
     checkpoint: bool = False
     selfstudy: SelfStudyConfig = field(default_factory=SelfStudyConfig)
@@ -70,54 +78,86 @@ class FleetDocument:
         return self.cartridge_path.with_name(self.cartridge_path.name + ".adam")
 
 
+@dataclass(frozen=True)
+class Kept:
+    """The checkpoint a document's file holds: the step it is from and its held-out loss."""
+
+    step: int
+    loss: float
+
+
 @dataclass
 class Resident:
-    """A cartridge in memory with its optimizer state."""
+    """A cartridge in memory with its optimizer state, and the checkpoint its file holds
+    (None until measured, or when nothing is held out)."""
 
     doc: int
     cartridge: Cartridge
     adam: Adam
     steps: int
+    kept: Kept | None = None
 
 
-def save_resident(document: FleetDocument, r: Resident) -> None:
-    """Write the cartridge and its Adam state (atomic each); steps go in the state's metadata."""
-    save_cartridge(document.cartridge_path, r.cartridge)
+def save_resident(document: FleetDocument, r: Resident, cartridge: bool = True) -> None:
+    """Write the training state (the trainable rows as they are now, the Adam moments; the
+    steps and the kept checkpoint in its metadata) and, with ``cartridge``, the cartridge
+    file too (atomic each)."""
+    if cartridge:
+        save_cartridge(document.cartridge_path, r.cartridge)
+    f = r.cartridge.frozen_rows
+    arrays = {**r.adam.arrays(), "k": r.cartridge.k[:, :, f:], "v": r.cartridge.v[:, :, f:]}
+    metadata = {"steps": str(r.steps)}
+    if r.kept is not None:
+        metadata |= {"kept_step": str(r.kept.step), "kept_loss": repr(r.kept.loss)}
     tmp = document.state_path.with_name(f".{document.state_path.name}.tmp-{os.getpid()}")
     try:
-        save_file(r.adam.arrays(), str(tmp), metadata={"steps": str(r.steps)})
+        save_file({name: np.ascontiguousarray(a) for name, a in arrays.items()}, str(tmp), metadata=metadata)
         os.replace(tmp, document.state_path)
     finally:
         tmp.unlink(missing_ok=True)
 
 
 def load_resident(doc: int, document: FleetDocument) -> Resident:
-    """Read a cartridge and its optimizer state (fresh Adam and 0 steps when it has none)."""
+    """Read a cartridge and its training state (fresh Adam and 0 steps when it has none): the
+    rows training goes on from are the state's, which differ from the file's when the file
+    keeps an earlier checkpoint."""
     cartridge = load_cartridge(document.cartridge_path)
     f = cartridge.frozen_rows
     if not document.state_path.exists():
         return Resident(doc, cartridge, Adam.zeros(cartridge.k[:, :, f:], cartridge.v[:, :, f:]), 0)
-    adam = Adam.from_arrays(load_file(str(document.state_path)))
-    return Resident(doc, cartridge, adam, stored_steps(document))
+    arrays = load_file(str(document.state_path))
+    cartridge.k[:, :, f:] = arrays["k"]
+    cartridge.v[:, :, f:] = arrays["v"]
+    meta = state_metadata(document)
+    kept = Kept(int(meta["kept_step"]), float(meta["kept_loss"])) if "kept_step" in meta else None
+    return Resident(doc, cartridge, Adam.from_arrays(arrays), int(meta.get("steps", 0)), kept)
+
+
+def state_metadata(document: FleetDocument) -> dict[str, str]:
+    """The metadata of a document's training state (empty without one)."""
+    if not document.state_path.exists():
+        return {}
+    with open(document.state_path, "rb") as fh:
+        header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+    return header.get("__metadata__", {})
 
 
 def stored_steps(document: FleetDocument) -> int:
-    """The steps recorded in a document's optimizer state (0 without one)."""
-    if not document.state_path.exists():
-        return 0
-    with open(document.state_path, "rb") as fh:
-        header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
-    return int(header.get("__metadata__", {}).get("steps", 0))
+    """The steps recorded in a document's training state (0 without one)."""
+    return int(state_metadata(document).get("steps", 0))
 
 
 @dataclass
 class JointResult:
-    """Steps each document's cartridge took, the per-round losses, and how the rounds went."""
+    """Steps each document's cartridge took, the per-round losses, how the rounds went, and
+    (with held-out conversations) the checkpoint each file keeps and its initialisation's loss."""
 
     steps: dict[str, int]
     history: list[float]
     co_loaded_rounds: int  # rounds with distractors beside the target
     rotations: int
+    kept: dict[str, Kept] = field(default_factory=dict)
+    initial_loss: dict[str, float] = field(default_factory=dict)
 
 
 class JointTrainer:
@@ -135,6 +175,12 @@ class JointTrainer:
             ConversationPool(engine, d.tokens, config.seed * 1000 + i, config.selfstudy)
             for i, d in enumerate(documents)
         ]
+        # The held-out split's seed differs from the training split's (DatasetHeader.split_seed).
+        self.held = [
+            ConversationPool(engine, d.tokens, config.seed * 1000 + i, config.selfstudy, "held_out")
+            for i, d in enumerate(documents)
+        ]
+        self.initial_loss: dict[int, float] = {}
         self.used = [0] * len(documents)  # conversations consumed per document
         self.steps = {i: 0 for i in range(len(documents))}
         self.residents: list[Resident] = []
@@ -148,11 +194,29 @@ class JointTrainer:
 
     def _load(self, i: int) -> None:
         r = load_resident(i, self.docs[i])
+        if self.config.held_out and r.kept is None:  # the initialisation is a candidate too
+            r.kept = Kept(r.steps, self.held_out_loss(r))
+            self.initial_loss[i] = r.kept.loss
         self.steps[i] = r.steps
         self.residents.append(r)
 
+    def held_out_loss(self, r: Resident) -> float:
+        """The cartridge's loss alone on its document's held-out conversations."""
+        convs = self.held[r.doc].take(0, self.config.held_out)
+        return mean_loss(self.fw, convs, r.cartridge.k, r.cartridge.v)
+
     def evict(self, r: Resident) -> None:
-        save_resident(self.docs[r.doc], r)
+        """Write a resident's state to disk and let it go; its file takes the current rows
+        unless held-out conversations say an earlier checkpoint was better."""
+        better = True
+        if self.config.held_out and r.steps != r.kept.step:
+            loss = self.held_out_loss(r)
+            better = loss < r.kept.loss
+            if better:
+                r.kept = Kept(r.steps, loss)
+        elif self.config.held_out:
+            better = False  # measured at this very step: the file holds it already
+        save_resident(self.docs[r.doc], r, cartridge=better)
         self.residents.remove(r)
 
     def rotate(self) -> None:
@@ -233,8 +297,16 @@ class JointTrainer:
         finally:
             for r in list(self.residents):
                 self.evict(r)
-        steps = {self.docs[i].name: s for i, s in self.steps.items()}
-        return JointResult(steps, history, self.co_loaded, self.rotations)
+        names = [d.name for d in self.docs]
+        steps = {names[i]: s for i, s in self.steps.items()}
+        kept = {names[i]: k for i in range(len(names)) if (k := self.kept(i)) is not None}
+        initial = {names[i]: loss for i, loss in self.initial_loss.items()}
+        return JointResult(steps, history, self.co_loaded, self.rotations, kept, initial)
+
+    def kept(self, i: int) -> Kept | None:
+        """The checkpoint document ``i``'s file holds, as its training state records it."""
+        meta = state_metadata(self.docs[i])
+        return Kept(int(meta["kept_step"]), float(meta["kept_loss"])) if "kept_step" in meta else None
 
 
 def train_fleet(

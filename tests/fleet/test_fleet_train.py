@@ -10,7 +10,15 @@ from fleet.cartridges.file import Cartridge, load_cartridge, save_cartridge
 from fleet.cartridges.init import initial_cartridge
 from fleet.cartridges.selfstudy import SelfStudyConfig
 from fleet.cartridges.train import Adam, TrainConfig
-from fleet.fleets.train import FleetDocument, JointConfig, Resident, load_resident, save_resident, train_fleet
+from fleet.fleets.train import (
+    FleetDocument,
+    JointConfig,
+    JointTrainer,
+    Resident,
+    load_resident,
+    save_resident,
+    train_fleet,
+)
 from inference.engine.engine import Engine
 from tests.fixtures.synthetic_gguf import synthetic_path
 
@@ -89,3 +97,31 @@ def test_joint_training_rotates_and_co_loads(engine, tmp_path):
 def test_budget_must_be_positive(engine, tmp_path):
     with pytest.raises(ValueError, match="budget 0"):
         train_fleet(engine, [FleetDocument("a", [1], tmp_path / "a")], JointConfig(rounds=1, budget=0))
+
+
+def test_held_out_selection_keeps_each_documents_best_checkpoint(engine, tmp_path):
+    """With held-out conversations each file holds the lowest-loss checkpoint it went through
+    (the initialisation included), while training goes on from the state's rows. A step size
+    far too large wrecks the cartridges, so the files must keep earlier checkpoints."""
+    docs = []
+    for name, text in TEXTS.items():
+        tokens = engine.tokenizer.encode(text, add_bos=engine.tokenizer.add_bos)
+        path = tmp_path / f"{name}.safetensors"
+        save_cartridge(path, initial_cartridge(engine, tokens[:6]))
+        docs.append(FleetDocument(name, tokens, path))
+    initial = {d.name: load_cartridge(d.cartridge_path) for d in docs}
+    config = JointConfig(
+        rounds=6, budget=2, rotate_every=2, lr=10.0, accum=1, held_out=2, seed=3, selfstudy=SMALL
+    )
+    trainer = JointTrainer(engine, docs, config)
+    result = trainer.run()
+    assert set(result.kept) == set(result.initial_loss) == set(TEXTS)
+    for i, d in enumerate(docs):
+        kept, state = result.kept[d.name], load_resident(i, d)
+        in_file = Resident(i, load_cartridge(d.cartridge_path), state.adam, kept.step)
+        assert trainer.held_out_loss(in_file) == kept.loss  # the file is the kept checkpoint
+        assert kept.loss <= result.initial_loss[d.name]
+        assert trainer.held_out_loss(state) >= kept.loss  # training's rows are no better
+        if kept.step == 0:
+            assert np.array_equal(in_file.cartridge.k, initial[d.name].k)
+    assert any(result.kept[name].step < steps for name, steps in result.steps.items())

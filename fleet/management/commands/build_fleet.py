@@ -32,6 +32,12 @@ class Command(BaseCommand):
         parser.add_argument("--steps", type=int, default=0, help="joint-training steps; 0 = untrained (0)")
         parser.add_argument("--embed-chunk", type=int, default=256, help="tokens per index chunk (256)")
         parser.add_argument("--lr", type=float, default=DEFAULT_LR, help=f"learning rate ({DEFAULT_LR})")
+        parser.add_argument(
+            "--held-out",
+            type=int,
+            default=8,
+            help="held-out conversations per document; each cartridge keeps its best checkpoint (8)",
+        )
         parser.add_argument("--seed", type=int, default=0, help="seed (0)")
         parser.add_argument(
             "--celery", action="store_true", help="fan the per-document work out to Celery workers"
@@ -43,6 +49,8 @@ class Command(BaseCommand):
             raise CommandError(f"{docs}: no such directory of documents")
         if opts["prefix_tokens"] < 1 or opts["embed_chunk"] < 1 or opts["steps"] < 0 or opts["lr"] <= 0:
             raise CommandError("--prefix-tokens and --embed-chunk must be >= 1, --steps >= 0, --lr > 0")
+        if opts["held_out"] < 0:
+            raise CommandError("--held-out must be >= 0 (0: each cartridge keeps its last state)")
         if opts["celery"] and not jobs.broker_configured():
             raise CommandError("--celery needs a broker: set CELERY_BROKER_URL (e.g. redis://host:6379/0)")
         try:
@@ -57,6 +65,7 @@ class Command(BaseCommand):
             "steps": opts["steps"],
             "embed_chunk": opts["embed_chunk"],
             "lr": opts["lr"],
+            "held_out": opts["held_out"],
             "seed": opts["seed"],
         }
         try:
