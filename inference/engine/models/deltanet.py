@@ -3,11 +3,18 @@ its state beside the KV rows of the full-attention layers.
 
 A linear-attention layer keeps, per conversation, two things instead of KV rows: the last
 ``d_conv - 1`` inputs of its causal depthwise convolution (``conv``), and one state matrix per
-value head (``ssm``, (head_v, head_k)) that the delta rule updates token after token. Neither
+value head (``ssm``, (head_k, head_v)) that the delta rule updates token after token. Neither
 can be cut back to an earlier token: a request either continues the state or starts from zero
 (:class:`HybridCache`). The steps follow llama.cpp's graph (``delta-net-base.cpp``,
 ``ggml_ssm_conv``, ``ggml_gated_delta_net``): the state decays by ``exp(g)``, takes the rank-1
-correction ``k (beta (v - S k))^T``, and the output is ``S q / sqrt(head_k)``.
+correction ``k (beta (v - S^T k))^T``, and the output is ``S^T q / sqrt(head_k)``.
+
+The state is held key-major, the transpose of llama.cpp's layout, so that the numba kernel
+(fused/delta_rule.py) updates contiguous rows element-wise and sums over the key index in one
+fixed order, vectorized without reassociation. The delta rule runs token after token in prefill
+and decode alike (as llama.cpp's CPU op does), so a token's result never depends on how many
+rows ran with it. The convolution stays numpy: a few multiply-adds per channel, about 2% of a
+prefill of the synthetic files against the recurrence's 25% before the kernel.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..fused.delta_rule import delta_rule_heads
 from ..kv_cache import KVCache, KVGeometry
 from .layers import rms_norm
 
@@ -55,8 +63,8 @@ class RecurrentState:
         self.shape = shape
         self.conv = np.zeros((n_layers, s.conv_dim, s.d_conv - 1), np.float32)  # (L, conv_dim, d_conv-1)
         self.ssm = np.zeros(
-            (n_layers, s.n_v_heads, s.head_v, s.head_k), np.float32
-        )  # (L, Hv, head_v, head_k)
+            (n_layers, s.n_v_heads, s.head_k, s.head_v), np.float32
+        )  # (L, Hv, head_k, head_v)
 
     def reset(self) -> None:
         self.conv[:] = 0.0
@@ -146,22 +154,60 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 def delta_rule(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, state: np.ndarray
 ) -> np.ndarray:
-    """The gated delta rule over n tokens, updating ``state`` (Hv, head_v, head_k) in place.
+    """The gated delta rule over n tokens, updating ``state`` (Hv, head_k, head_v) in place:
+    the numba kernel (fused/delta_rule.py), bit for bit :func:`delta_rule_reference`.
 
     q, k: (n, Hk, head_k), l2-normed; v: (n, Hv, head_v); g (log decay) and beta: (n, Hv).
-    Value head h reads key head h % Hk (llama.cpp tiles the key heads). Per token:
-    S *= exp(g); d = beta (v - S k); S += d k^T; out = S q / sqrt(head_k). Returns
-    (n, Hv, head_v)."""
+    Returns (n, Hv, head_v)."""
+    n, n_v, head_v = q.shape[0], state.shape[0], state.shape[2]
+    # exp in numpy, as the reference takes it (numba's would be libm's expf, which may round
+    # differently); numpy's float32 exp gives each element the same bits in a run of any length.
+    decay = np.exp(np.asarray(g, np.float32))  # (n, Hv)
+    out = np.empty((n, n_v, head_v), np.float32)  # (n, Hv, head_v)
+    delta_rule_heads(
+        np.ascontiguousarray(q, np.float32),
+        np.ascontiguousarray(k, np.float32),
+        np.ascontiguousarray(v, np.float32),
+        decay,
+        np.ascontiguousarray(beta, np.float32),
+        delta_rule_scale(state),
+        state,
+        out,
+    )
+    return out
+
+
+def delta_rule_scale(state: np.ndarray) -> np.float32:
+    """1 / sqrt(head_k) in float32, the output's scale."""
+    return np.float32(1.0 / np.sqrt(np.float32(state.shape[1])))
+
+
+def delta_rule_reference(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, state: np.ndarray
+) -> np.ndarray:
+    """:func:`delta_rule` in numpy, the numba kernel's reference: the same float32 operations
+    in the same order (each sum over the key index i taken in index order, one product at a
+    time), so the two agree to the bit.
+
+    Value head h reads key head h % Hk (llama.cpp tiles the key heads). Per token, with S
+    (head_k, head_v) per value head: S *= exp(g); d = beta (v - S^T k); S += k d^T;
+    out = S^T q / sqrt(head_k). Returns (n, Hv, head_v)."""
     n, n_k = q.shape[0], q.shape[1]
-    n_v, head_k = state.shape[0], state.shape[2]
+    n_v, head_k, head_v = state.shape
     heads = np.arange(n_v) % n_k
-    scale = np.float32(1.0 / np.sqrt(np.float32(head_k)))
-    out = np.empty((n, n_v, state.shape[1]), np.float32)  # (n, Hv, head_v)
+    scale = delta_rule_scale(state)
+    decay = np.exp(np.asarray(g, np.float32))  # (n, Hv)
+    out = np.empty((n, n_v, head_v), np.float32)  # (n, Hv, head_v)
     for t in range(n):
         qt, kt = q[t, heads], k[t, heads]  # (Hv, head_k)
-        state *= np.exp(g[t]).astype(np.float32)[:, None, None]
-        recalled = np.einsum("hvk,hk->hv", state, kt)  # (Hv, head_v)
+        state *= decay[t][:, None, None]
+        recalled = np.zeros((n_v, head_v), np.float32)  # (Hv, head_v)
+        for i in range(head_k):
+            recalled += state[:, i, :] * kt[:, i, None]
         delta = (v[t] - recalled) * beta[t][:, None]  # (Hv, head_v)
-        state += delta[:, :, None] * kt[:, None, :]
-        out[t] = np.einsum("hvk,hk->hv", state, qt) * scale
+        state += kt[:, :, None] * delta[:, None, :]
+        acc = np.zeros((n_v, head_v), np.float32)  # (Hv, head_v)
+        for i in range(head_k):
+            acc += state[:, i, :] * qt[:, i, None]
+        out[t] = acc * scale
     return out

@@ -11,8 +11,9 @@ Every layer: x += mixer(rms_norm(x)); x += SwiGLU(rms_norm(x, post_attention_nor
   (l2-normed), v; beta = sigmoid(``ssm_beta`` x); g = softplus(``ssm_alpha`` x + dt) * ``ssm_a``;
   the delta rule; an RMS norm per head gated by SiLU(``attn_gate`` x); ``ssm_out``.
 
-Layer code is numpy: the recurrence runs token after token, so a row's result never depends
-on which rows share its forward. The conversation's recurrent state lives in its
+Layer code is numpy but for the delta rule, a numba kernel (fused/delta_rule.py, bitwise its
+numpy reference). The recurrence runs token after token in prefill and decode alike, so a
+row's result never depends on which rows share its forward. The conversation's recurrent state lives in its
 :class:`~.deltanet.HybridCache`, which cannot be cut back to a token prefix (no KV reuse).
 """
 

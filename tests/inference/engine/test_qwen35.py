@@ -17,7 +17,14 @@ import pytest
 from inference.engine.engine import Engine
 from inference.engine.families import FAMILIES, StateKind
 from inference.engine.models.base import Run
-from inference.engine.models.deltanet import causal_conv, delta_rule, l2_norm, sigmoid, softplus
+from inference.engine.models.deltanet import (
+    causal_conv,
+    delta_rule,
+    delta_rule_reference,
+    l2_norm,
+    sigmoid,
+    softplus,
+)
 from inference.engine.models.qwen35 import imrope_static_pairs
 from inference.engine.prefix import KVPrefix
 from tests.fixtures.synthetic_qwen35 import SPECS, qwen35_path
@@ -63,8 +70,9 @@ def test_the_released_sections_rotate_every_pair():
 
 
 def reference_delta_rule(q, k, v, g, beta, state):
-    """HF's recurrent gated delta rule per head in float64: S <- exp(g) S; S <- S + beta
-    (v - S k) k^T; o = S q / sqrt(d). Key head h % Hk serves value head h."""
+    """HF's recurrent gated delta rule per head in float64, with S (d_k, d_v) as the engine
+    holds it: S <- exp(g) S; S <- S + k (beta (v - S^T k))^T; o = S^T q / sqrt(d). Key head
+    h % Hk serves value head h."""
     n, n_k, d = q.shape
     n_v = v.shape[1]
     s = state.astype(np.float64).copy()
@@ -73,12 +81,13 @@ def reference_delta_rule(q, k, v, g, beta, state):
         for h in range(n_v):
             kh, qh = k[t, h % n_k].astype(np.float64), q[t, h % n_k].astype(np.float64)
             s[h] *= np.exp(float(g[t, h]))
-            s[h] += np.outer(float(beta[t, h]) * (v[t, h] - s[h] @ kh), kh)
-            out[t, h] = s[h] @ qh / np.sqrt(d)
+            s[h] += np.outer(kh, float(beta[t, h]) * (v[t, h] - kh @ s[h]))
+            out[t, h] = qh @ s[h] / np.sqrt(d)
     return out, s
 
 
-def test_delta_rule_matches_a_float64_reference():
+@pytest.mark.parametrize("rule", [delta_rule, delta_rule_reference], ids=["numba", "numpy"])
+def test_delta_rule_matches_a_float64_reference(rule):
     rng = np.random.default_rng(1)
     n, n_k, n_v, d = 9, 2, 4, 16
     q = l2_norm(rng.normal(size=(n, n_k, d)).astype(np.float32), 1e-6)
@@ -88,13 +97,13 @@ def test_delta_rule_matches_a_float64_reference():
     beta = sigmoid(rng.normal(size=(n, n_v)))
     start = rng.normal(0, 0.3, (n_v, d, d)).astype(np.float32)
     state = start.copy()
-    out = delta_rule(q, k, v, g, beta, state)
+    out = rule(q, k, v, g, beta, state)
     ref_out, ref_state = reference_delta_rule(q, k, v, g, beta, start)
     np.testing.assert_allclose(out, ref_out, atol=2e-5, rtol=1e-4)
     np.testing.assert_allclose(state, ref_state, atol=2e-5, rtol=1e-4)
     # Run in two pieces from the saved state, the same state and outputs come out.
     state2 = start.copy()
-    parts = [delta_rule(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], state2) for a, b in ((0, 4), (4, n))]
+    parts = [rule(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], state2) for a, b in ((0, 4), (4, n))]
     assert np.array_equal(np.concatenate(parts), out) and np.array_equal(state2, state)
 
 

@@ -1,0 +1,60 @@
+"""The gated delta rule of a DeltaNet layer (Qwen3.5's linear attention), token after token, in
+numba. models/deltanet.py's ``delta_rule_reference`` is its numpy reference: the same float32
+operations in the same order, so the two agree to the bit
+(tests/inference/engine/fused/test_delta_rule.py).
+
+The state of a value head is held key-major, S (head_k, head_v), so that every step is an
+element-wise update of a contiguous row of head_v values:
+
+    S[i] *= decay                      for each key index i, then recalled += S[i] * k[i]
+    delta = (v - recalled) * beta
+    S[i] += k[i] * delta               for each i, then out += S[i] * q[i]
+    out *= scale
+
+Each output value is a float32 sum over i in index order: the loops vectorize over the value
+index without reassociating any sum (no fastmath, which would let LLVM reorder them or fuse
+them into FMAs differently at each call site). A token's arithmetic is the same whether it
+runs alone or among n rows, so prefill in one call, prefill in chunks and decode give the same
+bits (path invariance).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+@numba.njit(parallel=True, cache=True)
+def delta_rule_heads(q, k, v, decay, beta, scale, state, out):
+    """The gated delta rule over n tokens, one value head per parallel item, updating ``state``
+    (Hv, head_k, head_v) in place and writing ``out`` (n, Hv, head_v).
+
+    q, k: (n, Hk, head_k), l2-normed; v: (n, Hv, head_v); decay (exp of the log decay) and
+    beta: (n, Hv); scale: float32 1/sqrt(head_k). Value head h reads key head h % Hk. All
+    arrays float32 and C-contiguous."""
+    n, n_k, head_k = q.shape[0], q.shape[1], q.shape[2]
+    n_v, head_v = state.shape[0], state.shape[2]
+    for h in numba.prange(n_v):
+        s = state[h]  # (head_k, head_v)
+        kh = h % n_k
+        recalled = np.empty(head_v, np.float32)  # (head_v,)
+        delta = np.empty(head_v, np.float32)  # (head_v,)
+        acc = np.empty(head_v, np.float32)  # (head_v,)
+        for t in range(n):
+            d, b = decay[t, h], beta[t, h]
+            recalled[:] = np.float32(0.0)
+            for i in range(head_k):
+                ki = k[t, kh, i]
+                for j in range(head_v):
+                    s[i, j] = s[i, j] * d
+                    recalled[j] += s[i, j] * ki
+            for j in range(head_v):
+                delta[j] = (v[t, h, j] - recalled[j]) * b
+            acc[:] = np.float32(0.0)
+            for i in range(head_k):
+                ki, qi = k[t, kh, i], q[t, kh, i]
+                for j in range(head_v):
+                    s[i, j] += ki * delta[j]
+                    acc[j] += s[i, j] * qi
+            for j in range(head_v):
+                out[t, h, j] = acc[j] * scale
