@@ -13,6 +13,7 @@ from api.protocol.responses import request as responses
 from api.protocol.responses import tools as responses_tools
 from inference.engine.logprobs import MAX_TOP_LOGPROBS
 
+from .declared import field_schema, request_schema
 from .shapes import (
     any_of,
     array,
@@ -20,7 +21,6 @@ from .shapes import (
     const,
     enum,
     ignored,
-    in_range,
     integer,
     json_schema_object,
     obj,
@@ -28,26 +28,12 @@ from .shapes import (
     string,
 )
 
-# -- shared by both OpenAI dialects ------------------------------------------------------------
-SAMPLING_NOTES = {
-    "seed": "seeds the sampler: the same seed and request give the same reply",
-    "top_k": "extension (llama.cpp): sample among the k most likely tokens",
-    "min_p": "extension (llama.cpp): drop tokens below min_p x the top probability",
-    "repeat_penalty": "extension (llama.cpp)",
-}
+# -- shared by the OpenAI dialects: their common declarations' schemas ---------------------------
 SAMPLING = {
-    **{
-        name: in_range(common.sampling_range(name), SAMPLING_NOTES.get(name)) for name in chat.OPENAI_SAMPLING
-    },
-    "ignore_eos": boolean("extension (llama.cpp): keep generating past the end-of-turn token"),
-    "regex": string("extension: the reply must match this regular expression"),
-    "lark": string("extension: the reply must match this Lark grammar"),
+    field.name: field_schema(field)
+    for field in (*common.OPENAI_SAMPLING_FIELDS, common.IGNORE_EOS, common.REGEX, common.LARK)
 }
-STOP = any_of(
-    string(nullable=True, minLength=1),
-    array(string(nullable=False, minLength=1), maxItems=common.MAX_OPENAI_STOP_STRINGS),
-    description=f"up to {common.MAX_OPENAI_STOP_STRINGS} non-empty strings that end the reply (not included)",
-)
+STOP = field_schema(common.OPENAI_STOP)
 FORMAT_TYPES = ("text", "json_object", "json_schema")
 
 
@@ -117,44 +103,22 @@ CHAT_TOOL_CHOICE = any_of(
     enum(("auto", "none", "required"), nullable=True),
     obj({"type": const("function"), "function": obj({"name": string(nullable=False)}, ("name",))}, ("type",)),
 )
-CHAT_COMPLETION_REQUEST = obj(
+CHAT_COMPLETION_REQUEST = request_schema(
+    chat.FIELDS,
     {
         "messages": array(CHAT_MESSAGE, nullable=False, minItems=1),
-        "model": string("accepted and ignored: one process serves one model"),
-        "max_completion_tokens": integer(lo=1),
-        "max_tokens": integer(lo=1, description="the older name of max_completion_tokens"),
-        "stop": STOP,
-        "stream": boolean("answer as server-sent chat.completion.chunk events"),
-        "stream_options": obj({"include_usage": boolean()}, nullable=True),
-        "reasoning_effort": enum(
-            common.EFFORTS, "anything above minimal needs a reasoning model", nullable=True
-        ),
+        "logit_bias": {"type": ["object", "null"], "maxProperties": 0},
+        "modalities": array(enum(("text",))),
         "response_format": reply_format(),
-        "tools": array(function_declaration(flat=False)),
+        "stream_options": obj({"include_usage": boolean()}, nullable=True),
         "tool_choice": CHAT_TOOL_CHOICE,
-        **SAMPLING,
-        "n": refused("above 1 is refused: one choice per request", integer(lo=1, hi=1)),
-        "logprobs": boolean("report each content token's log probability (choices[0].logprobs)"),
-        # x-lmserve-needs: the fields a value above the minimum needs beside it (the request's
-        # if/then below says the same in JSON Schema).
-        "top_logprobs": {
-            **integer(
-                lo=0, hi=MAX_TOP_LOGPROBS, description="alternatives per token; above 0 needs logprobs: true"
-            ),
-            "x-lmserve-needs": {"logprobs": True},
-        },
-        "logit_bias": refused(
-            "a non-empty object is refused", {"type": ["object", "null"], "maxProperties": 0}
-        ),
-        "functions": refused("the legacy functions API: use tools"),
-        "function_call": refused("the legacy functions API: use tool_choice"),
-        "audio": refused("text only"),
-        "modalities": refused("anything but 'text' is refused", array(enum(("text",)))),
-        "web_search_options": refused("hosted tools are not run here"),
+        "tools": array(function_declaration(flat=False)),
     },
-    ("messages",),
     "OpenAI Chat Completions request; unknown fields are accepted and ignored",
 )
+# x-lmserve-needs: the fields a value above the minimum needs beside it (the request's if/then
+# below says the same in JSON Schema); ChatCompletionRequest.parse checks it.
+CHAT_COMPLETION_REQUEST["properties"]["top_logprobs"]["x-lmserve-needs"] = {"logprobs": True}
 CHAT_COMPLETION_REQUEST |= {  # top_logprobs above 0 without logprobs: true is a 400, as OpenAI's
     "if": {"properties": {"top_logprobs": {"type": "integer", "minimum": 1}}, "required": ["top_logprobs"]},
     "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},

@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from api.errors import ApiError, bad_request, unsupported
+from api.errors import ApiError, unsupported
 from inference.engine.logprobs import MAX_TOP_LOGPROBS
 from inference.generation.toolcall import ToolCall
 from inference.types import SAMPLING_RANGES, SamplingOverrides, SamplingRange
 
 from . import fields as f
-from .fields import Invalid
+from .fields import parse_stop_strings
+from .request_fields import Choice, Flag, RequestField, Sampling, StopStrings, Text
 
 SAMPLING_FIELDS = tuple(field.name for field in dataclasses.fields(SamplingOverrides))
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
@@ -44,6 +45,54 @@ def sampling_range(name: str, temperature_max: float = 2.0) -> SamplingRange:
     at 1): what the parser checks and the OpenAPI document declares."""
     allowed = SAMPLING_RANGES[name]
     return allowed._replace(highest=temperature_max) if name == "temperature" else allowed
+
+
+def sampling_field(
+    name: str, description: str | None = None, *, temperature_max: float = 2.0
+) -> RequestField:
+    """The declaration of the sampling field ``name``, its range from :func:`sampling_range`."""
+    return RequestField(name, Sampling(sampling_range(name, temperature_max)), description)
+
+
+# -- fields declared alike by several dialects (each lists them in its reference's order) --------
+MODEL = RequestField("model", Text(), "accepted and ignored: one process serves one model")
+FREQUENCY_PENALTY = sampling_field("frequency_penalty")
+PRESENCE_PENALTY = sampling_field("presence_penalty")
+SEED = sampling_field("seed", "seeds the sampler: the same seed and request give the same reply")
+TEMPERATURE = sampling_field("temperature")
+TOP_P = sampling_field("top_p")
+OPENAI_STOP = RequestField(
+    "stop",
+    StopStrings(single=True, limit=MAX_OPENAI_STOP_STRINGS),
+    f"up to {MAX_OPENAI_STOP_STRINGS} non-empty strings that end the reply (not included)",
+)
+REASONING_EFFORT = RequestField(
+    "reasoning_effort", Choice(EFFORTS), "anything above minimal needs a reasoning model"
+)
+# Extensions with llama.cpp precedent.
+TOP_K = sampling_field("top_k", "extension (llama.cpp): sample among the k most likely tokens")
+MIN_P = sampling_field("min_p", "extension (llama.cpp): drop tokens below min_p x the top probability")
+REPEAT_PENALTY = sampling_field("repeat_penalty", "extension (llama.cpp)")
+IGNORE_EOS = RequestField(
+    "ignore_eos", Flag(), "extension (llama.cpp): keep generating past the end-of-turn token"
+)
+# The constraint extensions: combined with the dialect's reply format, at most one of them.
+REGEX = RequestField(
+    "regex", Text(), "extension: the reply must match this regular expression", combined=True
+)
+LARK = RequestField("lark", Text(), "extension: the reply must match this Lark grammar", combined=True)
+# The sampling fields the OpenAI dialects take: OpenAI's, then llama.cpp's extensions.
+OPENAI_SAMPLING_FIELDS = (
+    FREQUENCY_PENALTY,
+    PRESENCE_PENALTY,
+    SEED,
+    TEMPERATURE,
+    TOP_P,
+    TOP_K,
+    MIN_P,
+    REPEAT_PENALTY,
+)
+OPENAI_SAMPLING = tuple(field.name for field in OPENAI_SAMPLING_FIELDS)
 
 
 def parse_sampling(body: dict, names: tuple[str, ...], temperature_max: float = 2.0) -> dict:
@@ -77,24 +126,6 @@ def parse_effort(container: dict | None, name: str, param: str) -> str | None:
 
 def wants_reasoning(effort: str | None) -> bool:
     return effort not in REASONING_OFF
-
-
-def parse_stop_strings(
-    value: object, param: str, *, single: bool, limit: int | None = None
-) -> tuple[str, ...]:
-    """Stop strings: an array of non-empty strings (or, when ``single``, one string), at most
-    ``limit`` of them."""
-    if value is None:
-        return ()
-    stops = [value] if single and isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        expected = "a string or an array of strings" if single else "an array of strings"
-        raise f.wrong_type(param, expected, value)
-    if limit is not None and len(stops) > limit:
-        raise Invalid(bad_request(f"'{param}' allows at most {limit} strings, got {len(stops)}", param))
-    if any(s == "" for s in stops):
-        raise Invalid(bad_request(f"'{param}' must not contain empty strings", param))
-    return tuple(stops)
 
 
 def parse_openai_stop(value: object) -> tuple[str, ...]:

@@ -25,12 +25,15 @@ from api.openapi.openai_requests import (
     RESPONSES_REQUEST,
 )
 from api.protocol.anthropic.request import MessagesRequest
+from api.protocol.chat.request import FIELDS as CHAT_FIELDS
 from api.protocol.chat.request import ChatCompletionRequest
 from api.protocol.completions import CompletionRequest
 from api.protocol.embeddings import EmbeddingsRequest
 from api.protocol.infill import InfillRequest
+from api.protocol.request_fields import Sampling
 from api.protocol.responses.request import ResponsesRequest
 from api.protocol.tokenize import DetokenizeRequest, TokenizeRequest
+from inference.types import SAMPLING_RANGES
 
 TOOL = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {}, "strict": False}}
 FLAT_TOOL = {"type": "function", "name": "f", "description": "d", "parameters": {}, "strict": False}
@@ -322,6 +325,27 @@ DIALECTS = {
         {"input": "hi"},
     ),
 }
+
+
+# The dialects whose request schema is built from their field declarations.
+DECLARATIONS = {"chat": CHAT_FIELDS}
+
+
+@pytest.mark.parametrize("dialect", DECLARATIONS)
+def test_every_declared_field_is_in_the_schema_in_order_with_its_range(dialect):
+    schema, declared = DIALECTS[dialect][0], DECLARATIONS[dialect]
+    assert list(schema["properties"]) == [field.name for field in declared]
+    assert schema.get("required", []) == [field.name for field in declared if field.required]
+    for field in declared:
+        sub = schema["properties"][field.name]
+        assert bool(sub.get("x-lmserve-refused")) == (field.refused is not None), field.name
+        assert bool(sub.get("x-lmserve-ignored")) == field.ignored, field.name
+        if isinstance(field.kind, Sampling):
+            allowed = SAMPLING_RANGES[field.name]
+            low = "exclusiveMinimum" if allowed.lowest_excluded else "minimum"
+            assert sub.get(low) == allowed.lowest, field.name
+            if field.name != "temperature":  # Anthropic caps it at 1
+                assert sub.get("maximum") == allowed.highest, field.name
 
 
 # -- what a parser reads -----------------------------------------------------------------------

@@ -172,7 +172,7 @@ def _parse_output_format(body: dict) -> ConstraintSpec | None:
     output_config = f.obj(body, "output_config")
     current = parse_format(output_config.get("format"), "output_config.format") if output_config else None
     older = parse_format(body.get("output_format"), "output_format")
-    return one_constraint(current, older, parse_extensions(body))
+    return one_constraint(current, older, parse_extensions(f.string(body, "regex"), f.string(body, "lark")))
 
 
 def _parse_thinking(body: dict) -> bool:

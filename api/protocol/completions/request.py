@@ -15,8 +15,7 @@ from api.errors import ApiError, bad_request, unsupported
 from inference.types import FillInMiddle, GenerationRequest, LogprobsRequest, RawPrompt
 
 from .. import fields as f
-from ..chat.request import OPENAI_SAMPLING
-from ..common import parse_openai_stop, parse_sampling, sampling_overrides
+from ..common import OPENAI_SAMPLING, parse_openai_stop, parse_sampling, sampling_overrides
 from ..fields import Invalid
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint (Chat's is the server's)

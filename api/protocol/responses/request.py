@@ -20,8 +20,8 @@ from inference.generation.toolcall import ToolSpec
 from inference.types import GenerationRequest, LogprobsRequest, Message
 
 from .. import fields as f
-from ..chat.request import OPENAI_SAMPLING
 from ..common import (
+    OPENAI_SAMPLING,
     REFUSED_MEDIA_PARTS,
     parse_effort,
     parse_openai_stop,
@@ -109,7 +109,9 @@ class ResponsesRequest:
                 stop=parse_openai_stop(body.get("stop")),
                 ignore_eos=bool(f.boolean(body, "ignore_eos")),
                 constraint=one_constraint(
-                    _parse_text_format(body), parse_extensions(body), choice.constraint
+                    _parse_text_format(body),
+                    parse_extensions(f.string(body, "regex"), f.string(body, "lark")),
+                    choice.constraint,
                 ),
                 text_format=_requested_text_format(body),
             )
