@@ -11,7 +11,6 @@ from api.protocol.completions import request as completions
 from api.protocol.embeddings import request as embeddings
 from api.protocol.responses import request as responses
 from api.protocol.responses import tools as responses_tools
-from inference.engine.logprobs import MAX_TOP_LOGPROBS
 
 from .declared import field_schema, request_schema
 from .shapes import (
@@ -227,43 +226,22 @@ RESPONSES_TOOL_CHOICE = any_of(
         ("type", "name"),
     ),
 )
-RESPONSES_REQUEST = obj(
+RESPONSES_REQUEST = request_schema(
+    responses.FIELDS,
     {
-        "input": any_of(string(nullable=False), array(RESPONSES_ITEM, nullable=False, minItems=1)),
-        "instructions": string("a system message before the input"),
-        "max_output_tokens": integer(lo=1),
-        "model": string("accepted and ignored: one process serves one model"),
-        "reasoning": obj(
-            {"effort": enum(common.EFFORTS, "above minimal needs a reasoning model", nullable=True)},
-            nullable=True,
-        ),
-        "stream": boolean("answer as server-sent Responses events"),
-        "stop": STOP,
-        "text": obj({"format": reply_format()}, nullable=True),
-        "tools": array(RESPONSES_TOOL),
-        "tool_choice": RESPONSES_TOOL_CHOICE,
-        **SAMPLING,
-        "previous_response_id": refused(responses.STATELESS),
-        "conversation": refused(responses.STATELESS),
-        "prompt": refused("stored prompt templates: " + responses.STATELESS),
-        "background": refused(
-            "true is refused: responses are generated while you wait", enum((False,), nullable=True)
-        ),
-        "truncation": refused(
-            "'auto' is refused: a prompt that does not fit is a 400",
-            enum(("disabled",), nullable=True),
-        ),
         "include": array(
             string(nullable=False),
             "message.output_text.logprobs: the output text's log probabilities; other values are ignored",
         ),
-        "top_logprobs": integer(
-            lo=0,
-            hi=MAX_TOP_LOGPROBS,
-            description="alternatives per token (with include's message.output_text.logprobs)",
+        "input": any_of(string(nullable=False), array(RESPONSES_ITEM, nullable=False, minItems=1)),
+        "reasoning": obj(
+            {"effort": enum(common.EFFORTS, "above minimal needs a reasoning model", nullable=True)},
+            nullable=True,
         ),
+        "text": obj({"format": reply_format()}, nullable=True),
+        "tool_choice": RESPONSES_TOOL_CHOICE,
+        "tools": array(RESPONSES_TOOL),
     },
-    ("input",),
     "OpenAI Responses request (stateless: store false); unknown fields are accepted and ignored",
 )
 

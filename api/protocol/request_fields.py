@@ -74,9 +74,10 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Choice:
-    """One of a few strings."""
+    """One of a few strings (or, for a refused field with a reader of its own, the one
+    boolean that still passes)."""
 
-    values: tuple[str, ...]
+    values: tuple[str | bool, ...]
 
     def read(self, body: dict, name: str) -> str | None:
         value = f.string(body, name)

@@ -31,6 +31,7 @@ from api.protocol.completions import CompletionRequest
 from api.protocol.embeddings import EmbeddingsRequest
 from api.protocol.infill import InfillRequest
 from api.protocol.request_fields import Sampling
+from api.protocol.responses.request import FIELDS as RESPONSES_FIELDS
 from api.protocol.responses.request import ResponsesRequest
 from api.protocol.tokenize import DetokenizeRequest, TokenizeRequest
 from inference.types import SAMPLING_RANGES
@@ -328,7 +329,7 @@ DIALECTS = {
 
 
 # The dialects whose request schema is built from their field declarations.
-DECLARATIONS = {"chat": CHAT_FIELDS}
+DECLARATIONS = {"chat": CHAT_FIELDS, "responses": RESPONSES_FIELDS}
 
 
 @pytest.mark.parametrize("dialect", DECLARATIONS)

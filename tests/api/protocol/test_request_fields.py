@@ -19,6 +19,8 @@ from api.protocol.request_fields import (
     read_fields,
     refuse_any,
 )
+from api.protocol.responses.request import FIELDS as RESPONSES_FIELDS
+from api.protocol.responses.request import ResponsesRequest
 
 DECLARED = [
     RequestField("count", Integer(lo=1), required=True),
@@ -57,7 +59,9 @@ def test_a_wrong_type_names_the_field():
     assert caught.value.error.param == "loud"
 
 
-@pytest.mark.parametrize(("declared", "request_type"), [(CHAT_FIELDS, ChatCompletionRequest)])
+@pytest.mark.parametrize(
+    ("declared", "request_type"), [(CHAT_FIELDS, ChatCompletionRequest), (RESPONSES_FIELDS, ResponsesRequest)]
+)
 def test_every_attribute_field_is_an_attribute_of_the_request(declared, request_type):
     attributes = {field.name for field in dataclasses.fields(request_type)}
     kept = [f.name for f in declared if not (f.combined or f.refused or f.ignored)]
