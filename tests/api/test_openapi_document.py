@@ -24,7 +24,8 @@ from api.openapi.openai_requests import (
     EMBEDDINGS_REQUEST,
     RESPONSES_REQUEST,
 )
-from api.protocol.anthropic.request import MessagesRequest
+from api.protocol.anthropic.request import COUNT_TOKENS_FIELDS, MessagesRequest
+from api.protocol.anthropic.request import FIELDS as MESSAGES_FIELDS
 from api.protocol.chat.request import FIELDS as CHAT_FIELDS
 from api.protocol.chat.request import ChatCompletionRequest
 from api.protocol.completions import CompletionRequest
@@ -329,7 +330,12 @@ DIALECTS = {
 
 
 # The dialects whose request schema is built from their field declarations.
-DECLARATIONS = {"chat": CHAT_FIELDS, "responses": RESPONSES_FIELDS}
+DECLARATIONS = {
+    "chat": CHAT_FIELDS,
+    "responses": RESPONSES_FIELDS,
+    "messages": MESSAGES_FIELDS,
+    "count_tokens": COUNT_TOKENS_FIELDS,
+}
 
 
 @pytest.mark.parametrize("dialect", DECLARATIONS)

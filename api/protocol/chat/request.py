@@ -134,7 +134,7 @@ FIELDS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ChatCompletionRequest:
     """A validated request; fields in the order of OpenAI's reference, then our extensions.
 

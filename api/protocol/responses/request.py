@@ -157,7 +157,7 @@ FIELDS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ResponsesRequest:
     """A validated request; fields in the order of OpenAI's reference, then our extensions.
 

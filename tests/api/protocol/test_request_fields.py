@@ -7,6 +7,8 @@ import dataclasses
 
 import pytest
 
+from api.protocol.anthropic.request import FIELDS as MESSAGES_FIELDS
+from api.protocol.anthropic.request import MessagesRequest
 from api.protocol.chat.request import FIELDS as CHAT_FIELDS
 from api.protocol.chat.request import ChatCompletionRequest
 from api.protocol.fields import Invalid
@@ -60,7 +62,12 @@ def test_a_wrong_type_names_the_field():
 
 
 @pytest.mark.parametrize(
-    ("declared", "request_type"), [(CHAT_FIELDS, ChatCompletionRequest), (RESPONSES_FIELDS, ResponsesRequest)]
+    ("declared", "request_type"),
+    [
+        (CHAT_FIELDS, ChatCompletionRequest),
+        (RESPONSES_FIELDS, ResponsesRequest),
+        (MESSAGES_FIELDS, MessagesRequest),
+    ],
 )
 def test_every_attribute_field_is_an_attribute_of_the_request(declared, request_type):
     attributes = {field.name for field in dataclasses.fields(request_type)}
