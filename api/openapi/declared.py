@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from api.protocol.request_fields import (
+    Anything,
     Choice,
     Flag,
     Integer,
@@ -50,6 +51,8 @@ def _kind_schema(kind: Kind, description: str | None, nullable: bool) -> Schema:
             return _stop_strings(kind, description)
         case Nothing():
             return {"type": "null"}
+        case Anything():
+            return {}
     raise TypeError(f"no schema for {kind!r}")
 
 

@@ -12,7 +12,7 @@ from api.protocol.embeddings import request as embeddings
 from api.protocol.responses import request as responses
 from api.protocol.responses import tools as responses_tools
 
-from .declared import field_schema, request_schema
+from .declared import request_schema
 from .shapes import (
     any_of,
     array,
@@ -27,12 +27,10 @@ from .shapes import (
     string,
 )
 
-# -- shared by the OpenAI dialects: their common declarations' schemas ---------------------------
-SAMPLING = {
-    field.name: field_schema(field)
-    for field in (*common.OPENAI_SAMPLING_FIELDS, common.IGNORE_EOS, common.REGEX, common.LARK)
-}
-STOP = field_schema(common.OPENAI_STOP)
+# -- shared by the OpenAI dialects -------------------------------------------------------------
+# The structures of the refused logit_bias (only empty passes) and of stream_options.
+LOGIT_BIAS = {"type": ["object", "null"], "maxProperties": 0}
+STREAM_OPTIONS = obj({"include_usage": boolean()}, nullable=True)
 FORMAT_TYPES = ("text", "json_object", "json_schema")
 
 
@@ -106,10 +104,10 @@ CHAT_COMPLETION_REQUEST = request_schema(
     chat.FIELDS,
     {
         "messages": array(CHAT_MESSAGE, nullable=False, minItems=1),
-        "logit_bias": {"type": ["object", "null"], "maxProperties": 0},
+        "logit_bias": LOGIT_BIAS,
         "modalities": array(enum(("text",))),
         "response_format": reply_format(),
-        "stream_options": obj({"include_usage": boolean()}, nullable=True),
+        "stream_options": STREAM_OPTIONS,
         "tool_choice": CHAT_TOOL_CHOICE,
         "tools": array(function_declaration(flat=False)),
     },
@@ -245,7 +243,8 @@ RESPONSES_REQUEST = request_schema(
     "OpenAI Responses request (stateless: store false); unknown fields are accepted and ignored",
 )
 
-EMBEDDINGS_REQUEST = obj(
+EMBEDDINGS_REQUEST = request_schema(
+    embeddings.FIELDS,
     {
         "input": any_of(
             string(nullable=False, minLength=1),
@@ -257,20 +256,15 @@ EMBEDDINGS_REQUEST = obj(
             ),
             description="text, or an array of texts (token-id arrays are refused)",
         ),
-        "model": string("accepted and ignored: one process serves one model"),
-        "encoding_format": enum(embeddings.ENCODING_FORMATS, "base64: little-endian float32", nullable=True),
-        "dimensions": integer(lo=1, description="only the model's own width is accepted"),
-        "user": ignored(string()),
     },
-    ("input",),
     "OpenAI Embeddings request: the final-norm last hidden state, L2-normalised",
 )
 
 # -- Completions (legacy) ----------------------------------------------------------------------
 TOKEN_IDS = array(integer(nullable=False), nullable=False, minItems=1)
-COMPLETION_REQUEST = obj(
+COMPLETION_REQUEST = request_schema(
+    completions.FIELDS,
     {
-        "model": string("accepted and ignored: one process serves one model"),
         "prompt": any_of(
             string(nullable=False),
             TOKEN_IDS,
@@ -278,33 +272,8 @@ COMPLETION_REQUEST = obj(
             description="raw text (no chat template; special-token texts parsed, BOS as the model's "
             "metadata says), token ids, or a one-element array of either",
         ),
-        "best_of": refused("above 1 is refused: one choice per request", integer(lo=1, hi=1)),
-        "echo": boolean("the reply text starts with the prompt"),
-        "frequency_penalty": SAMPLING["frequency_penalty"],
-        "logit_bias": refused(
-            "a non-empty object is refused", {"type": ["object", "null"], "maxProperties": 0}
-        ),
-        "logprobs": integer(
-            lo=0,
-            hi=completions.MAX_LOGPROBS,
-            description="each token's log probability, with this many alternatives (choices[0].logprobs)",
-        ),
-        "max_tokens": integer(lo=1, description="reply budget; default 16, clamped to what --ctx leaves"),
-        "n": refused("above 1 is refused: one choice per request", integer(lo=1, hi=1)),
-        "presence_penalty": SAMPLING["presence_penalty"],
-        "seed": SAMPLING["seed"],
-        "stop": STOP,
-        "stream": boolean("answer as server-sent text_completion chunks, then data: [DONE]"),
-        "stream_options": obj({"include_usage": boolean()}, nullable=True),
-        "suffix": string(
-            "the text after the completion: fill-in-the-middle, on a model with FIM tokens (400 "
-            "naming suffix on others); empty is none"
-        ),
-        "temperature": SAMPLING["temperature"],
-        "top_p": SAMPLING["top_p"],
-        "user": ignored(string()),
-        **{name: SAMPLING[name] for name in ("top_k", "min_p", "repeat_penalty", "ignore_eos")},
+        "logit_bias": LOGIT_BIAS,
+        "stream_options": STREAM_OPTIONS,
     },
-    ("prompt",),
     "OpenAI (legacy) Completions request; unknown fields are accepted and ignored",
 )

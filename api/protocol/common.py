@@ -1,8 +1,10 @@
-"""What the three dialects parse alike: sampling fields and their ranges, reasoning effort,
-stop strings, the capability checks against the loaded model, and a call's arguments.
+"""What the dialects parse alike: the declarations of the fields they share (sampling fields
+with their ranges, stop strings, model, reasoning effort, n, logit_bias, stream_options and
+the llama.cpp extensions), the capability checks against the loaded model, and a call's
+arguments.
 
-Each dialect reads its own shape (where a field lives, what it is called) and hands the value
-here, so a range, a limit or an error's wording is stated once.
+Each dialect lists these declarations among its own (api/protocol/request_fields.py), in its
+reference's order, so a range, a limit or an error's wording is stated once.
 """
 
 from __future__ import annotations
@@ -11,13 +13,22 @@ import dataclasses
 import json
 
 from api.errors import ApiError, unsupported
-from inference.engine.logprobs import MAX_TOP_LOGPROBS
 from inference.generation.toolcall import ToolCall
 from inference.types import SAMPLING_RANGES, SamplingOverrides, SamplingRange
 
 from . import fields as f
-from .fields import parse_stop_strings
-from .request_fields import Choice, Flag, RequestField, Sampling, StopStrings, Text
+from .fields import Invalid
+from .request_fields import (
+    Choice,
+    Flag,
+    Integer,
+    RequestField,
+    Sampling,
+    Shape,
+    StopStrings,
+    Text,
+    refuse_non_empty,
+)
 
 SAMPLING_FIELDS = tuple(field.name for field in dataclasses.fields(SamplingOverrides))
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
@@ -81,31 +92,30 @@ REGEX = RequestField(
     "regex", Text(), "extension: the reply must match this regular expression", combined=True
 )
 LARK = RequestField("lark", Text(), "extension: the reply must match this Lark grammar", combined=True)
-# The sampling fields the OpenAI dialects take: OpenAI's, then llama.cpp's extensions.
-OPENAI_SAMPLING_FIELDS = (
-    FREQUENCY_PENALTY,
-    PRESENCE_PENALTY,
-    SEED,
-    TEMPERATURE,
-    TOP_P,
-    TOP_K,
-    MIN_P,
-    REPEAT_PENALTY,
+
+
+def refuse_more_than_one(body: dict, name: str) -> None:
+    """The reader of ``n`` (and ``best_of``): one choice per request."""
+    count = f.integer(body, name, lo=1)
+    if count is not None and count > 1:
+        raise Invalid(unsupported(name, "> 1 is not supported: this server returns one choice"))
+
+
+def parse_stream_options(body: dict, name: str) -> bool:
+    """``stream_options.include_usage``: whether the stream ends with a usage chunk."""
+    options = f.obj(body, name)
+    if options is None:
+        return False
+    return bool(f.boolean(options, "include_usage", f"{name}.include_usage"))
+
+
+N = RequestField(
+    "n", Integer(lo=1, hi=1), refused="above 1 is refused: one choice per request", read=refuse_more_than_one
 )
-OPENAI_SAMPLING = tuple(field.name for field in OPENAI_SAMPLING_FIELDS)
-
-
-def parse_sampling(body: dict, names: tuple[str, ...], temperature_max: float = 2.0) -> dict:
-    """The sampling fields ``names`` of ``body``, each checked against its range, as keyword
-    arguments of the dialect's request type."""
-    values: dict = {}
-    for name in names:
-        allowed = sampling_range(name, temperature_max)
-        if allowed.integer:
-            values[name] = f.integer(body, name, lo=allowed.lowest)
-        else:
-            values[name] = f.number(body, name, allowed)
-    return values
+LOGIT_BIAS = RequestField(
+    "logit_bias", Shape(), refused="a non-empty object is refused", read=refuse_non_empty(f.obj)
+)
+STREAM_OPTIONS = RequestField("stream_options", Shape(), combined=True, read=parse_stream_options)
 
 
 def sampling_overrides(request: object) -> SamplingOverrides:
@@ -126,16 +136,6 @@ def parse_effort(container: dict | None, name: str, param: str) -> str | None:
 
 def wants_reasoning(effort: str | None) -> bool:
     return effort not in REASONING_OFF
-
-
-def parse_openai_stop(value: object) -> tuple[str, ...]:
-    """The OpenAI dialects' ``stop``: a string or up to four non-empty strings."""
-    return parse_stop_strings(value, "stop", single=True, limit=MAX_OPENAI_STOP_STRINGS)
-
-
-def parse_top_logprobs(body: dict) -> int | None:
-    """``top_logprobs``: the alternatives reported per token, 0..20 (both OpenAI dialects)."""
-    return f.integer(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
 
 
 def reasoning_unavailable(param: str, effort: str | None) -> ApiError:

@@ -32,10 +32,13 @@ Reader = Callable[[dict, str], Any]
 # -- kinds: the JSON type of a field, which gives both its reader and its schema ----------------
 @dataclass(frozen=True)
 class Text:
-    """A string."""
+    """A string; absent or null reads as ``default``."""
+
+    default: str | None = None
 
     def read(self, body: dict, name: str) -> str | None:
-        return f.string(body, name)
+        value = f.string(body, name)
+        return self.default if value is None else value
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,14 @@ class Nothing:
 
 
 @dataclass(frozen=True)
+class Anything:
+    """Any JSON value: an ignored field whose type nobody checks."""
+
+    def read(self, body: dict, name: str) -> Any:
+        return body.get(name)
+
+
+@dataclass(frozen=True)
 class Shape:
     """A structure (an array of messages, a tool, a format object): read by the field's own
     reader, and described by a shape the OpenAPI module gives by the field's name."""
@@ -116,12 +127,12 @@ class Shape:
 
 
 def as_sent(body: dict, name: str) -> Any:
-    """The reader of a field checked only with another one, by the dialect's ``parse`` after
-    the declarative read (tool_choice, against the tools): its value as sent."""
+    """The reader of a field checked only with another one (tool_choice, against the tools, by
+    the dialect's ``parse``; /infill's max_tokens, by n_predict's reader): its value as sent."""
     return body.get(name)
 
 
-Kind = Text | Flag | Integer | Sampling | Choice | StopStrings | Nothing | Shape
+Kind = Text | Flag | Integer | Sampling | Choice | StopStrings | Nothing | Anything | Shape
 
 
 # -- fields ----------------------------------------------------------------------------------------

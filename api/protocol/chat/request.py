@@ -37,7 +37,6 @@ from ..request_fields import (
     as_sent,
     read_fields,
     refuse_any,
-    refuse_non_empty,
 )
 from .tools import parse_chat_tool_choice, parse_chat_tools, parse_tool_calls
 
@@ -46,23 +45,10 @@ CHAT_TEXT_KEYS = {"text": "text", "refusal": "refusal"}
 LEGACY_FUNCTIONS = "belongs to the legacy functions API; use 'tools'"
 
 
-def _refuse_n(body: dict, name: str) -> None:
-    n = f.integer(body, name, lo=1)
-    if n is not None and n > 1:
-        raise Invalid(unsupported(name, "> 1 is not supported: this server returns one choice"))
-
-
 def _refuse_modalities(body: dict, name: str) -> None:
     modalities = f.array(body, name)
     if modalities and any(m != "text" for m in modalities):
         raise Invalid(unsupported(name, "other than ['text'] are not supported"))
-
-
-def _parse_stream_options(body: dict, name: str) -> bool:
-    options = f.obj(body, name)
-    if options is None:
-        return False
-    return bool(f.boolean(options, "include_usage", f"{name}.include_usage"))
 
 
 # The request body's fields, in the order of OpenAI's reference, then the extensions: what
@@ -91,16 +77,12 @@ FIELDS = (
         refused="the legacy functions API: use tools",
         read=refuse_any(LEGACY_FUNCTIONS),
     ),
-    RequestField(
-        "logit_bias", Shape(), refused="a non-empty object is refused", read=refuse_non_empty(f.obj)
-    ),
+    common.LOGIT_BIAS,
     RequestField("logprobs", Flag(), "report each content token's log probability (choices[0].logprobs)"),
     RequestField("max_completion_tokens", Integer(lo=1)),
     RequestField("max_tokens", Integer(lo=1), "the older name of max_completion_tokens"),
     RequestField("modalities", Shape(), refused="anything but 'text' is refused", read=_refuse_modalities),
-    RequestField(
-        "n", Integer(lo=1, hi=1), refused="above 1 is refused: one choice per request", read=_refuse_n
-    ),
+    common.N,
     common.PRESENCE_PENALTY,
     common.REASONING_EFFORT,
     RequestField(
@@ -109,7 +91,7 @@ FIELDS = (
     common.SEED,
     common.OPENAI_STOP,
     RequestField("stream", Flag(), "answer as server-sent chat.completion.chunk events"),
-    RequestField("stream_options", Shape(), combined=True, read=_parse_stream_options),
+    common.STREAM_OPTIONS,
     common.TEMPERATURE,
     RequestField("tool_choice", Shape(), combined=True, read=as_sent),
     RequestField("tools", Shape(), combined=True, read=lambda body, _name: parse_chat_tools(body)),

@@ -11,7 +11,13 @@ from api.protocol.anthropic.request import FIELDS as MESSAGES_FIELDS
 from api.protocol.anthropic.request import MessagesRequest
 from api.protocol.chat.request import FIELDS as CHAT_FIELDS
 from api.protocol.chat.request import ChatCompletionRequest
+from api.protocol.completions.request import FIELDS as COMPLETION_FIELDS
+from api.protocol.completions.request import CompletionRequest
+from api.protocol.embeddings.request import FIELDS as EMBEDDINGS_FIELDS
+from api.protocol.embeddings.request import EmbeddingsRequest
 from api.protocol.fields import Invalid
+from api.protocol.infill.request import FIELDS as INFILL_FIELDS
+from api.protocol.infill.request import InfillRequest
 from api.protocol.request_fields import (
     Flag,
     Integer,
@@ -23,6 +29,12 @@ from api.protocol.request_fields import (
 )
 from api.protocol.responses.request import FIELDS as RESPONSES_FIELDS
 from api.protocol.responses.request import ResponsesRequest
+from api.protocol.tokenize.request import (
+    DETOKENIZE_FIELDS,
+    TOKENIZE_FIELDS,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 
 DECLARED = [
     RequestField("count", Integer(lo=1), required=True),
@@ -61,14 +73,19 @@ def test_a_wrong_type_names_the_field():
     assert caught.value.error.param == "loud"
 
 
-@pytest.mark.parametrize(
-    ("declared", "request_type"),
-    [
-        (CHAT_FIELDS, ChatCompletionRequest),
-        (RESPONSES_FIELDS, ResponsesRequest),
-        (MESSAGES_FIELDS, MessagesRequest),
-    ],
-)
+REQUESTS = [
+    (CHAT_FIELDS, ChatCompletionRequest),
+    (RESPONSES_FIELDS, ResponsesRequest),
+    (MESSAGES_FIELDS, MessagesRequest),
+    (COMPLETION_FIELDS, CompletionRequest),
+    (INFILL_FIELDS, InfillRequest),
+    (TOKENIZE_FIELDS, TokenizeRequest),
+    (DETOKENIZE_FIELDS, DetokenizeRequest),
+    (EMBEDDINGS_FIELDS, EmbeddingsRequest),
+]
+
+
+@pytest.mark.parametrize(("declared", "request_type"), REQUESTS, ids=lambda v: getattr(v, "__name__", ""))
 def test_every_attribute_field_is_an_attribute_of_the_request(declared, request_type):
     attributes = {field.name for field in dataclasses.fields(request_type)}
     kept = [f.name for f in declared if not (f.combined or f.refused or f.ignored)]
