@@ -138,8 +138,8 @@ COUNT_TOKENS_FIELDS = tuple(field for field in FIELDS if field.name != "max_toke
 class MessagesRequest:
     """A validated request; fields in the order of Anthropic's reference, then our extension.
 
-    Each field of :data:`FIELDS` that is neither combined nor refused becomes the attribute of
-    the same name; the others are what ``parse`` makes of the combined ones."""
+    Each field of :data:`FIELDS` that is not combined, refused or ignored becomes the attribute
+    of the same name; the others are what ``parse`` makes of the combined ones."""
 
     max_tokens: int | None = None  # required on /v1/messages; count_tokens has none
     messages: tuple[Message, ...]

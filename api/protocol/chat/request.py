@@ -120,8 +120,8 @@ FIELDS = (
 class ChatCompletionRequest:
     """A validated request; fields in the order of OpenAI's reference, then our extensions.
 
-    Each field of :data:`FIELDS` that is neither combined nor refused becomes the attribute of
-    the same name; the others are what ``parse`` makes of the combined ones."""
+    Each field of :data:`FIELDS` that is not combined, refused or ignored becomes the attribute
+    of the same name; the others are what ``parse`` makes of the combined ones."""
 
     messages: tuple[Message, ...]
     model: str | None = None  # accepted and ignored: one process serves one model
@@ -155,9 +155,8 @@ class ChatCompletionRequest:
         """Validate a decoded JSON object; the first problem found is returned as an ApiError."""
         try:
             read = read_fields(FIELDS, body)
-            if (
-                read["top_logprobs"] and not read["logprobs"]
-            ):  # 0 asks for nothing: clients send it by default
+            # top_logprobs 0 asks for nothing: clients send it by default, logprobs or not.
+            if read["top_logprobs"] and not read["logprobs"]:
                 message = "'top_logprobs' needs 'logprobs': true"
                 raise Invalid(bad_request(message, "top_logprobs"))
             tools, forced = parse_chat_tool_choice(body, read["tools"])

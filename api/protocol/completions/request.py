@@ -78,8 +78,8 @@ FIELDS = (
 class CompletionRequest:
     """A validated request; fields in the order of OpenAI's reference, then our extensions.
 
-    Each field of :data:`FIELDS` that is neither combined nor refused becomes the attribute of
-    the same name; the others are what ``parse`` makes of the combined ones."""
+    Each field of :data:`FIELDS` that is not combined, refused or ignored becomes the attribute
+    of the same name; the others are what ``parse`` makes of the combined ones."""
 
     model: str | None = None  # accepted and ignored: one process serves one model
     prompt: str = ""  # the prompt text ("" when it was sent as token ids)
