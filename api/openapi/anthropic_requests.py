@@ -4,11 +4,11 @@ tests/api/test_openapi_document.py)."""
 
 from __future__ import annotations
 
-from api.protocol import common
 from api.protocol.anthropic import request as anthropic
 from api.protocol.anthropic import tools as anthropic_tools
 
-from .openai_requests import SAMPLING, reply_format
+from .declared import request_schema
+from .openai_requests import reply_format
 from .shapes import (
     any_of,
     array,
@@ -16,11 +16,9 @@ from .shapes import (
     const,
     enum,
     ignored,
-    in_range,
     integer,
     json_schema_object,
     obj,
-    refused,
     string,
 )
 
@@ -85,53 +83,21 @@ THINKING = obj(
     ("type",),
     nullable=True,
 )
-THREAD = refused(
-    "message threads: this server holds no thread state (a continue is a 404, anything else a 400)",
-    obj({"type": string(), "previous_message_id": string()}, nullable=True),
-)
-
-
-def _prompt_fields() -> dict:
-    """What both /v1/messages and count_tokens read: the conversation, tools and formats."""
-    return {
-        "messages": array(MESSAGE, nullable=False, minItems=1),
-        "model": string("accepted and ignored: one process serves one model"),
-        "system": any_of(string(nullable=True), array(TEXT_BLOCK, nullable=False)),
-        "tools": array(TOOL),
-        "tool_choice": TOOL_CHOICE,
-        "output_config": obj({"format": reply_format()}, nullable=True),
-        "output_format": reply_format(),
-        "regex": SAMPLING["regex"],
-        "lark": SAMPLING["lark"],
-        "thinking": THINKING,
-        "thread": THREAD,
-        "mcp_servers": refused("server-side MCP tools are refused", array({}, maxItems=0)),
-        "container": refused("server-side code execution is refused"),
-    }
-
-
-MESSAGES_REQUEST = obj(
-    {
-        "max_tokens": integer(lo=1, nullable=False),
-        **_prompt_fields(),
-        "stop_sequences": array(
-            string(nullable=False, minLength=1),
-            f"up to {common.MAX_ANTHROPIC_STOP_SEQUENCES} non-empty strings that end the reply (not sent)",
-            maxItems=common.MAX_ANTHROPIC_STOP_SEQUENCES,
-        ),
-        "stream": boolean("answer as server-sent Messages events"),
-        **{
-            name: in_range(common.sampling_range(name, anthropic.TEMPERATURE_MAX))
-            for name in anthropic.SAMPLING
-        },
-        "ignore_eos": boolean("extension (llama.cpp): keep generating past the end-of-turn token"),
-    },
-    ("max_tokens", "messages"),
-    "Anthropic Messages request; unknown fields are accepted and ignored",
+SHAPES = {
+    "messages": array(MESSAGE, nullable=False, minItems=1),
+    "mcp_servers": array({}, maxItems=0),
+    "output_config": obj({"format": reply_format()}, nullable=True),
+    "system": any_of(string(nullable=True), array(TEXT_BLOCK, nullable=False)),
+    "thinking": THINKING,
+    "tool_choice": TOOL_CHOICE,
+    "tools": array(TOOL),
+    "output_format": reply_format(),
+    "thread": obj({"type": string(), "previous_message_id": string()}, nullable=True),
+}
+MESSAGES_REQUEST = request_schema(
+    anthropic.FIELDS, SHAPES, "Anthropic Messages request; unknown fields are accepted and ignored"
 )
 # The same parser reads a count_tokens body: everything but max_tokens (sampling is read, unused).
-COUNT_TOKENS_REQUEST = obj(
-    {k: v for k, v in MESSAGES_REQUEST["properties"].items() if k != "max_tokens"},
-    ("messages",),
-    "the prompt of a Messages request, counted without generating",
+COUNT_TOKENS_REQUEST = request_schema(
+    anthropic.COUNT_TOKENS_FIELDS, SHAPES, "the prompt of a Messages request, counted without generating"
 )

@@ -11,8 +11,8 @@ from api.protocol.completions import request as completions
 from api.protocol.embeddings import request as embeddings
 from api.protocol.responses import request as responses
 from api.protocol.responses import tools as responses_tools
-from inference.engine.logprobs import MAX_TOP_LOGPROBS
 
+from .declared import request_schema
 from .shapes import (
     any_of,
     array,
@@ -20,7 +20,6 @@ from .shapes import (
     const,
     enum,
     ignored,
-    in_range,
     integer,
     json_schema_object,
     obj,
@@ -28,26 +27,10 @@ from .shapes import (
     string,
 )
 
-# -- shared by both OpenAI dialects ------------------------------------------------------------
-SAMPLING_NOTES = {
-    "seed": "seeds the sampler: the same seed and request give the same reply",
-    "top_k": "extension (llama.cpp): sample among the k most likely tokens",
-    "min_p": "extension (llama.cpp): drop tokens below min_p x the top probability",
-    "repeat_penalty": "extension (llama.cpp)",
-}
-SAMPLING = {
-    **{
-        name: in_range(common.sampling_range(name), SAMPLING_NOTES.get(name)) for name in chat.OPENAI_SAMPLING
-    },
-    "ignore_eos": boolean("extension (llama.cpp): keep generating past the end-of-turn token"),
-    "regex": string("extension: the reply must match this regular expression"),
-    "lark": string("extension: the reply must match this Lark grammar"),
-}
-STOP = any_of(
-    string(nullable=True, minLength=1),
-    array(string(nullable=False, minLength=1), maxItems=common.MAX_OPENAI_STOP_STRINGS),
-    description=f"up to {common.MAX_OPENAI_STOP_STRINGS} non-empty strings that end the reply (not included)",
-)
+# -- shared by the OpenAI dialects -------------------------------------------------------------
+# The structures of the refused logit_bias (only empty passes) and of stream_options.
+LOGIT_BIAS = {"type": ["object", "null"], "maxProperties": 0}
+STREAM_OPTIONS = obj({"include_usage": boolean()}, nullable=True)
 FORMAT_TYPES = ("text", "json_object", "json_schema")
 
 
@@ -117,44 +100,22 @@ CHAT_TOOL_CHOICE = any_of(
     enum(("auto", "none", "required"), nullable=True),
     obj({"type": const("function"), "function": obj({"name": string(nullable=False)}, ("name",))}, ("type",)),
 )
-CHAT_COMPLETION_REQUEST = obj(
+CHAT_COMPLETION_REQUEST = request_schema(
+    chat.FIELDS,
     {
         "messages": array(CHAT_MESSAGE, nullable=False, minItems=1),
-        "model": string("accepted and ignored: one process serves one model"),
-        "max_completion_tokens": integer(lo=1),
-        "max_tokens": integer(lo=1, description="the older name of max_completion_tokens"),
-        "stop": STOP,
-        "stream": boolean("answer as server-sent chat.completion.chunk events"),
-        "stream_options": obj({"include_usage": boolean()}, nullable=True),
-        "reasoning_effort": enum(
-            common.EFFORTS, "anything above minimal needs a reasoning model", nullable=True
-        ),
+        "logit_bias": LOGIT_BIAS,
+        "modalities": array(enum(("text",))),
         "response_format": reply_format(),
-        "tools": array(function_declaration(flat=False)),
+        "stream_options": STREAM_OPTIONS,
         "tool_choice": CHAT_TOOL_CHOICE,
-        **SAMPLING,
-        "n": refused("above 1 is refused: one choice per request", integer(lo=1, hi=1)),
-        "logprobs": boolean("report each content token's log probability (choices[0].logprobs)"),
-        # x-lmserve-needs: the fields a value above the minimum needs beside it (the request's
-        # if/then below says the same in JSON Schema).
-        "top_logprobs": {
-            **integer(
-                lo=0, hi=MAX_TOP_LOGPROBS, description="alternatives per token; above 0 needs logprobs: true"
-            ),
-            "x-lmserve-needs": {"logprobs": True},
-        },
-        "logit_bias": refused(
-            "a non-empty object is refused", {"type": ["object", "null"], "maxProperties": 0}
-        ),
-        "functions": refused("the legacy functions API: use tools"),
-        "function_call": refused("the legacy functions API: use tool_choice"),
-        "audio": refused("text only"),
-        "modalities": refused("anything but 'text' is refused", array(enum(("text",)))),
-        "web_search_options": refused("hosted tools are not run here"),
+        "tools": array(function_declaration(flat=False)),
     },
-    ("messages",),
     "OpenAI Chat Completions request; unknown fields are accepted and ignored",
 )
+# x-lmserve-needs: the fields a value above the minimum needs beside it (the request's if/then
+# below says the same in JSON Schema); ChatCompletionRequest.parse checks it.
+CHAT_COMPLETION_REQUEST["properties"]["top_logprobs"]["x-lmserve-needs"] = {"logprobs": True}
 CHAT_COMPLETION_REQUEST |= {  # top_logprobs above 0 without logprobs: true is a 400, as OpenAI's
     "if": {"properties": {"top_logprobs": {"type": "integer", "minimum": 1}}, "required": ["top_logprobs"]},
     "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
@@ -263,47 +224,27 @@ RESPONSES_TOOL_CHOICE = any_of(
         ("type", "name"),
     ),
 )
-RESPONSES_REQUEST = obj(
+RESPONSES_REQUEST = request_schema(
+    responses.FIELDS,
     {
-        "input": any_of(string(nullable=False), array(RESPONSES_ITEM, nullable=False, minItems=1)),
-        "instructions": string("a system message before the input"),
-        "max_output_tokens": integer(lo=1),
-        "model": string("accepted and ignored: one process serves one model"),
-        "reasoning": obj(
-            {"effort": enum(common.EFFORTS, "above minimal needs a reasoning model", nullable=True)},
-            nullable=True,
-        ),
-        "stream": boolean("answer as server-sent Responses events"),
-        "stop": STOP,
-        "text": obj({"format": reply_format()}, nullable=True),
-        "tools": array(RESPONSES_TOOL),
-        "tool_choice": RESPONSES_TOOL_CHOICE,
-        **SAMPLING,
-        "previous_response_id": refused(responses.STATELESS),
-        "conversation": refused(responses.STATELESS),
-        "prompt": refused("stored prompt templates: " + responses.STATELESS),
-        "background": refused(
-            "true is refused: responses are generated while you wait", enum((False,), nullable=True)
-        ),
-        "truncation": refused(
-            "'auto' is refused: a prompt that does not fit is a 400",
-            enum(("disabled",), nullable=True),
-        ),
         "include": array(
             string(nullable=False),
             "message.output_text.logprobs: the output text's log probabilities; other values are ignored",
         ),
-        "top_logprobs": integer(
-            lo=0,
-            hi=MAX_TOP_LOGPROBS,
-            description="alternatives per token (with include's message.output_text.logprobs)",
+        "input": any_of(string(nullable=False), array(RESPONSES_ITEM, nullable=False, minItems=1)),
+        "reasoning": obj(
+            {"effort": enum(common.EFFORTS, "above minimal needs a reasoning model", nullable=True)},
+            nullable=True,
         ),
+        "text": obj({"format": reply_format()}, nullable=True),
+        "tool_choice": RESPONSES_TOOL_CHOICE,
+        "tools": array(RESPONSES_TOOL),
     },
-    ("input",),
     "OpenAI Responses request (stateless: store false); unknown fields are accepted and ignored",
 )
 
-EMBEDDINGS_REQUEST = obj(
+EMBEDDINGS_REQUEST = request_schema(
+    embeddings.FIELDS,
     {
         "input": any_of(
             string(nullable=False, minLength=1),
@@ -315,20 +256,15 @@ EMBEDDINGS_REQUEST = obj(
             ),
             description="text, or an array of texts (token-id arrays are refused)",
         ),
-        "model": string("accepted and ignored: one process serves one model"),
-        "encoding_format": enum(embeddings.ENCODING_FORMATS, "base64: little-endian float32", nullable=True),
-        "dimensions": integer(lo=1, description="only the model's own width is accepted"),
-        "user": ignored(string()),
     },
-    ("input",),
     "OpenAI Embeddings request: the final-norm last hidden state, L2-normalised",
 )
 
 # -- Completions (legacy) ----------------------------------------------------------------------
 TOKEN_IDS = array(integer(nullable=False), nullable=False, minItems=1)
-COMPLETION_REQUEST = obj(
+COMPLETION_REQUEST = request_schema(
+    completions.FIELDS,
     {
-        "model": string("accepted and ignored: one process serves one model"),
         "prompt": any_of(
             string(nullable=False),
             TOKEN_IDS,
@@ -336,33 +272,8 @@ COMPLETION_REQUEST = obj(
             description="raw text (no chat template; special-token texts parsed, BOS as the model's "
             "metadata says), token ids, or a one-element array of either",
         ),
-        "best_of": refused("above 1 is refused: one choice per request", integer(lo=1, hi=1)),
-        "echo": boolean("the reply text starts with the prompt"),
-        "frequency_penalty": SAMPLING["frequency_penalty"],
-        "logit_bias": refused(
-            "a non-empty object is refused", {"type": ["object", "null"], "maxProperties": 0}
-        ),
-        "logprobs": integer(
-            lo=0,
-            hi=completions.MAX_LOGPROBS,
-            description="each token's log probability, with this many alternatives (choices[0].logprobs)",
-        ),
-        "max_tokens": integer(lo=1, description="reply budget; default 16, clamped to what --ctx leaves"),
-        "n": refused("above 1 is refused: one choice per request", integer(lo=1, hi=1)),
-        "presence_penalty": SAMPLING["presence_penalty"],
-        "seed": SAMPLING["seed"],
-        "stop": STOP,
-        "stream": boolean("answer as server-sent text_completion chunks, then data: [DONE]"),
-        "stream_options": obj({"include_usage": boolean()}, nullable=True),
-        "suffix": string(
-            "the text after the completion: fill-in-the-middle, on a model with FIM tokens (400 "
-            "naming suffix on others); empty is none"
-        ),
-        "temperature": SAMPLING["temperature"],
-        "top_p": SAMPLING["top_p"],
-        "user": ignored(string()),
-        **{name: SAMPLING[name] for name in ("top_k", "min_p", "repeat_penalty", "ignore_eos")},
+        "logit_bias": LOGIT_BIAS,
+        "stream_options": STREAM_OPTIONS,
     },
-    ("prompt",),
     "OpenAI (legacy) Completions request; unknown fields are accepted and ignored",
 )

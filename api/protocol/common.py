@@ -1,8 +1,10 @@
-"""What the three dialects parse alike: sampling fields and their ranges, reasoning effort,
-stop strings, the capability checks against the loaded model, and a call's arguments.
+"""What the dialects parse alike: the declarations of the fields they share (sampling fields
+with their ranges, stop strings, model, reasoning effort, n, logit_bias, stream_options and
+the llama.cpp extensions), the capability checks against the loaded model, and a call's
+arguments.
 
-Each dialect reads its own shape (where a field lives, what it is called) and hands the value
-here, so a range, a limit or an error's wording is stated once.
+Each dialect lists these declarations among its own (api/protocol/request_fields.py), in its
+reference's order, so a range, a limit or an error's wording is stated once.
 """
 
 from __future__ import annotations
@@ -10,13 +12,23 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from api.errors import ApiError, bad_request, unsupported
-from inference.engine.logprobs import MAX_TOP_LOGPROBS
+from api.errors import ApiError, unsupported
 from inference.generation.toolcall import ToolCall
 from inference.types import SAMPLING_RANGES, SamplingOverrides, SamplingRange
 
 from . import fields as f
 from .fields import Invalid
+from .request_fields import (
+    Choice,
+    Flag,
+    Integer,
+    RequestField,
+    Sampling,
+    Shape,
+    StopStrings,
+    Text,
+    refuse_non_empty,
+)
 
 SAMPLING_FIELDS = tuple(field.name for field in dataclasses.fields(SamplingOverrides))
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
@@ -46,17 +58,64 @@ def sampling_range(name: str, temperature_max: float = 2.0) -> SamplingRange:
     return allowed._replace(highest=temperature_max) if name == "temperature" else allowed
 
 
-def parse_sampling(body: dict, names: tuple[str, ...], temperature_max: float = 2.0) -> dict:
-    """The sampling fields ``names`` of ``body``, each checked against its range, as keyword
-    arguments of the dialect's request type."""
-    values: dict = {}
-    for name in names:
-        allowed = sampling_range(name, temperature_max)
-        if allowed.integer:
-            values[name] = f.integer(body, name, lo=allowed.lowest)
-        else:
-            values[name] = f.number(body, name, allowed)
-    return values
+def sampling_field(
+    name: str, description: str | None = None, *, temperature_max: float = 2.0
+) -> RequestField:
+    """The declaration of the sampling field ``name``, its range from :func:`sampling_range`."""
+    return RequestField(name, Sampling(sampling_range(name, temperature_max)), description)
+
+
+# -- fields declared alike by several dialects (each lists them in its reference's order) --------
+MODEL = RequestField("model", Text(), "accepted and ignored: one process serves one model")
+FREQUENCY_PENALTY = sampling_field("frequency_penalty")
+PRESENCE_PENALTY = sampling_field("presence_penalty")
+SEED = sampling_field("seed", "seeds the sampler: the same seed and request give the same reply")
+TEMPERATURE = sampling_field("temperature")
+TOP_P = sampling_field("top_p")
+OPENAI_STOP = RequestField(
+    "stop",
+    StopStrings(single=True, limit=MAX_OPENAI_STOP_STRINGS),
+    f"up to {MAX_OPENAI_STOP_STRINGS} non-empty strings that end the reply (not included)",
+)
+REASONING_EFFORT = RequestField(
+    "reasoning_effort", Choice(EFFORTS), "anything above minimal needs a reasoning model"
+)
+# Extensions with llama.cpp precedent.
+TOP_K = sampling_field("top_k", "extension (llama.cpp): sample among the k most likely tokens")
+MIN_P = sampling_field("min_p", "extension (llama.cpp): drop tokens below min_p x the top probability")
+REPEAT_PENALTY = sampling_field("repeat_penalty", "extension (llama.cpp)")
+IGNORE_EOS = RequestField(
+    "ignore_eos", Flag(), "extension (llama.cpp): keep generating past the end-of-turn token"
+)
+# The constraint extensions: combined with the dialect's reply format, at most one of them.
+REGEX = RequestField(
+    "regex", Text(), "extension: the reply must match this regular expression", combined=True
+)
+LARK = RequestField("lark", Text(), "extension: the reply must match this Lark grammar", combined=True)
+
+
+def refuse_more_than_one(body: dict, name: str) -> None:
+    """The reader of ``n`` (and ``best_of``): one choice per request."""
+    count = f.integer(body, name, lo=1)
+    if count is not None and count > 1:
+        raise Invalid(unsupported(name, "> 1 is not supported: this server returns one choice"))
+
+
+def parse_stream_options(body: dict, name: str) -> bool:
+    """``stream_options.include_usage``: whether the stream ends with a usage chunk."""
+    options = f.obj(body, name)
+    if options is None:
+        return False
+    return bool(f.boolean(options, "include_usage", f"{name}.include_usage"))
+
+
+N = RequestField(
+    "n", Integer(lo=1, hi=1), refused="above 1 is refused: one choice per request", read=refuse_more_than_one
+)
+LOGIT_BIAS = RequestField(
+    "logit_bias", Shape(), refused="a non-empty object is refused", read=refuse_non_empty(f.obj)
+)
+STREAM_OPTIONS = RequestField("stream_options", Shape(), combined=True, read=parse_stream_options)
 
 
 def sampling_overrides(request: object) -> SamplingOverrides:
@@ -77,34 +136,6 @@ def parse_effort(container: dict | None, name: str, param: str) -> str | None:
 
 def wants_reasoning(effort: str | None) -> bool:
     return effort not in REASONING_OFF
-
-
-def parse_stop_strings(
-    value: object, param: str, *, single: bool, limit: int | None = None
-) -> tuple[str, ...]:
-    """Stop strings: an array of non-empty strings (or, when ``single``, one string), at most
-    ``limit`` of them."""
-    if value is None:
-        return ()
-    stops = [value] if single and isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        expected = "a string or an array of strings" if single else "an array of strings"
-        raise f.wrong_type(param, expected, value)
-    if limit is not None and len(stops) > limit:
-        raise Invalid(bad_request(f"'{param}' allows at most {limit} strings, got {len(stops)}", param))
-    if any(s == "" for s in stops):
-        raise Invalid(bad_request(f"'{param}' must not contain empty strings", param))
-    return tuple(stops)
-
-
-def parse_openai_stop(value: object) -> tuple[str, ...]:
-    """The OpenAI dialects' ``stop``: a string or up to four non-empty strings."""
-    return parse_stop_strings(value, "stop", single=True, limit=MAX_OPENAI_STOP_STRINGS)
-
-
-def parse_top_logprobs(body: dict) -> int | None:
-    """``top_logprobs``: the alternatives reported per token, 0..20 (both OpenAI dialects)."""
-    return f.integer(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
 
 
 def reasoning_unavailable(param: str, effort: str | None) -> ApiError:

@@ -210,3 +210,21 @@ def text_content(
             raise wrong_type(f"{at}.{key}", "a string", text)
         texts.append(text)
     return "".join(texts)
+
+
+def parse_stop_strings(
+    value: object, param: str, *, single: bool, limit: int | None = None
+) -> tuple[str, ...]:
+    """Stop strings: an array of non-empty strings (or, when ``single``, one string), at most
+    ``limit`` of them."""
+    if value is None:
+        return ()
+    stops = [value] if single and isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        expected = "a string or an array of strings" if single else "an array of strings"
+        raise wrong_type(param, expected, value)
+    if limit is not None and len(stops) > limit:
+        raise Invalid(bad_request(f"'{param}' allows at most {limit} strings, got {len(stops)}", param))
+    if any(s == "" for s in stops):
+        raise Invalid(bad_request(f"'{param}' must not contain empty strings", param))
+    return tuple(stops)

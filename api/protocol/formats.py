@@ -42,12 +42,12 @@ def parse_format(value: object, param: str) -> ConstraintSpec | None:
     return ConstraintSpec.json_schema(schema, f"{where}.schema")
 
 
-def parse_extensions(body: dict) -> ConstraintSpec | None:
-    """The ``regex`` and ``lark`` extension fields (at most one)."""
+def parse_extensions(regex: str | None, lark: str | None) -> ConstraintSpec | None:
+    """The ``regex`` and ``lark`` extension fields, as read (at most one)."""
     found = [
         ConstraintSpec(kind, text, kind)
-        for kind in ("regex", "lark")
-        if (text := f.string(body, kind)) is not None
+        for kind, text in (("regex", regex), ("lark", lark))
+        if text is not None
     ]
     if len(found) > 1:
         raise Invalid(bad_request("'regex' and 'lark' cannot be combined", "lark"))

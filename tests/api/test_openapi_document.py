@@ -1,10 +1,15 @@
 """The OpenAPI document cannot drift from the parsers it describes.
 
-Each dialect's parser runs on sample bodies through a dict that records every key it reads:
-every field it reads must be declared, and every declared field must be read (or be marked
-``x-lmserve-ignored``, and then never read). Each declared top-level type, bound and enum is
-then tried with a value just outside it, which the parser must refuse naming that field, and
-with the boundary value, which it must not refuse.
+Each request's top-level fields are declared once (``FIELDS``, api/protocol/request_fields.py)
+and both its parser and its schema come from that tuple: the first test checks the schema
+carries every declared field, in order, with its range, and marked refused or ignored as
+declared. What stays written twice is the structure of nested fields (messages, tools,
+formats: a parser in api/protocol/, a shape in api/openapi/): each parser runs on sample bodies
+through a dict that records every key it reads, and every field it reads must be declared and
+every declared field read (or marked ``x-lmserve-ignored``, and then never read). Each
+declared top-level type, bound and enum is then tried with a value just outside it, which the
+parser must refuse naming that field, and with the boundary value, which it must not refuse:
+the kinds' readers and the refused fields' own readers against their schemas.
 """
 
 from __future__ import annotations
@@ -24,13 +29,22 @@ from api.openapi.openai_requests import (
     EMBEDDINGS_REQUEST,
     RESPONSES_REQUEST,
 )
+from api.protocol.anthropic import request as anthropic_request
 from api.protocol.anthropic.request import MessagesRequest
+from api.protocol.chat import request as chat_request
 from api.protocol.chat.request import ChatCompletionRequest
 from api.protocol.completions import CompletionRequest
+from api.protocol.completions import request as completions_request
 from api.protocol.embeddings import EmbeddingsRequest
+from api.protocol.embeddings import request as embeddings_request
 from api.protocol.infill import InfillRequest
+from api.protocol.infill import request as infill_request
+from api.protocol.request_fields import Sampling
+from api.protocol.responses import request as responses_request
 from api.protocol.responses.request import ResponsesRequest
 from api.protocol.tokenize import DetokenizeRequest, TokenizeRequest
+from api.protocol.tokenize import request as tokenize_request
+from inference.types import SAMPLING_RANGES
 
 TOOL = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {}, "strict": False}}
 FLAT_TOOL = {"type": "function", "name": "f", "description": "d", "parameters": {}, "strict": False}
@@ -324,6 +338,37 @@ DIALECTS = {
 }
 
 
+# Each request schema is built from its dialect's field declaration.
+DECLARATIONS = {
+    "chat": chat_request.FIELDS,
+    "responses": responses_request.FIELDS,
+    "messages": anthropic_request.FIELDS,
+    "count_tokens": anthropic_request.COUNT_TOKENS_FIELDS,
+    "completions": completions_request.FIELDS,
+    "infill": infill_request.FIELDS,
+    "tokenize": tokenize_request.TOKENIZE_FIELDS,
+    "detokenize": tokenize_request.DETOKENIZE_FIELDS,
+    "embeddings": embeddings_request.FIELDS,
+}
+
+
+@pytest.mark.parametrize("dialect", DECLARATIONS)
+def test_every_declared_field_is_in_the_schema_in_order_with_its_range(dialect):
+    schema, declared = DIALECTS[dialect][0], DECLARATIONS[dialect]
+    assert list(schema["properties"]) == [field.name for field in declared]
+    assert schema.get("required", []) == [field.name for field in declared if field.required]
+    for field in declared:
+        sub = schema["properties"][field.name]
+        assert bool(sub.get("x-lmserve-refused")) == (field.refused is not None), field.name
+        assert bool(sub.get("x-lmserve-ignored")) == field.ignored, field.name
+        if isinstance(field.kind, Sampling):
+            allowed = SAMPLING_RANGES[field.name]
+            low = "exclusiveMinimum" if allowed.lowest_excluded else "minimum"
+            assert sub.get(low) == allowed.lowest, field.name
+            if field.name != "temperature":  # Anthropic caps it at 1
+                assert sub.get("maximum") == allowed.highest, field.name
+
+
 # -- what a parser reads -----------------------------------------------------------------------
 class Recorder(dict):
     """A JSON object that records the path of every member read from it."""
@@ -396,6 +441,7 @@ def test_the_samples_and_minimal_bodies_are_valid_by_the_schema(dialect):
     Draft202012Validator.check_schema(schema)
     validator = Draft202012Validator(schema)
     assert not isinstance(parse(minimal), ApiError)
+    assert not isinstance(parse(samples[0]), ApiError), "the fullest sample parses"
     for body in [minimal, *samples[:1]]:
         errors = [e.message for e in validator.iter_errors(body)]
         assert not errors, f"{dialect}: a body the parser accepts is invalid by the schema: {errors}"

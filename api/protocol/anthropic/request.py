@@ -27,10 +27,23 @@ from inference.generation.constraints import ConstraintSpec
 from inference.generation.toolcall import ToolSpec
 from inference.types import GenerationRequest, Message
 
+from .. import common
 from .. import fields as f
-from ..common import MAX_ANTHROPIC_STOP_SEQUENCES, parse_sampling, parse_stop_strings, sampling_overrides
+from ..common import MAX_ANTHROPIC_STOP_SEQUENCES, sampling_field, sampling_overrides
 from ..fields import Invalid
 from ..formats import one_constraint, parse_extensions, parse_format
+from ..request_fields import (
+    Flag,
+    Integer,
+    Nothing,
+    RequestField,
+    Shape,
+    StopStrings,
+    as_sent,
+    read_fields,
+    refuse_any,
+    refuse_non_empty,
+)
 from .tools import (
     SERVER_TOOL_PREFIXES,
     check_tool_results,
@@ -46,7 +59,6 @@ ROLES = ("user", "assistant", "system")
 DROPPED_BLOCKS = ("thinking", "redacted_thinking")  # earlier reasoning never reaches the prompt
 MEDIA_BLOCKS = {"image": "image input", "document": "document input", "search_result": "search results"}
 THINKING_TYPES = ("enabled", "adaptive", "between_tools", "disabled")
-SAMPLING = ("temperature", "top_k", "top_p")  # the sampling fields Messages has
 TEMPERATURE_MAX = 1.0  # Anthropic's temperature runs from 0 to 1
 # Claude Code's first system block is client metadata that changes with every prompt: rendered,
 # it would defeat the prompt cache for everything after it.
@@ -55,11 +67,81 @@ THREADS = "this server is stateless and holds no thread; send the whole conversa
 BLOCK_SEPARATOR = "\n"  # text blocks are separate pieces of text: never glue words together
 
 
-@dataclass(frozen=True)
-class MessagesRequest:
-    """A validated request; fields in the order of Anthropic's reference, then our extension."""
+def _read_messages(body: dict, name: str) -> tuple[tuple[Message, ...], str]:
+    """The messages and the prefill (see :func:`parse_messages`); every tool_result answers a
+    tool_use of the message before."""
+    messages = parse_messages(body.get(name))
+    check_tool_results(body[name])
+    return messages
 
-    max_tokens: int | None  # required on /v1/messages; count_tokens has none
+
+def _read_output_config(body: dict, name: str) -> ConstraintSpec | None:
+    output_config = f.obj(body, name)
+    return parse_format(output_config.get("format"), f"{name}.format") if output_config else None
+
+
+# The request body's fields, in the order of Anthropic's reference, then the older
+# output_format, the threads beta and our extensions: what ``parse`` reads and what the
+# OpenAPI document declares (api/openapi/anthropic_requests.py gives the Shape fields'
+# structures). Bookkeeping and hosted-service fields (metadata, service_tier, inference_geo,
+# context_management, ...) are not declared: accepted and ignored like any unknown field. The
+# lambdas look up parsers defined further down when they are called.
+FIELDS = (
+    RequestField("max_tokens", Integer(lo=1), required=True),
+    RequestField("messages", Shape(), required=True, combined=True, read=_read_messages),
+    common.MODEL,
+    RequestField(
+        "container",
+        Nothing(),
+        refused="server-side code execution is refused",
+        read=refuse_any("(server-side code execution) is not supported"),
+    ),
+    RequestField(
+        "mcp_servers",
+        Shape(),
+        refused="server-side MCP tools are refused",
+        read=refuse_non_empty(f.array, "(server-side MCP tools) is not supported"),
+    ),
+    RequestField("output_config", Shape(), combined=True, read=_read_output_config),
+    RequestField(
+        "stop_sequences",
+        StopStrings(single=False, limit=MAX_ANTHROPIC_STOP_SEQUENCES),
+        f"up to {MAX_ANTHROPIC_STOP_SEQUENCES} non-empty strings that end the reply (not sent)",
+    ),
+    RequestField("stream", Flag(), "answer as server-sent Messages events"),
+    RequestField("system", Shape(), read=lambda body, name: parse_system(body.get(name))),
+    sampling_field("temperature", temperature_max=TEMPERATURE_MAX),
+    RequestField("thinking", Shape(), read=lambda body, name: _parse_thinking(body, name)),
+    RequestField("tool_choice", Shape(), combined=True, read=as_sent),
+    RequestField("tools", Shape(), combined=True, read=lambda body, _name: parse_anthropic_tools(body)),
+    sampling_field("top_k"),
+    sampling_field("top_p"),
+    RequestField(
+        "output_format", Shape(), combined=True, read=lambda body, name: parse_format(body.get(name), name)
+    ),
+    RequestField(
+        "thread",
+        Shape(),
+        refused="message threads: this server holds no thread state "
+        "(a continue is a 404, anything else a 400)",
+        read=lambda body, _name: refuse_thread(body),
+    ),
+    common.IGNORE_EOS,
+    common.REGEX,
+    common.LARK,
+)
+# A count_tokens body: the same fields but max_tokens (sampling is read, and unused).
+COUNT_TOKENS_FIELDS = tuple(field for field in FIELDS if field.name != "max_tokens")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MessagesRequest:
+    """A validated request; fields in the order of Anthropic's reference, then our extension.
+
+    Each field of :data:`FIELDS` that is not combined, refused or ignored becomes the attribute
+    of the same name; the others are what ``parse`` makes of the combined ones."""
+
+    max_tokens: int | None = None  # required on /v1/messages; count_tokens has none
     messages: tuple[Message, ...]
     model: str | None = None  # accepted and ignored: one process serves one model
     stop_sequences: tuple[str, ...] = ()
@@ -80,38 +162,23 @@ class MessagesRequest:
         """Validate a decoded JSON object (a count_tokens body when ``count_only``: no
         max_tokens, no sampling); the first problem found is returned as an ApiError."""
         try:
-            refuse_thread(body)
-            _refuse_unsupported(body)
-            max_tokens = None if count_only else f.integer(body, "max_tokens", lo=1)
-            if max_tokens is None and not count_only:
-                raise Invalid(
-                    bad_request("'max_tokens' is required", "max_tokens", "missing_required_parameter")
-                )
-            tools, forced = parse_anthropic_tool_choice(body, parse_anthropic_tools(body))
-            messages, prefill = parse_messages(body.get("messages"))
-            check_tool_results(body["messages"])
-            output_format = _parse_output_format(body)
+            read = read_fields(COUNT_TOKENS_FIELDS if count_only else FIELDS, body)
+            tools, forced = parse_anthropic_tool_choice(body, read["tools"])
+            messages, prefill = read["messages"]
+            # The reply's format: output_config.format, the older output_format, or the regex /
+            # lark extension the OpenAI dialects take; at most one of them.
+            output_format = one_constraint(
+                read["output_config"], read["output_format"], parse_extensions(read["regex"], read["lark"])
+            )
             if prefill and output_format is not None:
                 message = f"'{output_format.param}' cannot be combined with a prefilled assistant message"
                 raise Invalid(bad_request(message, output_format.param))
             return cls(
-                tools=tools,
-                forced_call=forced is not None,
-                max_tokens=max_tokens,
+                **read.attributes(),
                 messages=messages,
                 prefill=prefill,
-                model=f.string(body, "model"),
-                stop_sequences=parse_stop_strings(
-                    body.get("stop_sequences"),
-                    "stop_sequences",
-                    single=False,
-                    limit=MAX_ANTHROPIC_STOP_SEQUENCES,
-                ),
-                stream=bool(f.boolean(body, "stream")),
-                system=parse_system(body.get("system")),
-                **parse_sampling(body, SAMPLING, temperature_max=TEMPERATURE_MAX),
-                thinking=_parse_thinking(body),
-                ignore_eos=bool(f.boolean(body, "ignore_eos")),
+                tools=tools,
+                forced_call=forced is not None,
                 constraint=one_constraint(output_format, forced),
             )
         except Invalid as exc:
@@ -148,7 +215,7 @@ def refuse_thread(body: dict) -> None:
     the whole conversation unthreaded; a ``continue`` names a thread this server never holds."""
     thread = body.get("thread")
     if thread is None or thread is False:
-        return
+        return None
     if not isinstance(thread, dict):
         raise f.wrong_type("thread", "an object", thread)
     if f.string(thread, "type", "thread.type") == "continue":
@@ -159,24 +226,8 @@ def refuse_thread(body: dict) -> None:
     raise Invalid(ApiError(400, f"'thread' is not supported: {THREADS}", "thread", code, detail_code=code))
 
 
-def _refuse_unsupported(body: dict) -> None:
-    if f.array(body, "mcp_servers"):
-        raise Invalid(unsupported("mcp_servers", "(server-side MCP tools) is not supported"))
-    if body.get("container") is not None:
-        raise Invalid(unsupported("container", "(server-side code execution) is not supported"))
-
-
-def _parse_output_format(body: dict) -> ConstraintSpec | None:
-    """The reply's format: output_config.format, the older output_format, or the regex / lark
-    extension the OpenAI dialects take (read by the same parser); at most one of them."""
-    output_config = f.obj(body, "output_config")
-    current = parse_format(output_config.get("format"), "output_config.format") if output_config else None
-    older = parse_format(body.get("output_format"), "output_format")
-    return one_constraint(current, older, parse_extensions(body))
-
-
-def _parse_thinking(body: dict) -> bool:
-    thinking = f.obj(body, "thinking")
+def _parse_thinking(body: dict, name: str) -> bool:
+    thinking = f.obj(body, name)
     if thinking is None:
         return False
     kind = f.string(thinking, "type", "thinking.type")

@@ -12,17 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from api.errors import ApiError, bad_request, unsupported
+from inference.engine.logprobs import MAX_TOP_LOGPROBS
 from inference.generation.constraints import ConstraintSpec
 from inference.generation.toolcall import ToolSpec
 from inference.types import GenerationRequest, LogprobsRequest, Message
 
+from .. import common
 from .. import fields as f
 from ..common import (
     REFUSED_MEDIA_PARTS,
-    parse_effort,
-    parse_openai_stop,
-    parse_sampling,
-    parse_top_logprobs,
     reasoning_unavailable,
     sampling_overrides,
     tools_unavailable,
@@ -30,26 +28,100 @@ from ..common import (
 )
 from ..fields import Invalid
 from ..formats import one_constraint, parse_extensions, parse_format
+from ..request_fields import (
+    Flag,
+    Integer,
+    Nothing,
+    RequestField,
+    Shape,
+    as_sent,
+    read_fields,
+    refuse_any,
+)
 from .tools import parse_chat_tool_choice, parse_chat_tools, parse_tool_calls
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 CHAT_TEXT_KEYS = {"text": "text", "refusal": "refusal"}
-# The sampling fields this dialect takes: OpenAI's, then llama.cpp's extensions.
-OPENAI_SAMPLING = (
-    "frequency_penalty",
-    "presence_penalty",
-    "seed",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repeat_penalty",
+LEGACY_FUNCTIONS = "belongs to the legacy functions API; use 'tools'"
+
+
+def _refuse_modalities(body: dict, name: str) -> None:
+    modalities = f.array(body, name)
+    if modalities and any(m != "text" for m in modalities):
+        raise Invalid(unsupported(name, "other than ['text'] are not supported"))
+
+
+# The request body's fields, in the order of OpenAI's reference, then the extensions: what
+# ``parse`` reads and what the OpenAPI document declares (api/openapi/openai_requests.py gives
+# the Shape fields' structures). Bookkeeping fields (metadata, user, store, service_tier,
+# parallel_tool_calls, ...) are not declared: accepted and ignored like any unknown field.
+FIELDS = (
+    RequestField("messages", Shape(), required=True, read=lambda body, name: parse_messages(body.get(name))),
+    common.MODEL,
+    RequestField(
+        "audio",
+        Nothing(),
+        refused="text only",
+        read=refuse_any("is not supported: this server produces text only"),
+    ),
+    common.FREQUENCY_PENALTY,
+    RequestField(
+        "function_call",
+        Nothing(),
+        refused="the legacy functions API: use tool_choice",
+        read=refuse_any(LEGACY_FUNCTIONS),
+    ),
+    RequestField(
+        "functions",
+        Nothing(),
+        refused="the legacy functions API: use tools",
+        read=refuse_any(LEGACY_FUNCTIONS),
+    ),
+    common.LOGIT_BIAS,
+    RequestField("logprobs", Flag(), "report each content token's log probability (choices[0].logprobs)"),
+    RequestField("max_completion_tokens", Integer(lo=1)),
+    RequestField("max_tokens", Integer(lo=1), "the older name of max_completion_tokens"),
+    RequestField("modalities", Shape(), refused="anything but 'text' is refused", read=_refuse_modalities),
+    common.N,
+    common.PRESENCE_PENALTY,
+    common.REASONING_EFFORT,
+    RequestField(
+        "response_format", Shape(), combined=True, read=lambda body, name: parse_format(body.get(name), name)
+    ),
+    common.SEED,
+    common.OPENAI_STOP,
+    RequestField("stream", Flag(), "answer as server-sent chat.completion.chunk events"),
+    common.STREAM_OPTIONS,
+    common.TEMPERATURE,
+    RequestField("tool_choice", Shape(), combined=True, read=as_sent),
+    RequestField("tools", Shape(), combined=True, read=lambda body, _name: parse_chat_tools(body)),
+    RequestField(
+        "top_logprobs",
+        Integer(lo=0, hi=MAX_TOP_LOGPROBS),
+        "alternatives per token; above 0 needs logprobs: true",
+    ),
+    common.TOP_P,
+    RequestField(
+        "web_search_options",
+        Nothing(),
+        refused="hosted tools are not run here",
+        read=refuse_any("(a hosted tool) is not supported"),
+    ),
+    common.TOP_K,
+    common.MIN_P,
+    common.REPEAT_PENALTY,
+    common.IGNORE_EOS,
+    common.REGEX,
+    common.LARK,
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ChatCompletionRequest:
-    """A validated request; fields in the order of OpenAI's reference, then our extensions."""
+    """A validated request; fields in the order of OpenAI's reference, then our extensions.
+
+    Each field of :data:`FIELDS` that is not combined, refused or ignored becomes the attribute
+    of the same name; the others are what ``parse`` makes of the combined ones."""
 
     messages: tuple[Message, ...]
     model: str | None = None  # accepted and ignored: one process serves one model
@@ -58,6 +130,7 @@ class ChatCompletionRequest:
     max_completion_tokens: int | None = None
     max_tokens: int | None = None
     presence_penalty: float | None = None
+    reasoning_effort: str | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stream: bool = False
@@ -72,7 +145,6 @@ class ChatCompletionRequest:
     ignore_eos: bool = False
     # response_format json_object / json_schema, or the regex / lark extensions.
     constraint: ConstraintSpec | None = None
-    reasoning_effort: str | None = None
     tools: tuple[ToolSpec, ...] = ()  # as the model sees them (none under tool_choice "none")
     # The first field that needs a function-calling convention (tools, or a tool history:
     # an assistant's tool_calls, a role "tool" message), whatever tool_choice says.
@@ -82,33 +154,19 @@ class ChatCompletionRequest:
     def parse(cls, body: dict) -> ChatCompletionRequest | ApiError:
         """Validate a decoded JSON object; the first problem found is returned as an ApiError."""
         try:
-            _refuse_unsupported(body)
-            tools, forced = parse_chat_tool_choice(body, parse_chat_tools(body))
-            messages = parse_messages(body.get("messages"))
-            logprobs = bool(f.boolean(body, "logprobs"))
-            top_logprobs = parse_top_logprobs(body)
-            if top_logprobs and not logprobs:  # 0 asks for nothing: clients send it by default
+            read = read_fields(FIELDS, body)
+            # top_logprobs 0 asks for nothing: clients send it by default, logprobs or not.
+            if read["top_logprobs"] and not read["logprobs"]:
                 message = "'top_logprobs' needs 'logprobs': true"
                 raise Invalid(bad_request(message, "top_logprobs"))
+            tools, forced = parse_chat_tool_choice(body, read["tools"])
             return cls(
-                logprobs=logprobs,
-                top_logprobs=top_logprobs,
+                **read.attributes(),
+                include_usage=read["stream_options"],
                 tools=tools,
-                tools_param="tools" if f.array(body, "tools") else _tool_history_param(messages),
-                messages=messages,
-                model=f.string(body, "model"),
-                max_completion_tokens=f.integer(body, "max_completion_tokens", lo=1),
-                max_tokens=f.integer(body, "max_tokens", lo=1),
-                **parse_sampling(body, OPENAI_SAMPLING),
-                stop=parse_openai_stop(body.get("stop")),
-                stream=bool(f.boolean(body, "stream")),
-                include_usage=_parse_stream_options(body),
-                ignore_eos=bool(f.boolean(body, "ignore_eos")),
-                reasoning_effort=parse_effort(body, "reasoning_effort", "reasoning_effort"),
+                tools_param="tools" if read["tools"] else _tool_history_param(read["messages"]),
                 constraint=one_constraint(
-                    parse_format(body.get("response_format"), "response_format"),
-                    parse_extensions(body),
-                    forced,
+                    read["response_format"], parse_extensions(read["regex"], read["lark"]), forced
                 ),
             )
         except Invalid as exc:
@@ -137,25 +195,6 @@ class ChatCompletionRequest:
             tools=self.tools,
             logprobs=LogprobsRequest(self.top_logprobs or 0, "logprobs") if self.logprobs else None,
         )
-
-
-# -- refused parameters ----------------------------------------------------------------------
-def _refuse_unsupported(body: dict) -> None:
-    n = f.integer(body, "n", lo=1)
-    if n is not None and n > 1:
-        raise Invalid(unsupported("n", "> 1 is not supported: this server returns one choice"))
-    if f.obj(body, "logit_bias"):
-        raise Invalid(unsupported("logit_bias"))
-    for legacy in ("functions", "function_call"):
-        if body.get(legacy) is not None:
-            raise Invalid(unsupported(legacy, "belongs to the legacy functions API; use 'tools'"))
-    if body.get("audio") is not None:
-        raise Invalid(unsupported("audio", "is not supported: this server produces text only"))
-    modalities = f.array(body, "modalities")
-    if modalities and any(m != "text" for m in modalities):
-        raise Invalid(unsupported("modalities", "other than ['text'] are not supported"))
-    if body.get("web_search_options") is not None:
-        raise Invalid(unsupported("web_search_options", "(a hosted tool) is not supported"))
 
 
 # -- messages --------------------------------------------------------------------------------
@@ -201,10 +240,3 @@ def _content_text(content: object, where: str) -> str:
     if content is None:
         return ""
     return f.text_content(content, where, CHAT_TEXT_KEYS, "text", REFUSED_MEDIA_PARTS)
-
-
-def _parse_stream_options(body: dict) -> bool:
-    options = f.obj(body, "stream_options")
-    if options is None:
-        return False
-    return bool(f.boolean(options, "include_usage", "stream_options.include_usage"))

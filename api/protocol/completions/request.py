@@ -14,18 +14,72 @@ from dataclasses import dataclass
 from api.errors import ApiError, bad_request, unsupported
 from inference.types import FillInMiddle, GenerationRequest, LogprobsRequest, RawPrompt
 
+from .. import common
 from .. import fields as f
-from ..chat.request import OPENAI_SAMPLING
-from ..common import parse_openai_stop, parse_sampling, sampling_overrides
+from ..common import sampling_overrides
 from ..fields import Invalid
+from ..request_fields import Flag, Integer, RequestField, Shape, Text, read_fields
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint (Chat's is the server's)
 MAX_LOGPROBS = 5  # OpenAI's bound on this endpoint's alternatives per token
 
+# The request body's fields, in the order of OpenAI's reference, then the extensions: what
+# ``parse`` reads and what the OpenAPI document declares (api/openapi/openai_requests.py gives
+# the Shape fields' structures). The lambda looks up parse_prompt, defined further down.
+FIELDS = (
+    common.MODEL,
+    RequestField(
+        "prompt", Shape(), required=True, combined=True, read=lambda body, name: parse_prompt(body.get(name))
+    ),
+    RequestField(
+        "best_of",
+        Integer(lo=1, hi=1),
+        refused="above 1 is refused: one choice per request",
+        read=common.refuse_more_than_one,
+    ),
+    RequestField("echo", Flag(), "the reply text starts with the prompt"),
+    common.FREQUENCY_PENALTY,
+    common.LOGIT_BIAS,
+    RequestField(
+        "logprobs",
+        Integer(lo=0, hi=MAX_LOGPROBS),
+        "each token's log probability, with this many alternatives (choices[0].logprobs)",
+    ),
+    RequestField(
+        "max_tokens",
+        Integer(lo=1),
+        "reply budget; default 16, clamped to what --ctx leaves",
+        combined=True,
+    ),
+    common.N,
+    common.PRESENCE_PENALTY,
+    common.SEED,
+    common.OPENAI_STOP,
+    RequestField("stream", Flag(), "answer as server-sent text_completion chunks, then data: [DONE]"),
+    common.STREAM_OPTIONS,
+    RequestField(
+        "suffix",
+        Text(),
+        "the text after the completion: fill-in-the-middle, on a model with FIM tokens (400 "
+        "naming suffix on others); empty is none",
+        combined=True,
+    ),
+    common.TEMPERATURE,
+    common.TOP_P,
+    RequestField("user", Text(), ignored=True),
+    common.TOP_K,
+    common.MIN_P,
+    common.REPEAT_PENALTY,
+    common.IGNORE_EOS,
+)
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class CompletionRequest:
-    """A validated request; fields in the order of OpenAI's reference, then our extensions."""
+    """A validated request; fields in the order of OpenAI's reference, then our extensions.
+
+    Each field of :data:`FIELDS` that is not combined, refused or ignored becomes the attribute
+    of the same name; the others are what ``parse`` makes of the combined ones."""
 
     model: str | None = None  # accepted and ignored: one process serves one model
     prompt: str = ""  # the prompt text ("" when it was sent as token ids)
@@ -52,23 +106,17 @@ class CompletionRequest:
     def parse(cls, body: dict) -> CompletionRequest | ApiError:
         """Validate a decoded JSON object; the first problem found is returned as an ApiError."""
         try:
-            _refuse_unsupported(body)
-            text, tokens = parse_prompt(body.get("prompt"))
-            max_tokens = f.integer(body, "max_tokens", lo=1)
+            read = read_fields(FIELDS, body)
+            text, tokens = read["prompt"]
+            max_tokens = read["max_tokens"]
             return cls(
-                model=f.string(body, "model"),
+                **read.attributes(),
                 prompt=text,
                 prompt_tokens=tokens,
-                echo=bool(f.boolean(body, "echo")),
-                logprobs=f.integer(body, "logprobs", lo=0, hi=MAX_LOGPROBS),
                 max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-                **parse_sampling(body, OPENAI_SAMPLING),
-                stop=parse_openai_stop(body.get("stop")),
-                stream=bool(f.boolean(body, "stream")),
-                include_usage=_parse_stream_options(body),
+                include_usage=read["stream_options"],
                 # An empty suffix is no suffix: nothing follows the completion.
-                suffix=f.string(body, "suffix") or None,
-                ignore_eos=bool(f.boolean(body, "ignore_eos")),
+                suffix=read["suffix"] or None,
             )
         except Invalid as exc:
             return exc.error
@@ -111,19 +159,3 @@ def parse_prompt(value: object) -> tuple[str, tuple[int, ...] | None]:
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise f.wrong_type("prompt", "a string or an array of integer token ids", value)
     return "", tuple(value)
-
-
-def _refuse_unsupported(body: dict) -> None:
-    for name in ("n", "best_of"):
-        count = f.integer(body, name, lo=1)
-        if count is not None and count > 1:
-            raise Invalid(unsupported(name, "> 1 is not supported: this server returns one choice"))
-    if f.obj(body, "logit_bias"):
-        raise Invalid(unsupported("logit_bias"))
-
-
-def _parse_stream_options(body: dict) -> bool:
-    options = f.obj(body, "stream_options")
-    if options is None:
-        return False
-    return bool(f.boolean(options, "include_usage", "stream_options.include_usage"))

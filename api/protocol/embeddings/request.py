@@ -14,16 +14,44 @@ from dataclasses import dataclass
 from api.errors import ApiError, bad_request, unsupported
 from inference.types import EmbeddingRequest
 
+from .. import common
 from .. import fields as f
 from ..fields import Invalid
+from ..request_fields import Choice, Integer, RequestField, Shape, Text, read_fields
 
 ENCODING_FORMATS = ("float", "base64")
 MAX_INPUTS = 2048  # OpenAI's limit on the array form
 
 
-@dataclass(frozen=True)
+def _parse_encoding_format(body: dict, name: str) -> str:
+    encoding = f.string(body, name)
+    if encoding is not None and encoding not in ENCODING_FORMATS:
+        raise f.invalid_value(name, encoding, "'float' or 'base64'")
+    return encoding or "float"
+
+
+# The request body's fields, in the order of OpenAI's reference: what ``parse`` reads and what
+# the OpenAPI document declares (api/openapi/openai_requests.py gives input's shape). The
+# lambda looks up parse_input, defined further down.
+FIELDS = (
+    RequestField(
+        "input", Shape(), required=True, combined=True, read=lambda body, name: parse_input(body.get(name))
+    ),
+    common.MODEL,
+    RequestField("dimensions", Integer(lo=1), "only the model's own width is accepted"),
+    RequestField(
+        "encoding_format",
+        Choice(ENCODING_FORMATS),
+        "base64: little-endian float32",
+        read=_parse_encoding_format,
+    ),
+    RequestField("user", Text(), ignored=True),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
 class EmbeddingsRequest:
-    """A validated request."""
+    """A validated request (``texts`` is the ``input`` field; the others those of :data:`FIELDS`)."""
 
     texts: tuple[str, ...]
     model: str | None = None  # accepted and ignored: one process serves one model
@@ -35,15 +63,8 @@ class EmbeddingsRequest:
     def parse(cls, body: dict) -> EmbeddingsRequest | ApiError:
         """Validate a decoded JSON object; the first problem found is returned as an ApiError."""
         try:
-            encoding = f.string(body, "encoding_format")
-            if encoding is not None and encoding not in ENCODING_FORMATS:
-                raise f.invalid_value("encoding_format", encoding, "'float' or 'base64'")
-            return cls(
-                texts=parse_input(body.get("input")),
-                model=f.string(body, "model"),
-                encoding_format=encoding or "float",
-                dimensions=f.integer(body, "dimensions", lo=1),
-            )
+            read = read_fields(FIELDS, body)
+            return cls(**read.attributes(), texts=read["input"])
         except Invalid as exc:
             return exc.error
 

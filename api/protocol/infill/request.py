@@ -16,25 +16,78 @@ from dataclasses import dataclass
 from api.errors import ApiError, bad_request
 from inference.types import FileContext, FillInMiddle, GenerationRequest, RawPrompt
 
+from .. import common
 from .. import fields as f
-from ..common import parse_sampling, parse_stop_strings, sampling_overrides
+from ..common import sampling_overrides
 from ..fields import Invalid
+from ..request_fields import (
+    Anything,
+    Flag,
+    Integer,
+    RequestField,
+    Shape,
+    StopStrings,
+    Text,
+    as_sent,
+    read_fields,
+)
 
-INFILL_SAMPLING = (
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "repeat_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "seed",
+SCHEDULER = "llama-server's scheduler: accepted and ignored"
+
+
+def _parse_n_predict(body: dict, name: str) -> int | None:
+    """``n_predict`` (else ``max_tokens``, as llama.cpp reads it): -1 (or absent) lets the reply
+    run to the context's end; 0 asks for nothing, and is refused."""
+    name = name if body.get(name) is not None else "max_tokens"
+    value = f.integer(body, name, lo=-1)
+    if value == 0:
+        raise Invalid(bad_request(f"'{name}' must be -1 (no limit) or at least 1, not 0", name))
+    return None if value is None or value < 0 else value
+
+
+# The request body's fields, in the order of llama.cpp's README: what ``parse`` reads and what
+# the OpenAPI document declares (api/openapi/llamacpp_requests.py gives input_extra's shape).
+FIELDS = (
+    RequestField("input_prefix", Text(default=""), "the text before the gap"),
+    RequestField(
+        "input_suffix",
+        Text(default=""),
+        "the text after the gap (400 naming it on a model without FIM tokens)",
+    ),
+    RequestField("input_extra", Shape(), read=lambda body, _name: parse_extra(body)),
+    RequestField("prompt", Text(default=""), "appended to the prefix (special-token texts parsed)"),
+    RequestField(
+        "n_predict",
+        Integer(lo=-1),
+        "reply budget; -1 or absent: the server's default",
+        read=_parse_n_predict,
+    ),
+    RequestField("max_tokens", Integer(lo=-1), "read when n_predict is absent", combined=True, read=as_sent),
+    RequestField("stream", Flag(), "answer as data: chunks {content, stop: false}, then one with stop: true"),
+    RequestField("stop", StopStrings(single=True), "strings that end the reply (not included)"),
+    common.TEMPERATURE,
+    common.TOP_K,
+    common.TOP_P,
+    common.MIN_P,
+    common.REPEAT_PENALTY,
+    common.PRESENCE_PENALTY,
+    common.FREQUENCY_PENALTY,
+    common.SEED,
+    common.IGNORE_EOS,
+    *(
+        RequestField(name, Anything(), SCHEDULER, ignored=True)
+        for name in ("cache_prompt", "samplers", "t_max_prompt_ms", "t_max_predict_ms", "n_indent", "id_slot")
+    ),
+    RequestField(
+        "response_fields", Anything(), "accepted and ignored: the whole answer is sent", ignored=True
+    ),
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class InfillRequest:
-    """A validated request, fields in the order of llama.cpp's README."""
+    """A validated request, fields in the order of llama.cpp's README (each field of
+    :data:`FIELDS` that is neither combined nor ignored is the attribute of the same name)."""
 
     input_prefix: str = ""
     input_suffix: str = ""
@@ -57,17 +110,7 @@ class InfillRequest:
     def parse(cls, body: dict) -> InfillRequest | ApiError:
         """Validate a decoded JSON object; the first problem found is returned as an ApiError."""
         try:
-            return cls(
-                input_prefix=f.string(body, "input_prefix") or "",
-                input_suffix=f.string(body, "input_suffix") or "",
-                input_extra=parse_extra(body),
-                prompt=f.string(body, "prompt") or "",
-                n_predict=_parse_n_predict(body),
-                stream=bool(f.boolean(body, "stream")),
-                stop=parse_stop_strings(body.get("stop"), "stop", single=True),
-                **parse_sampling(body, INFILL_SAMPLING),
-                ignore_eos=bool(f.boolean(body, "ignore_eos")),
-            )
+            return cls(**read_fields(FIELDS, body).attributes())
         except Invalid as exc:
             return exc.error
 
@@ -102,13 +145,3 @@ def parse_extra(body: dict) -> tuple[FileContext, ...]:
             )
         extra.append(FileContext(f.string(chunk, "filename", f"{where}.filename") or "tmp", text))
     return tuple(extra)
-
-
-def _parse_n_predict(body: dict) -> int | None:
-    """``n_predict`` (else ``max_tokens``, as llama.cpp reads it): -1 (or absent) lets the reply
-    run to the context's end; 0 asks for nothing, and is refused."""
-    name = "n_predict" if body.get("n_predict") is not None else "max_tokens"
-    value = f.integer(body, name, lo=-1)
-    if value == 0:
-        raise Invalid(bad_request(f"'{name}' must be -1 (no limit) or at least 1, not 0", name))
-    return None if value is None or value < 0 else value

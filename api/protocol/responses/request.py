@@ -15,18 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from api.errors import ApiError, bad_request, unsupported
+from inference.engine.logprobs import MAX_TOP_LOGPROBS
 from inference.generation.constraints import ConstraintSpec
 from inference.generation.toolcall import ToolSpec
 from inference.types import GenerationRequest, LogprobsRequest, Message
 
+from .. import common
 from .. import fields as f
-from ..chat.request import OPENAI_SAMPLING
 from ..common import (
     REFUSED_MEDIA_PARTS,
     parse_effort,
-    parse_openai_stop,
-    parse_sampling,
-    parse_top_logprobs,
     reasoning_unavailable,
     sampling_overrides,
     tools_unavailable,
@@ -34,6 +32,18 @@ from ..common import (
 )
 from ..fields import Invalid
 from ..formats import one_constraint, parse_extensions, parse_format
+from ..request_fields import (
+    Choice,
+    Flag,
+    Integer,
+    Nothing,
+    RequestField,
+    Shape,
+    Text,
+    as_sent,
+    read_fields,
+    refuse_any,
+)
 from .tools import (
     ResponsesTool,
     ResponsesTools,
@@ -51,9 +61,108 @@ INCLUDE_LOGPROBS = "message.output_text.logprobs"  # the include value that asks
 STATELESS = "this server is stateless (store: false semantics); send the whole conversation in 'input'"
 
 
-@dataclass(frozen=True)
+def _refuse_background(body: dict, name: str) -> None:
+    if f.boolean(body, name):
+        raise Invalid(unsupported(name, "is not supported: responses are generated while you wait"))
+
+
+def _refuse_auto_truncation(body: dict, name: str) -> None:
+    truncation = f.string(body, name)
+    if truncation == "auto":
+        raise Invalid(unsupported(name, "'auto' is not supported: a prompt that does not fit is refused"))
+    if truncation not in (None, "disabled"):
+        raise f.invalid_value(name, truncation)
+
+
+def _parse_include(body: dict, name: str) -> tuple[str, ...]:
+    """``include``: an array of strings; only :data:`INCLUDE_LOGPROBS` changes the reply."""
+    include = f.array(body, name)
+    if include is None:
+        return ()
+    for i, value in enumerate(include):
+        if not isinstance(value, str):
+            raise f.wrong_type(f"{name}[{i}]", "a string", value)
+    return tuple(include)
+
+
+def _parse_reasoning(body: dict, name: str) -> str | None:
+    return parse_effort(f.obj(body, name), "effort", f"{name}.effort")
+
+
+def _parse_text_format(body: dict, name: str) -> ConstraintSpec | None:
+    text = f.obj(body, name)
+    text_format = f.obj(text, "format", f"{name}.format") if text is not None else None
+    return parse_format(text_format, f"{name}.format")
+
+
+# The request body's fields, in the order of OpenAI's reference, then the extensions (llama.cpp
+# precedent, as on Chat Completions): what ``parse`` reads and what the OpenAPI document
+# declares (api/openapi/openai_requests.py gives the Shape fields' structures). Bookkeeping
+# fields (store, metadata, user, ...) are not declared: accepted and ignored like any unknown.
+FIELDS = (
+    RequestField(
+        "background",
+        Choice((False,)),
+        refused="true is refused: responses are generated while you wait",
+        read=_refuse_background,
+    ),
+    RequestField(
+        "conversation", Nothing(), refused=STATELESS, read=refuse_any(f"is not supported: {STATELESS}")
+    ),
+    RequestField("include", Shape(), read=_parse_include),
+    RequestField("input", Shape(), required=True, read=lambda body, name: parse_input(body.get(name))),
+    RequestField("instructions", Text(), "a system message before the input"),
+    RequestField("max_output_tokens", Integer(lo=1)),
+    common.MODEL,
+    RequestField(
+        "previous_response_id",
+        Nothing(),
+        refused=STATELESS,
+        read=refuse_any(f"is not supported: {STATELESS}"),
+    ),
+    RequestField(
+        "prompt",
+        Nothing(),
+        refused="stored prompt templates: " + STATELESS,
+        read=refuse_any("(a stored prompt template) is not supported: " + STATELESS),
+    ),
+    RequestField("reasoning", Shape(), combined=True, read=_parse_reasoning),
+    RequestField("stream", Flag(), "answer as server-sent Responses events"),
+    common.TEMPERATURE,
+    RequestField("text", Shape(), combined=True, read=_parse_text_format),
+    RequestField("tool_choice", Shape(), combined=True, read=as_sent),
+    RequestField("tools", Shape(), combined=True, read=lambda body, _name: parse_responses_tools(body)),
+    RequestField(
+        "top_logprobs",
+        Integer(lo=0, hi=MAX_TOP_LOGPROBS),
+        "alternatives per token (with include's message.output_text.logprobs)",
+    ),
+    common.TOP_P,
+    RequestField(
+        "truncation",
+        Choice(("disabled",)),
+        refused="'auto' is refused: a prompt that does not fit is a 400",
+        read=_refuse_auto_truncation,
+    ),
+    common.FREQUENCY_PENALTY,
+    common.PRESENCE_PENALTY,
+    common.SEED,
+    common.OPENAI_STOP,
+    common.TOP_K,
+    common.MIN_P,
+    common.REPEAT_PENALTY,
+    common.IGNORE_EOS,
+    common.REGEX,
+    common.LARK,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ResponsesRequest:
-    """A validated request; fields in the order of OpenAI's reference, then our extensions."""
+    """A validated request; fields in the order of OpenAI's reference, then our extensions.
+
+    Each field of :data:`FIELDS` that is not combined, refused or ignored becomes the attribute
+    of the same name; the others are what ``parse`` makes of the combined ones."""
 
     input: tuple[Message, ...]
     include: tuple[str, ...] = ()
@@ -86,30 +195,20 @@ class ResponsesRequest:
     def parse(cls, body: dict) -> ResponsesRequest | ApiError:
         """Validate a decoded JSON object; the first problem found is returned as an ApiError."""
         try:
-            _refuse_stateful(body)
-            declared = parse_responses_tools(body)
+            read = read_fields(FIELDS, body)
+            declared = read["tools"]
             choice = parse_responses_tool_choice(body, declared)
-            messages = parse_input(body.get("input"))
             return cls(
-                input=messages,
-                include=_parse_include(body),
-                top_logprobs=parse_top_logprobs(body),
+                **read.attributes(),
+                reasoning_effort=read["reasoning"],
                 tools=choice.tools,
                 declared_tools=declared,
-                tool_choice=body.get("tool_choice") or "auto",
+                tool_choice=read["tool_choice"] or "auto",
                 declares_tools=bool(declared.client)
-                or any(m.tool_calls or m.role == "tool" for m in messages),
+                or any(m.tool_calls or m.role == "tool" for m in read["input"]),
                 forced_custom=choice.forced_custom,
-                instructions=f.string(body, "instructions"),
-                max_output_tokens=f.integer(body, "max_output_tokens", lo=1),
-                model=f.string(body, "model"),
-                reasoning_effort=parse_effort(f.obj(body, "reasoning"), "effort", "reasoning.effort"),
-                stream=bool(f.boolean(body, "stream")),
-                **parse_sampling(body, OPENAI_SAMPLING),
-                stop=parse_openai_stop(body.get("stop")),
-                ignore_eos=bool(f.boolean(body, "ignore_eos")),
                 constraint=one_constraint(
-                    _parse_text_format(body), parse_extensions(body), choice.constraint
+                    read["text"], parse_extensions(read["regex"], read["lark"]), choice.constraint
                 ),
                 text_format=_requested_text_format(body),
             )
@@ -166,43 +265,8 @@ def forced_custom_task(tool: ResponsesTool) -> str:
     return f"Reply with the input for the {tool.name!r} tool and nothing else.{about}"
 
 
-# -- refused and not-yet-implemented parameters ---------------------------------------------
-def _refuse_stateful(body: dict) -> None:
-    for name in ("previous_response_id", "conversation"):
-        if body.get(name) is not None:
-            raise Invalid(unsupported(name, f"is not supported: {STATELESS}"))
-    if body.get("prompt") is not None:
-        raise Invalid(unsupported("prompt", "(a stored prompt template) is not supported: " + STATELESS))
-    if f.boolean(body, "background"):
-        raise Invalid(unsupported("background", "is not supported: responses are generated while you wait"))
-    truncation = f.string(body, "truncation")
-    if truncation == "auto":
-        raise Invalid(
-            unsupported("truncation", "'auto' is not supported: a prompt that does not fit is refused")
-        )
-    if truncation not in (None, "disabled"):
-        raise f.invalid_value("truncation", truncation)
-
-
-def _parse_include(body: dict) -> tuple[str, ...]:
-    """``include``: an array of strings; only :data:`INCLUDE_LOGPROBS` changes the reply."""
-    include = f.array(body, "include")
-    if include is None:
-        return ()
-    for i, value in enumerate(include):
-        if not isinstance(value, str):
-            raise f.wrong_type(f"include[{i}]", "a string", value)
-    return tuple(include)
-
-
-def _parse_text_format(body: dict) -> ConstraintSpec | None:
-    text = f.obj(body, "text")
-    text_format = f.obj(text, "format", "text.format") if text is not None else None
-    return parse_format(text_format, "text.format")
-
-
 def _requested_text_format(body: dict) -> dict | None:
-    """``text.format`` as sent (already validated by ``_parse_text_format``)."""
+    """``text.format`` as sent (already validated by ``_parse_text_format``), echoed back."""
     text = body.get("text")
     return text.get("format") if isinstance(text, dict) else None
 

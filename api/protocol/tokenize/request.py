@@ -17,11 +17,30 @@ from inference.engine.tokenizer import Tokenizer
 
 from .. import fields as f
 from ..fields import Invalid
+from ..request_fields import Flag, RequestField, Shape, Text, read_fields
+
+# The /tokenize body's fields, in the order of llama.cpp's README: what ``parse`` reads and
+# what the OpenAPI document declares.
+TOKENIZE_FIELDS = (
+    RequestField("content", Text(), required=True),
+    RequestField(
+        "add_special", Flag(default=False), "prepend BOS as the model's metadata says (default false)"
+    ),
+    RequestField(
+        "parse_special", Flag(default=True), "special-token texts become their tokens (default true)"
+    ),
+    RequestField(
+        "with_pieces",
+        Flag(default=False),
+        "answer [{id, piece}] (piece: text, or byte values when not UTF-8)",
+    ),
+)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TokenizeRequest:
-    """A validated /tokenize request, fields in the order of llama.cpp's README."""
+    """A validated /tokenize request, fields in the order of llama.cpp's README (those of
+    :data:`TOKENIZE_FIELDS`)."""
 
     content: str
     add_special: bool = False
@@ -31,36 +50,32 @@ class TokenizeRequest:
     @classmethod
     def parse(cls, body: dict) -> TokenizeRequest | ApiError:
         try:
-            content = f.string(body, "content")
-            if content is None:
-                raise Invalid(bad_request("'content' is required", "content", "missing_required_parameter"))
-            parse_special = f.boolean(body, "parse_special")
-            return cls(
-                content=content,
-                add_special=bool(f.boolean(body, "add_special")),
-                parse_special=True if parse_special is None else parse_special,
-                with_pieces=bool(f.boolean(body, "with_pieces")),
-            )
+            return cls(**read_fields(TOKENIZE_FIELDS, body).attributes())
         except Invalid as exc:
             return exc.error
 
 
-@dataclass(frozen=True)
+def _parse_tokens(body: dict, name: str) -> tuple[int, ...]:
+    tokens = f.array(body, name)
+    for i, token in enumerate(tokens):
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise f.wrong_type(f"{name}[{i}]", "an integer token id", token)
+    return tuple(tokens)
+
+
+DETOKENIZE_FIELDS = (RequestField("tokens", Shape(), required=True, read=_parse_tokens),)
+
+
+@dataclass(frozen=True, kw_only=True)
 class DetokenizeRequest:
-    """A validated /detokenize request."""
+    """A validated /detokenize request (the field of :data:`DETOKENIZE_FIELDS`)."""
 
     tokens: tuple[int, ...]
 
     @classmethod
     def parse(cls, body: dict) -> DetokenizeRequest | ApiError:
         try:
-            tokens = f.array(body, "tokens")
-            if tokens is None:
-                raise Invalid(bad_request("'tokens' is required", "tokens", "missing_required_parameter"))
-            for i, token in enumerate(tokens):
-                if isinstance(token, bool) or not isinstance(token, int):
-                    raise f.wrong_type(f"tokens[{i}]", "an integer token id", token)
-            return cls(tuple(tokens))
+            return cls(**read_fields(DETOKENIZE_FIELDS, body).attributes())
         except Invalid as exc:
             return exc.error
 

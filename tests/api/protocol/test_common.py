@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from api.protocol import common
 from api.protocol.anthropic import MessagesRequest
 from api.protocol.chat import ChatCompletionRequest
-from api.protocol.common import call_from, parse_sampling, parse_stop_strings
-from api.protocol.fields import Invalid
+from api.protocol.common import call_from
+from api.protocol.fields import Invalid, parse_stop_strings
+from api.protocol.request_fields import read_fields
 from api.protocol.responses import ResponsesRequest
 from inference.generation.toolcall import ToolCall
 
@@ -28,10 +30,8 @@ def test_stop_strings_have_one_wording_in_every_dialect():
 
 
 def test_sampling_ranges_are_shared_and_anthropic_caps_temperature_at_one():
-    assert parse_sampling({"temperature": 1.5, "top_k": 3}, ("temperature", "top_k")) == {
-        "temperature": 1.5,
-        "top_k": 3,
-    }
+    sampling = read_fields((common.TEMPERATURE, common.TOP_K), {"temperature": 1.5, "top_k": 3})
+    assert sampling.attributes() == {"temperature": 1.5, "top_k": 3}
     assert ChatCompletionRequest.parse({"messages": HI, "temperature": 1.5}).temperature == 1.5
     assert ResponsesRequest.parse({"input": "Hi", "temperature": 1.5}).temperature == 1.5
     refused = MessagesRequest.parse({"messages": HI, "max_tokens": 4, "temperature": 1.5})
