@@ -8,7 +8,7 @@ Each comparison runs the same requests twice on one loaded engine: one by one th
 
 from __future__ import annotations
 
-import gc
+import weakref
 
 import pytest
 
@@ -164,10 +164,20 @@ def test_requests_that_arrive_join_between_steps_in_the_slots_of_ended_streams(s
     assert not any(slot.busy for slot in backend.slots.slots)
 
 
-def test_a_batch_that_requests_keep_joining_lets_each_ended_stream_go(smollm2):
+def test_a_batch_that_requests_keep_joining_lets_each_ended_stream_go(smollm2, monkeypatch):
     """Under steady load joins keep one batch running for as long as the load lasts (the soak
     ran one for an hour): an ended stream's numbers join the totals at once and nothing keeps
     the stream, so memory stays flat and /metrics moves while the batch runs."""
+    opened: weakref.WeakSet[DecodeStream] = weakref.WeakSet()
+    open_stream = ConversationBackend.open_stream
+
+    def open_and_note(self, *args):
+        stream = open_stream(self, *args)
+        if stream is not None:
+            opened.add(stream)
+        return stream
+
+    monkeypatch.setattr(ConversationBackend, "open_stream", open_and_note)
     backend = ConversationBackend(smollm2, n_ctx=256, kv_slots=2)
     long = ask("Describe a forest in spring.", max_tokens=60, ignore_eos=True)
     waiting = [ask(f"Say {word}.", max_tokens=3, ignore_eos=True) for word in ("yes", "no", "maybe") * 4]
@@ -175,10 +185,7 @@ def test_a_batch_that_requests_keep_joining_lets_each_ended_stream_go(smollm2):
     told: list[int] = []  # the token counts Joins.ended heard, as they came
 
     def take(room: int) -> list[BatchItem]:
-        gc.collect()
-        alive = sum(
-            type(o) is DecodeStream for o in gc.get_objects()
-        )  # (isinstance would touch dead proxies)
+        alive = len(opened)  # the streams nothing holds any more are gone from the WeakSet
         seen.append((alive, backend.totals.predicted_tokens))
         assert sum(told) == backend.totals.predicted_tokens  # told as each stream ended
         if not waiting:
