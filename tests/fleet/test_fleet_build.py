@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import pathlib
 import shutil
 
 import numpy as np
@@ -167,31 +166,30 @@ def test_bad_input_is_refused_before_any_work(tmp_path, docs_dir, engine):
     assert not (tmp_path / "f").exists()
 
 
-def test_steps_train_every_cartridge_jointly_and_record_their_steps(tmp_path, docs_dir, engine):
+def test_steps_train_every_cartridge_jointly_and_record_their_steps(tmp_path, docs_dir, engine, built):
     out = tmp_path / "f"
     result = build_fleet(spec(docs_dir, engine, out, steps=2, held_out=0), engine=engine)
     manifest = read_manifest(out)
     assert result.steps == 2 and manifest.steps == 2 and manifest.training["method"] == "joint"
     assert sum(doc.steps for doc in manifest.documents) >= 2  # every round steps its target at least
     assert all(doc.kept_step is None for doc in manifest.documents)  # nothing held out: the last
-    initial = build_fleet(spec(docs_dir, engine, tmp_path / "g", steps=0), engine=engine)
     trained_doc = next(doc for doc in manifest.documents if doc.steps > 0)
     a = load_cartridge(out / trained_doc.cartridge)
-    b = load_cartridge(pathlib.Path(initial.path) / trained_doc.cartridge)
+    b = load_cartridge(built[0] / "fleet" / trained_doc.cartridge)  # the same documents untrained
     assert not np.array_equal(a.k, b.k)  # training moved it from the initialisation
     assert not list(out.glob("*.adam"))  # the optimizer state stays with the build
 
 
-def test_held_out_conversations_pick_each_cartridges_checkpoint(tmp_path, docs_dir, engine):
+@pytest.mark.slow  # a trained build on the default self-study lengths; test_fleet_train has the unit
+def test_held_out_conversations_pick_each_cartridges_checkpoint(tmp_path, docs_dir, engine, built):
     out = tmp_path / "f"
-    build_fleet(spec(docs_dir, engine, out, steps=4, held_out=2), engine=engine)
-    initial = build_fleet(spec(docs_dir, engine, tmp_path / "g", steps=0), engine=engine)
+    build_fleet(spec(docs_dir, engine, out, steps=2, held_out=2), engine=engine)
     manifest = read_manifest(out)
     assert manifest.training["held_out"] == 2
     for doc in manifest.documents:
         assert 0 <= doc.kept_step <= doc.steps and doc.held_out_loss <= doc.held_out_initial
         kept = load_cartridge(out / doc.cartridge).k
-        untrained = load_cartridge(pathlib.Path(initial.path) / doc.cartridge).k
+        untrained = load_cartridge(built[0] / "fleet" / doc.cartridge).k
         assert np.array_equal(kept, untrained) == (doc.kept_step == 0)
     assert not list(out.glob("*.adam"))
 
