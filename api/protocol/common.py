@@ -92,6 +92,9 @@ REGEX = RequestField(
     "regex", Text(), "extension: the reply must match this regular expression", combined=True
 )
 LARK = RequestField("lark", Text(), "extension: the reply must match this Lark grammar", combined=True)
+# What the two OpenAI dialects take beyond OpenAI's reference, in this order (llama.cpp's sampling
+# extensions, then the constraints).
+OPENAI_EXTENSIONS = (TOP_K, MIN_P, REPEAT_PENALTY, IGNORE_EOS, REGEX, LARK)
 
 
 def refuse_more_than_one(body: dict, name: str) -> None:

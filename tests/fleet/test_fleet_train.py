@@ -70,13 +70,19 @@ def engine(synthetic_dir):
     return Engine.load(synthetic_path("llama", synthetic_dir))
 
 
-def test_joint_training_rotates_and_co_loads(engine, tmp_path):
+def initial_documents(engine, tmp_path) -> list[FleetDocument]:
+    """TEXTS as fleet documents, each with its untrained cartridge of 6 rows on disk."""
     docs = []
     for name, text in TEXTS.items():
         tokens = engine.tokenizer.encode(text, add_bos=engine.tokenizer.add_bos)
         path = tmp_path / f"{name}.safetensors"
         save_cartridge(path, initial_cartridge(engine, tokens[:6]))
         docs.append(FleetDocument(name, tokens, path))
+    return docs
+
+
+def test_joint_training_rotates_and_co_loads(engine, tmp_path):
+    docs = initial_documents(engine, tmp_path)
     before = {d.name: load_cartridge(d.cartridge_path).k for d in docs}
     config = JointConfig(
         rounds=6, budget=2, rotate_every=2, p_isolated=0.4, lr=1e-2, accum=1, seed=3, selfstudy=SMALL
@@ -103,12 +109,7 @@ def test_held_out_selection_keeps_each_documents_best_checkpoint(engine, tmp_pat
     """With held-out conversations each file holds the lowest-loss checkpoint it went through
     (the initialisation included), while training goes on from the state's rows. A step size
     far too large wrecks the cartridges, so the files must keep earlier checkpoints."""
-    docs = []
-    for name, text in TEXTS.items():
-        tokens = engine.tokenizer.encode(text, add_bos=engine.tokenizer.add_bos)
-        path = tmp_path / f"{name}.safetensors"
-        save_cartridge(path, initial_cartridge(engine, tokens[:6]))
-        docs.append(FleetDocument(name, tokens, path))
+    docs = initial_documents(engine, tmp_path)
     initial = {d.name: load_cartridge(d.cartridge_path) for d in docs}
     config = JointConfig(
         rounds=6, budget=2, rotate_every=2, lr=10.0, accum=1, held_out=2, seed=3, selfstudy=SMALL

@@ -107,12 +107,7 @@ FIELDS = (
         refused="hosted tools are not run here",
         read=refuse_any("(a hosted tool) is not supported"),
     ),
-    common.TOP_K,
-    common.MIN_P,
-    common.REPEAT_PENALTY,
-    common.IGNORE_EOS,
-    common.REGEX,
-    common.LARK,
+    *common.OPENAI_EXTENSIONS,
 )
 
 

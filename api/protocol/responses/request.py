@@ -148,12 +148,7 @@ FIELDS = (
     common.PRESENCE_PENALTY,
     common.SEED,
     common.OPENAI_STOP,
-    common.TOP_K,
-    common.MIN_P,
-    common.REPEAT_PENALTY,
-    common.IGNORE_EOS,
-    common.REGEX,
-    common.LARK,
+    *common.OPENAI_EXTENSIONS,
 )
 
 
