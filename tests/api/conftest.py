@@ -70,6 +70,10 @@ class ServerProcess:
         base = {**os.environ, "PYTHONUNBUFFERED": "1", "LMSERVE_LOG_LEVEL": "INFO"}
         for name in ("LMSERVE_MODEL", "LMSERVE_API_KEY", "LMSERVE_ALLOWED_HOSTS"):
             base.pop(name, None)
+        # A database of its own (migrated at start), not the checkout's: servers of tests that
+        # run side by side (pytest -n) would migrate one file at once, and no test should write
+        # into a developer's database.
+        base["LMSERVE_DATA_DIR"] = str(log_dir / "data")
         env = {**base, **(env or {})}
         self.process = subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), *args],
