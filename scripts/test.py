@@ -8,8 +8,16 @@ Celery tests (a real broker and a real worker, started by the tests), and npm fo
 test; then pytest runs the whole
 suite: both tiers, the unit tests and the tests marked slow (live servers, fidelity); `-m "not
 slow"` as an argument runs the fast tier alone.
+
+Without `-m` or `-n` among the arguments pytest runs twice: the fast tier with one test process
+per core, up to four (pytest-xdist, a test file's tests in one process), most of its time being
+kernels compiled and small models driven one at a time, which a second process overlaps; then
+the slow tier in one process, as its live servers and timed checks (speculation's measured
+verify costs among them) want a machine to themselves. The arguments go to both runs.
 """
 
+import os
+import subprocess
 import sys
 
 from bootstrap import (
@@ -23,6 +31,10 @@ from bootstrap import (
     run,
 )
 
+# More processes than this would each hold their own models and servers for little gain.
+MAX_TEST_PROCESSES = 4
+NOTHING_COLLECTED = 5  # pytest's exit status when no test was selected
+
 if __name__ == "__main__":
     python = ensure_venv("requirements-dev.txt")
     env = environment()
@@ -33,4 +45,20 @@ if __name__ == "__main__":
     ensure_nginx()
     ensure_redis()
     ensure_npm()
-    run(python, "-m", "pytest", *sys.argv[1:], env=env)
+    args = sys.argv[1:]
+    if any(arg.startswith(("-m", "-n", "--numprocesses")) for arg in args):
+        run(python, "-m", "pytest", *args, env=env)
+        sys.exit(0)
+    processes = str(min(os.cpu_count() or 1, MAX_TEST_PROCESSES))
+    tiers = (
+        ["-m", "not slow", "-n", processes, "--dist", "loadfile"],
+        ["-m", "slow"],
+    )
+    failed = 0
+    for tier in tiers:
+        try:
+            run(python, "-m", "pytest", *tier, *args, env=env)
+        except subprocess.CalledProcessError as exc:
+            if exc.returncode != NOTHING_COLLECTED:  # a path or -k may select one tier's tests only
+                failed = failed or exc.returncode  # the slow tier runs even when the fast one failed
+    sys.exit(failed)
