@@ -54,11 +54,13 @@ if __name__ == "__main__":
         ["-m", "not slow", "-n", processes, "--dist", "loadfile"],
         ["-m", "slow"],
     )
-    failed = 0
-    for tier in tiers:
+    codes = []
+    for tier in tiers:  # the slow tier runs even when the fast one failed
         try:
             run(python, "-m", "pytest", *tier, *args, env=env)
+            codes.append(0)
         except subprocess.CalledProcessError as exc:
-            if exc.returncode != NOTHING_COLLECTED:  # a path or -k may select one tier's tests only
-                failed = failed or exc.returncode  # the slow tier runs even when the fast one failed
-    sys.exit(failed)
+            codes.append(exc.returncode)
+    # A path or -k may select one tier's tests only; selecting none at all is an error.
+    failures = [code for code in codes if code not in (0, NOTHING_COLLECTED)]
+    sys.exit(failures[0] if failures else NOTHING_COLLECTED if set(codes) == {NOTHING_COLLECTED} else 0)

@@ -11,6 +11,19 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def _allowed_hosts_restored():
+    """``manage.py lmserve`` run in-process (the flag tests) sets ALLOWED_HOSTS for the server
+    it would start, dropping the test client's ``testserver``: put the list back after each
+    test, so a later admin test in the same process is not answered 400 (it depended on the
+    order of the files, which pytest -n changes)."""
+    from django.conf import settings
+
+    saved = list(settings.ALLOWED_HOSTS)
+    yield
+    settings.ALLOWED_HOSTS = saved
+
+
 @pytest.fixture(scope="session")
 def synthetic_dir(tmp_path_factory) -> Path:
     """Where the synthetic GGUF models are written, once per test session."""

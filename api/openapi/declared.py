@@ -29,9 +29,9 @@ from .shapes import Schema, any_of, array, boolean, enum, ignored, in_range, int
 
 def _stop_strings(kind: StopStrings, description: str | None) -> Schema:
     bounds = {"maxItems": kind.limit} if kind.limit is not None else {}
-    strings = array(string(nullable=False, minLength=1), **bounds)
     if not kind.single:
         return array(string(nullable=False, minLength=1), description, **bounds)
+    strings = array(string(nullable=False, minLength=1), **bounds)
     return any_of(string(nullable=True, minLength=1), strings, description=description)
 
 

@@ -77,7 +77,11 @@ class FleetManifest:
 
     def as_json(self) -> str:
         data = asdict(self)
-        data["documents"] = [asdict(doc) for doc in self.documents]
+        # Fields a build did not fill are left out: a reader of the same format version from
+        # before they existed refuses keys it does not know.
+        data["documents"] = [
+            {key: value for key, value in asdict(doc).items() if value is not None} for doc in self.documents
+        ]
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 

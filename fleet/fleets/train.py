@@ -74,7 +74,8 @@ class FleetDocument:
 
     @property
     def state_path(self) -> Path:
-        """The optimizer state beside the cartridge."""
+        """The training state beside the cartridge: the rows training goes on from, the Adam
+        moments, the steps taken and the checkpoint the cartridge file holds."""
         return self.cartridge_path.with_name(self.cartridge_path.name + ".adam")
 
 
@@ -126,8 +127,9 @@ def load_resident(doc: int, document: FleetDocument) -> Resident:
     if not document.state_path.exists():
         return Resident(doc, cartridge, Adam.zeros(cartridge.k[:, :, f:], cartridge.v[:, :, f:]), 0)
     arrays = load_file(str(document.state_path))
-    cartridge.k[:, :, f:] = arrays["k"]
-    cartridge.v[:, :, f:] = arrays["v"]
+    if "k" in arrays:  # a state written before the rows were kept in it: the file's rows are its
+        cartridge.k[:, :, f:] = arrays["k"]
+        cartridge.v[:, :, f:] = arrays["v"]
     meta = state_metadata(document)
     kept = Kept(int(meta["kept_step"]), float(meta["kept_loss"])) if "kept_step" in meta else None
     return Resident(doc, cartridge, Adam.from_arrays(arrays), int(meta.get("steps", 0)), kept)
@@ -194,7 +196,9 @@ class JointTrainer:
 
     def _load(self, i: int) -> None:
         r = load_resident(i, self.docs[i])
-        if self.config.held_out and r.kept is None:  # the initialisation is a candidate too
+        if not self.config.held_out:
+            r.kept = None  # nothing held out: the file follows training (a resumed state's kept is stale)
+        elif r.kept is None:  # the initialisation is a candidate too
             r.kept = Kept(r.steps, self.held_out_loss(r))
             self.initial_loss[i] = r.kept.loss
         self.steps[i] = r.steps
@@ -294,9 +298,15 @@ class JointTrainer:
                 history.append(self.round())
                 if on_step is not None:
                     on_step(n + 1, c.rounds, history[-1])
-        finally:
+        except BaseException:
+            # Cancelled or failed: keep every resident's progress without running the model
+            # again (a held-out measurement would delay the stop, or raise what just raised).
             for r in list(self.residents):
-                self.evict(r)
+                save_resident(self.docs[r.doc], r, cartridge=not c.held_out)
+            self.residents.clear()
+            raise
+        for r in list(self.residents):
+            self.evict(r)
         names = [d.name for d in self.docs]
         steps = {names[i]: s for i, s in self.steps.items()}
         kept = {names[i]: k for i in range(len(names)) if (k := self.kept(i)) is not None}

@@ -9,7 +9,7 @@ import pytest
 from fleet.cartridges.file import Cartridge, load_cartridge, save_cartridge
 from fleet.cartridges.init import initial_cartridge
 from fleet.cartridges.selfstudy import SelfStudyConfig
-from fleet.cartridges.train import Adam, TrainConfig
+from fleet.cartridges.train import Adam, TrainConfig, TrainingCancelled
 from fleet.fleets.train import (
     FleetDocument,
     JointConfig,
@@ -126,3 +126,25 @@ def test_held_out_selection_keeps_each_documents_best_checkpoint(engine, tmp_pat
         if kept.step == 0:
             assert np.array_equal(in_file.cartridge.k, initial[d.name].k)
     assert any(result.kept[name].step < steps for name, steps in result.steps.items())
+
+
+def test_a_cancelled_run_keeps_the_files_checkpoints_and_saves_its_progress(engine, tmp_path):
+    """Cancelled, training writes each resident's state without measuring it (the model does
+    not run again): with held-out selection the files keep their checkpoints, here the
+    initialisations, while the states hold the rows trained so far."""
+    docs = initial_documents(engine, tmp_path)
+    initial = {d.name: load_cartridge(d.cartridge_path) for d in docs}
+    config = JointConfig(rounds=4, budget=3, lr=1e-2, accum=1, held_out=2, seed=3, selfstudy=SMALL)
+    trainer = JointTrainer(engine, docs, config)
+    measured = []
+    held_out_loss = trainer.held_out_loss
+    trainer.held_out_loss = lambda r: measured.append(r.doc) or held_out_loss(r)
+    with pytest.raises(TrainingCancelled, match="after 2 of 4"):
+        trainer.run(cancelled=lambda: len(trainer.steps) and sum(trainer.steps.values()) >= 2)
+    assert sorted(measured) == [0, 1, 2]  # the initialisations, at load; nothing at the cancel
+    trained = [i for i, d in enumerate(docs) if load_resident(i, d).steps > 0]
+    assert trained
+    for i in trained:
+        d = docs[i]
+        assert np.array_equal(load_cartridge(d.cartridge_path).k, initial[d.name].k)
+        assert not np.array_equal(load_resident(i, d).cartridge.k, initial[d.name].k)
