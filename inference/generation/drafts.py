@@ -228,15 +228,16 @@ class VerifyCosts:
     @classmethod
     def measure(cls, forward: Callable[[int], None], reps: int = 3) -> VerifyCosts:
         """Time ``forward(n)`` (one forward of n rows, undone after) for each measured row
-        count, best of ``reps``."""
-        best = {}
-        for n in MEASURED_ROWS:
-            times = []
-            for _ in range(reps):
+        count, best of ``reps``. The counts take turns within each round: a burst of other
+        work on the machine then slows one round of every count, which the best of the
+        rounds leaves out, rather than every timing of one count (a start-up beside a busy
+        process measured verifies as dear and never speculated)."""
+        best = dict.fromkeys(MEASURED_ROWS, float("inf"))
+        for _ in range(reps):
+            for n in MEASURED_ROWS:
                 t0 = time.perf_counter()
                 forward(n)
-                times.append(time.perf_counter() - t0)
-            best[n] = min(times)
+                best[n] = min(best[n], time.perf_counter() - t0)
         return cls.from_timings(best)
 
     def describe(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from inference.generation import drafts
 from inference.generation.drafts import (
     MUTE_FOR,
     MUTE_WINDOW,
@@ -101,6 +102,24 @@ def test_verify_costs_are_relative_to_one_row_monotone_and_interpolated():
     assert costs.of(10) == pytest.approx(4.0 + 2 * (4.0 - 1.9) / 4)
     with pytest.raises(ValueError, match="one row"):
         VerifyCosts.from_timings({2: 0.1})
+
+
+def test_a_burst_of_other_work_during_the_measurement_is_left_out(monkeypatch):
+    """A forward of n rows costs 1 + n/16 time units; for the first 8 forwards the machine is
+    busy and each takes 3x. The best of the rounds must be the quiet costs, whichever count
+    the burst fell on (timed one count after another, the burst took every timing of 1, 2 and
+    3 rows and made the rest look cheap against them)."""
+    clock = [0.0]
+    calls = [0]
+    monkeypatch.setattr(drafts.time, "perf_counter", lambda: clock[0])
+
+    def forward(n: int) -> None:
+        calls[0] += 1
+        clock[0] += (1 + n / 16) * (3 if calls[0] <= 8 else 1)
+
+    costs = VerifyCosts.measure(forward)
+    quiet = VerifyCosts.from_timings({n: 1 + n / 16 for n in drafts.MEASURED_ROWS})
+    assert costs.cost == pytest.approx(quiet.cost)
 
 
 def test_gate_never_verifies_when_rows_cost_what_decoding_them_does():
