@@ -277,5 +277,7 @@ def _train(
     if result.resumed_step:
         progress.on_log(f"training resumed at step {result.resumed_step} from the dataset's saved state")
     kept = f"step {result.best_step} of {result.steps} kept"
+    if result.rewinds:
+        kept += f"; spikes rewound at steps {', '.join(map(str, result.rewinds))}"
     progress.on_log(f"held-out loss {result.loss_first:.4f} -> {result.loss_last:.4f} ({kept})")
     return _Trained(result, count, coverage)

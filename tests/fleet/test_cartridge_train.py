@@ -162,6 +162,36 @@ def test_the_saved_cartridge_is_the_best_held_out_checkpoint(engine, corpus):
     assert np.array_equal(wild.cartridge.k, start.k) and np.array_equal(wild.cartridge.v, start.v)
 
 
+def test_a_held_out_spike_rewinds_to_the_best_rows_with_half_the_rate(engine, corpus):
+    tokens = corpus_tokens(engine, corpus)
+    start = initial_cartridge(engine, tokens[:8], frozen_rows=1)
+    # One conversation, one a step: every step trains on the same conversation, so a run that
+    # rewinds after its first step takes its second as a fresh run at half the rate takes its first.
+    # (Random weights barely respond to their rows: a 5% rise stands for a spike here.)
+    config = TrainConfig(
+        steps=2,
+        lr=10.0,
+        accum=1,
+        held_out=2,
+        seed=1,
+        eval_every=1,
+        conversations=1,
+        spike=0.05,
+        selfstudy=SMALL,
+    )
+    pool = ConversationPool(engine, tokens, config.seed, SMALL)
+    held = held_out_pool(engine, tokens, config)
+    wild = train_cartridge(engine, start, tokens, config, pool=pool, held=held)
+    (_, first), (_, spiked), (_, after) = wild.held_history
+    assert spiked > first * (1 + config.spike) and wild.rewinds[0] == 1
+    half = train_cartridge(engine, start, tokens, replace(config, lr=5.0, steps=1), pool=pool, held=held)
+    assert after == half.held_history[1][1]
+    assert wild.cartridge.training["rewinds"] == wild.rewinds
+    # Without the guard the second step goes on from the spiked rows.
+    unguarded = train_cartridge(engine, start, tokens, replace(config, spike=0.0), pool=pool, held=held)
+    assert unguarded.rewinds == [] and unguarded.held_history[2][1] != after
+
+
 @pytest.mark.slow
 def test_a_timed_build_synthesises_then_trains_within_its_budget(engine, corpus, tmp_path):
     out, dataset = tmp_path / "c.safetensors", tmp_path / "dataset"
