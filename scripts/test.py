@@ -14,6 +14,11 @@ per core, up to four (pytest-xdist, a test file's tests in one process), most of
 kernels compiled and small models driven one at a time, which a second process overlaps; then
 the slow tier in one process, as its live servers and timed checks (speculation's measured
 verify costs among them) want a machine to themselves. The arguments go to both runs.
+
+``--as-avx2`` (taken out before pytest sees the arguments) runs everything as on a CPU without
+AVX-512 or VNNI: numba compiles for Haswell with the host's later vector features turned off,
+and the engine's kernel selection and the tests' CPU guards follow (they read
+NUMBA_CPU_FEATURES), so an AVX-512 machine also checks, and times, the AVX2 paths.
 """
 
 import os
@@ -34,6 +39,30 @@ from bootstrap import (
 # More processes than this would each hold their own models and servers for little gain.
 MAX_TEST_PROCESSES = 4
 NOTHING_COLLECTED = 5  # pytest's exit status when no test was selected
+# Feature families a Haswell-class CPU (AVX2, FMA, F16C) lacks.
+NEWER_THAN_AVX2 = (
+    "avx512",
+    "avxvnni",
+    "avxifma",
+    "avxneconvert",
+    "amx",
+    "avx10",
+    "gfni",
+    "vaes",
+    "vpclmulqdq",
+)
+
+
+def as_avx2(python, env: dict) -> dict:
+    """``env`` with numba told to compile for an AVX2 CPU: the host's features, the newer
+    vector ones turned off."""
+    probe = "from llvmlite import binding; print(binding.get_host_cpu_features().flatten())"
+    host = subprocess.run([python, "-c", probe], check=True, capture_output=True, text=True, env=env)
+    features = [
+        f"-{f[1:]}" if f[1:].startswith(NEWER_THAN_AVX2) else f for f in host.stdout.strip().split(",")
+    ]
+    return {**env, "NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": ",".join(features)}
+
 
 if __name__ == "__main__":
     python = ensure_venv("requirements-dev.txt")
@@ -46,6 +75,9 @@ if __name__ == "__main__":
     ensure_redis()
     ensure_npm()
     args = sys.argv[1:]
+    if "--as-avx2" in args:
+        args.remove("--as-avx2")
+        env = as_avx2(python, env)
     if any(arg.startswith(("-m", "-n", "--numprocesses")) for arg in args):
         run(python, "-m", "pytest", *args, env=env)
         sys.exit(0)
