@@ -77,15 +77,16 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Choice:
-    """One of a few strings (or, for a refused field with a reader of its own, the one
-    boolean that still passes)."""
+    """One of a few strings, or of booleans (a refused flag: the one value that still passes)."""
 
-    values: tuple[str | bool, ...]
+    values: tuple[str, ...] | tuple[bool, ...]
 
-    def read(self, body: dict, name: str) -> str | None:
-        value = f.string(body, name)
+    def read(self, body: dict, name: str) -> str | bool | None:
+        booleans = isinstance(self.values[0], bool)
+        value = f.boolean(body, name) if booleans else f.string(body, name)
         if value is not None and value not in self.values:
-            raise f.invalid_value(name, value, f"one of {', '.join(self.values)}")
+            shown = ", ".join(str(v).lower() if booleans else str(v) for v in self.values)
+            raise f.invalid_value(name, value, f"one of {shown}")
         return value
 
 

@@ -19,6 +19,7 @@ from api.protocol.fields import Invalid
 from api.protocol.infill.request import FIELDS as INFILL_FIELDS
 from api.protocol.infill.request import InfillRequest
 from api.protocol.request_fields import (
+    Choice,
     Flag,
     Integer,
     Nothing,
@@ -71,6 +72,22 @@ def test_a_wrong_type_names_the_field():
     with pytest.raises(Invalid) as caught:
         read_fields(DECLARED, {"count": 1, "loud": "yes"})
     assert caught.value.error.param == "loud"
+
+
+@pytest.mark.parametrize(
+    ("kind", "good", "bad", "expected"),
+    [
+        (Choice(("auto", "none")), "none", "some", "one of auto, none"),
+        (Choice((False,)), False, True, "one of false"),
+    ],
+)
+def test_a_choice_reads_its_values_and_names_the_others(kind, good, bad, expected):
+    assert kind.read({"x": good}, "x") == good and kind.read({}, "x") is None
+    with pytest.raises(Invalid) as caught:
+        kind.read({"x": bad}, "x")
+    assert caught.value.error.param == "x" and caught.value.error.message.endswith(f"expected {expected}")
+    with pytest.raises(Invalid):  # a string where a boolean goes, and the other way round
+        kind.read({"x": str(good) if isinstance(good, bool) else True}, "x")
 
 
 REQUESTS = [
