@@ -3,7 +3,7 @@ alone at a released file's geometry (prefill and decode), the chunked form again
 what the chunked form would do to the synthetic files' logits and greedy tokens.
 
     .venv/bin/python bench/lab/delta_rule.py [--sizes 64,300,1024] [--reps 5]
-        [--part all|prefill|kernel|chunked|logits] [--chunks 16,32,64]
+        [--part all|prefill|kernel|chunked|logits] [--chunks 16,32,64] [--against FILE]
 
 Part 1 prefills the synthetic ``qwen35`` file (written to a temporary directory) with N random
 tokens through ``Engine.prefill`` (the serving path's chunks) and times the delta rule inside
@@ -16,6 +16,10 @@ prefills the synthetic dense and MoE files with the chunked form in place of the
 difference from the recurrence over every position, then decodes 32 greedy tokens (one-token
 steps run the recurrence) and counts the tokens equal to the recurrence's own run.
 Best of --reps; the load average is printed before and after (the machine is shared).
+
+--against FILE times parts 1 and 2 twice, the kernel of FILE (a copy of an earlier
+fused/delta_rule.py, e.g. ``git show REV:inference/engine/fused/delta_rule.py > /tmp/old.py``)
+and the current one taking turns within each repetition, so a burst of other work slows both.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import os
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # before numpy: idle BLAS threads spin otherwise
 
 import argparse
+import importlib.util
 import json
 import sys
 import tempfile
@@ -37,16 +42,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from inference.engine.engine import Engine  # noqa: E402
 from inference.engine.fused.delta_chunk import delta_rule_chunked, delta_rule_chunked_reference  # noqa: E402
-from inference.engine.models import qwen35  # noqa: E402
+from inference.engine.models import deltanet, qwen35  # noqa: E402
 from inference.engine.models.deltanet import delta_rule, l2_norm, sigmoid, softplus  # noqa: E402
 from tests.fixtures.synthetic_qwen35 import qwen35_path  # noqa: E402
 
 
-def prefill_share(sizes: list[int], reps: int) -> None:
+def kernels(against: str | None) -> dict:
+    """The kernels to time by name: the current one, and FILE's when given."""
+    found = {"current": deltanet.delta_rule_heads}
+    if against:
+        spec = importlib.util.spec_from_file_location("delta_rule_against", against)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # numba's disk cache imports it by name on a later run
+        spec.loader.exec_module(module)
+        found = {"against": module.delta_rule_heads, **found}
+    return found
+
+
+def prefill_share(sizes: list[int], reps: int, against: str | None) -> None:
     engine = Engine.load(qwen35_path("qwen35", Path(tempfile.mkdtemp())))
     engine.warm_up()
     spent = [0.0]
     inner = qwen35.delta_rule
+    chosen = kernels(against)
 
     def timed(*args):
         t = time.perf_counter()
@@ -56,18 +74,22 @@ def prefill_share(sizes: list[int], reps: int) -> None:
 
     qwen35.delta_rule = timed
     rng = np.random.default_rng(0)
-    print("synthetic qwen35, Engine.prefill: N, prefill ms, delta rule ms, share")
+    print("synthetic qwen35, Engine.prefill: kernel, N, prefill ms, delta rule ms (best), share")
     for n in sizes:
         tokens = rng.integers(3, 150000, n).tolist()
-        runs = []
+        runs = {name: [] for name in chosen}
         for _ in range(reps):
-            spent[0] = 0.0
-            cache = engine.new_cache(n + 1)
-            t = time.perf_counter()
-            engine.prefill(cache, tokens)
-            runs.append((time.perf_counter() - t, spent[0]))
-        total, rule = min(runs)
-        print(f"  {n:5d}  {total * 1e3:8.2f}  {rule * 1e3:7.3f}  {rule / total:6.1%}")
+            for name, kernel in chosen.items():
+                deltanet.delta_rule_heads = kernel
+                spent[0] = 0.0
+                cache = engine.new_cache(n + 1)
+                t = time.perf_counter()
+                engine.prefill(cache, tokens)
+                runs[name].append((time.perf_counter() - t, spent[0]))
+        for name, timings in runs.items():
+            total, rule = min(t for t, _ in timings), min(r for _, r in timings)
+            print(f"  {name:8s} {n:5d}  {total * 1e3:8.2f}  {rule * 1e3:7.3f}  {rule / total:6.1%}")
+    deltanet.delta_rule_heads = chosen["current"]
     qwen35.delta_rule = inner
 
 
@@ -101,14 +123,26 @@ def run_decode(inputs: tuple, m: int) -> float:
     return (time.perf_counter() - t) / m
 
 
-def kernel_alone(sizes: list[int], reps: int) -> None:
-    print("kernel alone, 16 key heads over 32 value heads of 128: N, one call ms, ms/token; decode ms/token")
+def kernel_alone(sizes: list[int], reps: int, against: str | None) -> None:
+    print("kernel alone, 16 key heads over 32 value heads of 128: kernel, N, one call ms, ms/token;")
+    print("decode ms/token")
+    chosen = kernels(against)
     for n in sizes:
         inputs = released_inputs(n)
-        run_once(delta_rule, inputs)  # compile / load
-        whole = min(run_once(delta_rule, inputs) for _ in range(reps))
-        step = min(run_decode(inputs, min(n, 64)) for _ in range(reps))
-        print(f"  {n:5d}  {whole * 1e3:8.2f}  {whole / n * 1e3:6.4f};  {step * 1e3:6.4f}")
+        whole = {name: np.inf for name in chosen}
+        step = dict(whole)
+        for kernel in chosen.values():
+            deltanet.delta_rule_heads = kernel
+            run_once(delta_rule, inputs)  # compile / load
+        for _ in range(reps):
+            for name, kernel in chosen.items():
+                deltanet.delta_rule_heads = kernel
+                whole[name] = min(whole[name], run_once(delta_rule, inputs))
+                step[name] = min(step[name], run_decode(inputs, min(n, 64)))
+        for name in chosen:
+            t = whole[name]
+            print(f"  {name:8s} {n:5d}  {t * 1e3:8.2f}  {t / n * 1e3:6.4f};  {step[name] * 1e3:6.4f}")
+    deltanet.delta_rule_heads = chosen["current"]
 
 
 def chunked_alone(sizes: list[int], chunks: list[int], reps: int) -> None:
@@ -173,13 +207,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--part", choices=("all", "prefill", "kernel", "chunked", "logits"), default="all")
     ap.add_argument("--chunks", default="16,32,64")
+    ap.add_argument("--against", help="an earlier fused/delta_rule.py to time beside the current kernel")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     print("load average before:", os.getloadavg())
     if args.part in ("all", "prefill"):
-        prefill_share(sizes, args.reps)
+        prefill_share(sizes, args.reps, args.against)
     if args.part in ("all", "kernel"):
-        kernel_alone(sizes, args.reps)
+        kernel_alone(sizes, args.reps, args.against)
     if args.part in ("all", "chunked"):
         chunked_alone(sizes, [int(c) for c in args.chunks.split(",")], args.reps)
     if args.part in ("all", "logits"):
