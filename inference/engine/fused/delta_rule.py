@@ -25,7 +25,8 @@ later token's multiplies by an exact 1). Every value is the product or sum it wa
 passes, taken in the same order, so the bits do not move; a call's last token leaves its
 state undecayed, as the next call's first token expects. One pass over each (head_k, head_v)
 state a token instead of two, and one store instead of two in a decode step (figures in
-docs/FAMILIES.md).
+docs/FAMILIES.md). Taking two or four key rows a pass (fewer loads and stores of ``acc`` and
+``recalled``) keeps the bits too, but LLVM then leaves the loop scalar: 2-5x slower, tried.
 """
 
 from __future__ import annotations
