@@ -27,6 +27,9 @@ state undecayed, as the next call's first token expects. One pass over each (hea
 state a token instead of two, and one store instead of two in a decode step (figures in
 docs/FAMILIES.md). Taking two or four key rows a pass (fewer loads and stores of ``acc`` and
 ``recalled``) keeps the bits too, but LLVM then leaves the loop scalar: 2-5x slower, tried.
+So do blocks of 32 or 64 value columns run through every token (each column's recurrence is
+its own, so a block could stay in L1): 40-120% slower at a released geometry, the shorter
+inner loops costing more than the state's trips to L2.
 """
 
 from __future__ import annotations
