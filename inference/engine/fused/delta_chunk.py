@@ -4,8 +4,8 @@ kernel (fused/delta_rule.py) and kept off the serving path. Nothing in the model
 Why it is not used (docs/FAMILIES.md has the figures):
 
 - It is not faster here. Over a chunk of C tokens the chunked form does the recurrence's work
-  as products with the chunk's start state (K S0, Q S0, K^T D: 6 head_k x head_v multiply-adds
-  a token against the recurrence's 7) plus C x C work inside the chunk. It wins where those
+  as products with the chunk's start state (K S0, Q S0, K^T D: 6 float operations per state
+  element a token against the recurrence's 7) plus C x C work inside the chunk. It wins where those
   products run as register-tiled GEMMs (a GPU, a BLAS). numba without BLAS (no scipy here)
   writes them as loops over rows, each as load/store-bound as the recurrence's own loops; on
   two cores the numba kernel is slower than the token-by-token one at every chunk size tried.
