@@ -14,7 +14,8 @@ the token-by-token kernel between each size so both see the same load. Part 4 (l
 prefills the synthetic dense and MoE files with the chunked form in place of the recurrence
 (the goldens' prompts and random prompts of --sizes tokens) and prints the largest |logit|
 difference from the recurrence over every position, then decodes 32 greedy tokens (one-token
-steps run the recurrence) and counts the tokens equal to the recurrence's own run.
+steps run the recurrence) and counts the tokens equal to the recurrence's own run; on the
+goldens' prompts it also compares the prefill's last logits with llama.cpp's recorded ones.
 Best of --reps; the load average is printed before and after (the machine is shared).
 
 --against FILE times parts 1 and 2 twice, the kernel of FILE (a copy of an earlier
@@ -165,40 +166,56 @@ def chunked_alone(sizes: list[int], chunks: list[int], reps: int) -> None:
         print(f"  {n:5d}  " + "; ".join(cells))
 
 
-def greedy(engine: Engine, tokens: list[int], steps: int) -> tuple[np.ndarray, list[int]]:
-    """Every position's logits of a one-call prefill, and ``steps`` greedy tokens after an
-    Engine.prefill of the same tokens."""
+def greedy(engine: Engine, tokens: list[int], steps: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Every position's logits of a one-call prefill, the last one's after an Engine.prefill
+    of the same tokens (the serving path's chunks), and ``steps`` greedy tokens after it."""
     logits = engine.model.forward(tokens, engine.new_cache(len(tokens) + 1), all_logits=True)
     cache = engine.new_cache(len(tokens) + steps + 1)
-    last, out = engine.prefill(cache, tokens), []
+    last = prefilled = engine.prefill(cache, tokens)
+    out = []
     for _ in range(steps):
         out.append(int(np.argmax(last)))
         last = engine.decode_one(cache, out[-1])
-    return logits, out
+    return logits, prefilled, out
+
+
+def llama_diff(prompt: dict, probe_ids: list[int], logits: np.ndarray) -> float:
+    """The largest |logit diff| from llama.cpp's recorded prompt logits, as test_fidelity.py
+    compares them (its top ids and the probe ids)."""
+    ref = prompt["prompt_logits"]
+    ids = np.array(ref["top_ids"] + probe_ids)
+    return float(np.abs(logits[ids] - np.array(ref["top_values"] + ref["probe_values"])).max())
 
 
 def logits_effect(sizes: list[int], steps: int = 32) -> None:
     goldens = Path(__file__).resolve().parents[2] / "tests" / "goldens"
     directory = Path(tempfile.mkdtemp())
     rng = np.random.default_rng(5)
-    print("chunked prefill (C=64) against the recurrence: prompt, tokens, max |logit diff|, max |logit|,")
-    print("greedy tokens equal")
+    print("chunked prefill (C=64) against the recurrence: prompt, tokens, max |logit diff| over every")
+    print("position, max |logit|, greedy tokens equal before the first difference; for the goldens'")
+    print("prompts the largest |diff| from llama.cpp, recurrence -> chunked (llama.cpp's own spread)")
     for name in ("qwen35", "qwen35moe"):
         engine = Engine.load(qwen35_path(name, directory))
         golden = json.loads((goldens / f"generation_synthetic-{name}.json").read_text(encoding="utf-8"))
-        prompts = [(p["name"], p["token_ids"]) for p in golden["prompts"]]
-        prompts += [(f"random{n}", rng.integers(3, 150000, n).tolist()) for n in sizes]
-        for label, tokens in prompts:
-            exact, exact_tokens = greedy(engine, tokens, steps)
+        prompts = [(p["name"], p["token_ids"], p) for p in golden["prompts"]]
+        prompts += [(f"random{n}", rng.integers(3, 150000, n).tolist(), None) for n in sizes]
+        for label, tokens, recorded in prompts:
+            exact, exact_last, exact_tokens = greedy(engine, tokens, steps)
             qwen35.delta_rule = delta_rule_chunked
             try:
-                chunked, chunked_tokens = greedy(engine, tokens, steps)
+                chunked, chunked_last, chunked_tokens = greedy(engine, tokens, steps)
             finally:
                 qwen35.delta_rule = delta_rule
             equal = next((i for i, (a, b) in enumerate(zip(exact_tokens, chunked_tokens)) if a != b), steps)
             diff = float(np.abs(chunked - exact).max())
             top = float(np.abs(exact).max())
-            print(f"  {name:9s} {label:10s} {len(tokens):5d}  {diff:.2e}  {top:6.2f}  {equal}/{steps}")
+            line = f"  {name:9s} {label:10s} {len(tokens):5d}  {diff:.2e}  {top:6.2f}  {equal:2d}/{steps}"
+            if recorded is not None:
+                before = llama_diff(recorded, golden["probe_ids"], exact_last)
+                after = llama_diff(recorded, golden["probe_ids"], chunked_last)
+                spread = recorded["prompt_logits"]["self_spread"]["max_abs"]
+                line += f"  llama.cpp {before:.3f} -> {after:.3f} ({spread:.3f})"
+            print(line)
 
 
 def main() -> None:
