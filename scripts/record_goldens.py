@@ -21,11 +21,20 @@ of the logits.
 
 llama.cpp runs with 2 threads, flash attention off and its default F16 KV cache — the
 configuration llama-server users get; the engine rounds the same way (docs/FIDELITY.md).
+
+``--no-repack`` loads every model with llama.cpp's extra buffer types off
+(``llama_model_params.use_extra_bufts``): no weight is repacked into the CPU_REPACK buffer, so
+every K-quant product is ggml's ``ggml_vec_dot_*_q8_K`` whatever the recording CPU. With them
+on (the default, as llama-server runs), which tensors get repacked (``q4_K_8x8`` and its
+gemv/gemm, another float order) depends on the recording machine's instruction set and on each
+tensor's shape. The setting is stored in the golden's ``settings`` and holds for the batch-size
+re-runs too, so ``self_spread`` is measured under the arithmetic the golden was recorded with.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import sys
@@ -140,14 +149,22 @@ def rounded(values) -> list[float]:
 class Recorder:
     """One llama.cpp context on one model; greedy decoding from raw logits."""
 
-    def __init__(self, path: Path, n_ctx: int, n_batch: int = 512):
+    def __init__(self, path: Path, n_ctx: int, n_batch: int = 512, repack: bool = True):
         import llama_cpp
 
         self.llama_cpp = llama_cpp
         self.settings = dict(
             n_ctx=n_ctx, n_batch=n_batch, n_threads=N_THREADS, flash_attn=False, kv_cache_type="f16"
         )
-        self.llm = llama_cpp.Llama(
+        if not repack:  # (older goldens, recorded before the option, have no such key)
+            self.settings["use_extra_bufts"] = False
+        with extra_buffer_types(repack):
+            self.llm = self._load(path, n_ctx, n_batch)
+        self.n_vocab = self.llm.n_vocab()
+
+    def _load(self, path: Path, n_ctx: int, n_batch: int):
+        llama_cpp = self.llama_cpp
+        return llama_cpp.Llama(
             str(path),
             n_ctx=n_ctx,
             n_batch=n_batch,
@@ -160,7 +177,6 @@ class Recorder:
             seed=0,
             verbose=False,
         )
-        self.n_vocab = self.llm.n_vocab()
 
     def last_logits(self) -> np.ndarray:
         pointer = self.llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
@@ -206,6 +222,30 @@ class Recorder:
         )
 
 
+@contextlib.contextmanager
+def extra_buffer_types(on: bool):
+    """Loads inside see llama_model_params.use_extra_bufts = ``on``. llama_cpp.Llama takes no
+    argument for it and fills its model params from llama_model_default_params() as it loads,
+    so the default-params function is wrapped while the model loads."""
+    from llama_cpp import llama_cpp as low
+
+    default = low.llama_model_default_params
+    if on:
+        yield
+        return
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    low.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        low.llama_model_default_params = default
+
+
 def self_spread(logits: np.ndarray, alternates: list[np.ndarray], top: np.ndarray, probes: np.ndarray):
     """How far llama.cpp's own prompt logits move when only the batch size changes (other
     kernels, other summation orders): the float noise a second implementation must be held to."""
@@ -228,13 +268,13 @@ def prompts_for(name: str, path: Path) -> list[tuple[str, str]]:
     return prompts
 
 
-def record_model(name: str, path: Path, synthetic: bool) -> dict:
+def record_model(name: str, path: Path, synthetic: bool, repack: bool = True) -> dict:
     import llama_cpp
 
     prompts = prompts_for(name, path)
     n_ctx = 1024 if any(p == "long" for p, _ in prompts) else 512
-    recorder = Recorder(path, n_ctx)
-    others = [Recorder(path, n_ctx, n_batch) for n_batch in ALTERNATE_BATCHES]
+    recorder = Recorder(path, n_ctx, repack=repack)
+    others = [Recorder(path, n_ctx, n_batch, repack=repack) for n_batch in ALTERNATE_BATCHES]
     probe_ids = np.sort(np.random.default_rng(PROBE_SEED).choice(recorder.n_vocab, N_PROBES, replace=False))
     golden = dict(
         name=name,
@@ -280,6 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", choices=ALL_NAMES, help="record only these models")
     parser.add_argument("--out", type=Path, default=GOLDENS_DIR, help="where the JSON files go")
+    parser.add_argument(
+        "--no-repack",
+        action="store_true",
+        help="load with llama.cpp's extra (repacked) buffer types off: every K-quant product is "
+        "ggml_vec_dot_*_q8_K on any CPU (stored in the golden's settings)",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="lmserve-synthetic-") as work_dir:
@@ -288,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             if path is None:
                 print(f"{name}: not installed, skipped", file=sys.stderr)
                 continue
-            golden = record_model(name, path, synthetic=name not in REAL_MODELS)
+            golden = record_model(name, path, synthetic=name not in REAL_MODELS, repack=not args.no_repack)
             target = args.out / f"generation_{name}.json"
             target.write_text(to_json(golden) + "\n", encoding="utf-8")
             print(summarize(golden), flush=True)

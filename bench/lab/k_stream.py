@@ -4,17 +4,22 @@ super-blocks (quants/kblocks.py).
     .venv/bin/python bench/k_stream.py [--rows 10752] [--cols 4864] [--reps 7] [--threads 2]
         [--passes 1] [--formats q6_k q4_k]
 
-Times the decode pair kernels as step_products.dot_one_row runs them (two weight rows a
-call, prefetch ~3 KB ahead), each thread taking its share of the rows, interleaved A/B so both
+Times the decode kernels as step_products.dot_one_row runs them (the layout's pairs and the
+blocks' pairs prefetching ~3-12 KB ahead before each call; the blocks' quads, four rows a
+call, prefetching inside their loop, and as they ran before, a burst before each call), each
+thread taking its share of the rows, interleaved A/B so both
 see the same load; checks both give the same bits. The default shape is Qwen2.5-Coder-0.5B's
 twelve ffn_down matrices stacked (896 rows each). ``--rows 256 --passes 200 --threads 1``:
-one thread from L2 (the kernel's instruction rate).
+one thread from L2 (the kernel's instruction rate). Beside the wall-clock rate, bytes per
+second of CPU time times the threads: what the threads would stream if nothing else ran on
+the cores (a busy machine takes time slices from the wall-clock figures, not from this).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
@@ -25,17 +30,21 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from inference.engine.fused.step_kernels import STRETCH_BYTES  # noqa: E402
 from inference.engine.jit.intrinsics import prefetch  # noqa: E402
 from inference.engine.quants.formats import GGMLType  # noqa: E402
 from inference.engine.quants.intdot import HOST_SIMD, dot_pair_int  # noqa: E402
 from inference.engine.quants.kblocks import (  # noqa: E402
     FORMATS,
-    WIDE,
+    STRETCH_LINES_Q4K,
+    STRETCH_LINES_Q6K,
     dot_pair_q4k,
     dot_pair_q6k,
+    dot_quad_q4k,
+    dot_quad_q4k_ahead,
+    dot_quad_q6k,
+    dot_quad_q6k_ahead,
     super_row_bytes,
-    wide_dot_quad_q4k,
-    wide_dot_quad_q6k,
 )
 from inference.engine.quants.nibbles import pack_nibbles  # noqa: E402
 from inference.engine.quants.pair_mins import dot_pair_min  # noqa: E402
@@ -107,24 +116,46 @@ def stream_blocks(q, ints, int_scales, sums, rows, cols, row_bytes, q4k, out, pa
 
 
 @numba.njit(parallel=True, cache=True)
-def stream_quads(
-    q, ints, int_scales, sums, rows, cols, row_bytes, q4k, out, passes, far=BLOCKS_PREFETCH_BYTES
-):
-    """stream_blocks four rows a call (two 512-bit pairs sharing the activation's work)."""
+def stream_quads(q, ints, int_scales, sums, rows, cols, row_bytes, q4k, out, passes, far=STRETCH_BYTES):
+    """stream_blocks four rows a call as step_products.dot_one_row runs a one-row pass: the
+    host's quad (two 512-bit pairs sharing the activation's work, or two pairs), prefetching
+    the stretch ``far`` bytes ahead inside its loop (kblocks_ir.prefetch_share)."""
+    n_threads = numba.get_num_threads()
+    stretch = (cols >> 8) * 64 * (STRETCH_LINES_Q4K if q4k else STRETCH_LINES_Q6K)
+    last = max(0, q.shape[0] - stretch)
+    for t in numba.prange(n_threads):
+        r0, r1 = rows * t // n_threads // 4 * 4, rows * (t + 1) // n_threads // 4 * 4
+        block = np.empty(4, np.float32)
+        reach = max(far, 8 * row_bytes)
+        for i in range(0, (r1 - r0) * passes, 4):
+            r = r0 + i % (r1 - r0)
+            start = r * row_bytes
+            at = min(last, start + reach)
+            if q4k:
+                dot_quad_q4k_ahead(q, start, start + row_bytes, ints, int_scales, sums, cols >> 8, block, at)
+            else:
+                dot_quad_q6k_ahead(q, start, start + row_bytes, ints, int_scales, sums, cols >> 8, block, at)
+            out[r : r + 4] = block
+
+
+@numba.njit(parallel=True, cache=True)
+def stream_quads_burst(q, ints, int_scales, sums, rows, cols, row_bytes, q4k, out, passes):
+    """stream_quads as dot_one_row ran before the in-loop prefetch: the quad two units ahead
+    prefetched (into L1) in one burst before each call."""
     n_threads = numba.get_num_threads()
     for t in numba.prange(n_threads):
         r0, r1 = rows * t // n_threads // 4 * 4, rows * (t + 1) // n_threads // 4 * 4
         block = np.empty(4, np.float32)
-        ahead = max(1, far // row_bytes) * row_bytes
+        ahead = max(BLOCKS_PREFETCH_BYTES // row_bytes, 8) * row_bytes
         for i in range(0, (r1 - r0) * passes, 4):
             r = r0 + i % (r1 - r0)
             start = r * row_bytes
             for j in range(start + ahead, min(start + ahead + 4 * row_bytes, rows * row_bytes), 64):
                 prefetch(q, j)
             if q4k:
-                wide_dot_quad_q4k(q, start, start + row_bytes, ints, int_scales, sums, cols >> 8, block)
+                dot_quad_q4k(q, start, start + row_bytes, ints, int_scales, sums, cols >> 8, block)
             else:
-                wide_dot_quad_q6k(q, start, start + row_bytes, ints, int_scales, sums, cols >> 8, block)
+                dot_quad_q6k(q, start, start + row_bytes, ints, int_scales, sums, cols >> 8, block)
             out[r : r + 4] = block
 
 
@@ -165,6 +196,14 @@ def _runs(qtype: GGMLType, args, rng) -> dict:
             out_c,
         )
     }
+    out_burst = np.empty(rows, np.float32)
+    quads[f"{name} quads burst"] = (
+        lambda: stream_quads_burst(
+            flat_blocks, ints, int_scales, sums, rows, cols, rb, q4k, out_burst, args.passes
+        ),
+        data.nbytes,
+        out_burst,
+    )
     for far in args.far:
         out_far = np.empty(rows, np.float32)
         quads[f"{name} quads pf{far}"] = (
@@ -189,7 +228,7 @@ def _runs(qtype: GGMLType, args, rng) -> dict:
             data.nbytes,
             out_b,
         ),
-    } | (quads if WIDE else {})
+    } | quads
 
 
 def main() -> None:
@@ -212,12 +251,14 @@ def main() -> None:
     for name, (_, _, out) in runs.items():
         layout = runs[name.split()[0] + " layout"][2]
         assert np.array_equal(out, layout), f"{name} and the layout gave different bits"
-    times = {name: [] for name in runs}
+    times, cpu = {name: [] for name in runs}, {name: 0.0 for name in runs}
     for _ in range(args.reps):
         for name, (run, _, _) in runs.items():
-            t0 = time.perf_counter()
+            before, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             run()
             times[name].append(time.perf_counter() - t0)
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            cpu[name] += after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     load = os.getloadavg()[0]
     print(f"{args.rows}x{args.cols} x{args.passes}, {args.threads} threads, {HOST_SIMD}, load {load:.2f}")
     for name, (_, nbytes, _) in runs.items():
@@ -226,6 +267,7 @@ def main() -> None:
             f"  {name:12s} {nbytes / 1e6:7.1f} MB  median {t * 1e3:6.2f} ms"
             f"  (min {min(times[name]) * 1e3:6.2f})  {weights / t / 1e9:5.1f} Gweights/s"
             f"  {nbytes * args.passes / t / 1e9:5.1f} GB/s"
+            f"  ({args.threads * nbytes * args.passes * args.reps / cpu[name] / 1e9:5.1f} a CPU-s x threads)"
         )
 
 

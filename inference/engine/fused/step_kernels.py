@@ -94,6 +94,10 @@ PREFETCH_BYTES = 3072
 # Q5_0 blocks take more instructions a byte: two threads streaming 151936x896 of them ran at
 # 34-39 Gweights/s prefetching 6-12 KB ahead against 22-23 at 3 KB (bench/lab/q5_stream.py).
 QUINT_PREFETCH_BYTES = 12288
+# How far ahead a K-quant quad's stream prefetches inside its loop (kblocks_ir.prefetch_share),
+# at least: two threads streaming Q6_K rows of 2048-14336 columns (bench/lab/k_stream.py) ran
+# 42-47 GB/s a CPU-second at 16-64 KB against 27-31 at 8 KB; two units of four rows when longer.
+STRETCH_BYTES = 32768
 # A stage's work items: step_items.py (one token row: large at the ends of a matrix, halving
 # toward the middle; several: whole tiles, several tiles an item when the rows are few).
 SOLO_ROWS = 1  # up to this many rows, each thread rounds every row's input itself

@@ -34,7 +34,16 @@ from ..quants.blocks import (
 )
 from ..quants.codes import Q4_1_TAG, Q5_0_TAG, Q8_0_TAG
 from ..quants.intdot import ROW_BLOCK, dot_pair_int, dot_row_int, min_sum
-from ..quants.kblocks import dot_pair_q4k, dot_pair_q6k, dot_quad_q4k, dot_quad_q6k
+from ..quants.kblocks import (
+    STRETCH_LINES_Q4K,
+    STRETCH_LINES_Q6K,
+    dot_pair_q4k,
+    dot_pair_q6k,
+    dot_quad_q4k,
+    dot_quad_q4k_ahead,
+    dot_quad_q6k,
+    dot_quad_q6k_ahead,
+)
 from ..quants.nibbles import dot_pair_nib, dot_row_nib
 from ..quants.pair_mins import dot_pair_min
 from ..quants.q41 import dot_pair_q41
@@ -63,6 +72,7 @@ from .step_kernels import (
     SLOT0,
     SLOT1,
     STORE,
+    STRETCH_BYTES,
     UPWARD,
     StepWeights,
 )
@@ -141,6 +151,13 @@ def dot_one_row(weights, lin, rounded, k, n, r0, r1, out, accumulate, block, min
     ahead *= row_bytes
     end = q_first + lin[ROWS] * row_bytes
     has_bias, b_first = lin[B_OFF] >= 0, lin[B_OFF]
+    # A K-quant quad prefetches inside its loop (kblocks_ir.prefetch_share): the stretch of
+    # ``far`` bytes ahead, a few lines a super-block, into L2; only the first token row's pass
+    # streams (the next rows' find the blocks in cache).
+    stream_k = step == 4 and n == 0
+    far = max(ahead, STRETCH_BYTES)
+    stretch = (cols >> 8) * 64 * (STRETCH_LINES_Q4K if kind == BLOCK_Q4_K else STRETCH_LINES_Q6K)
+    last_stretch = max(0, q.shape[0] - stretch)  # (the stretch stays inside q)
     n_units = (r1 - r0 + step - 1) // step
     for p in range(n_units):
         r = r0 + step * (n_units - 1 - p if backward else p)
@@ -148,14 +165,22 @@ def dot_one_row(weights, lin, rounded, k, n, r0, r1, out, accumulate, block, min
         pair = m >= 2
         row_start, s_start = q_first + r * row_bytes, lin[S_OFF] + r * groups
         m_start = lin[M_OFF] + r * groups
-        # Prefetch ~3 KB ahead: the hardware prefetcher alone left single-thread reads of short
-        # rows at ~12 GB/s, against ~15 with this (measured on 576-4864 column rows).
-        # Downward: the rows ``ahead`` below (a matrix's stream in either direction).
-        base = row_start - ahead if backward else row_start + ahead
-        for i in range(max(base, q_first), min(base + step * row_bytes, end), 64):
-            prefetch(q, i)
         after = row_start + row_bytes
-        if m == 4 and kind == BLOCK_Q4_K:  # super-blocks of 256, mins inside: two pairs a call
+        ahead_k = m == 4 and stream_k
+        if not ahead_k:
+            # Prefetch ~3 KB ahead: the hardware prefetcher alone left single-thread reads of
+            # short rows at ~12 GB/s, against ~15 with this (measured on 576-4864 column rows).
+            # Downward: the rows ``ahead`` below (a matrix's stream in either direction).
+            base = row_start - ahead if backward else row_start + ahead
+            for i in range(max(base, q_first), min(base + step * row_bytes, end), 64):
+                prefetch(q, i)
+        if ahead_k:  # downward: the stretch ``far`` below
+            at = min(last_stretch, max(0, row_start - far if backward else row_start + far))
+            if kind == BLOCK_Q4_K:
+                dot_quad_q4k_ahead(q, row_start, after, codes, code_scales, group_sums, cols >> 8, block, at)
+            else:
+                dot_quad_q6k_ahead(q, row_start, after, codes, code_scales, group_sums, cols >> 8, block, at)
+        elif m == 4 and kind == BLOCK_Q4_K:  # super-blocks of 256, mins inside: two pairs a call
             dot_quad_q4k(q, row_start, after, codes, code_scales, group_sums, cols >> 8, block)
         elif m == 4:
             dot_quad_q6k(q, row_start, after, codes, code_scales, group_sums, cols >> 8, block)

@@ -161,10 +161,35 @@ def _q6k_block(builder, simd, block, first_group, a0, d0, acc):
                 _accumulate(builder, simd, 16, _weights(builder, simd, part, True), scales[j], a0, d0, g, acc)
 
 
-def kblock_pair_dots(builder, simd: str, kind: str, rows, a0, d0, sums0, n_super):
+def prefetch_lines(kind: str, n_rows: int) -> int:
+    """Cache lines a super-block step of ``n_rows`` rows reads (rounded up): the share of a
+    stretch ahead it prefetches so that the stretch keeps pace with the rows (prefetch_share)."""
+    return -(-n_rows * (Q4K_BLOCK if kind == KIND_Q4_K else Q6K_BLOCK) // 64)
+
+
+def prefetch_share(builder, ahead, sb) -> None:
+    """Super-block ``sb``'s share of a stretch of memory to prefetch: ``ahead`` = (i8 pointer to
+    the stretch, lines a super-block); lines [sb * lines, (sb + 1) * lines) of it into L2
+    (prefetcht1). A decode step streams each matrix once; the prefetches the caller issued a
+    unit of rows at a time came in bursts of ~250 lines into L1 (32 KB, overrun by them) and
+    left two threads at ~15 GB/s where the bus gives ~35 (bench/lab/k_stream.py). Spread over
+    the loop, a few lines per super-block, into L2: ~40 (docs/BENCHMARKS.md)."""
+    pointer, lines = ahead
+    first = builder.mul(sb, ir.Constant(sb.type, 64 * lines))
+    i32 = ir.IntType(32)
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [pointer.type, i32, i32, i32]), "llvm.prefetch.p0i8"
+    )
+    for i in range(lines):  # (read, locality 2: prefetcht1, data)
+        at = builder.gep(pointer, [builder.add(first, ir.Constant(sb.type, 64 * i))])
+        builder.call(fn, [at, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
+
+
+def kblock_pair_dots(builder, simd: str, kind: str, rows, a0, d0, sums0, n_super, ahead=None):
     """[each row's product] for weight rows of ``kind`` blocks (i8 pointers ``rows``) with one
     activation row: codes at ``a0``, code scales per group at ``d0``, group sums at ``sums0``
-    (Q4_K's min terms). The values row_dots gives the int8 / nibble copy (module docstring)."""
+    (Q4_K's min terms). The values row_dots gives the int8 / nibble copy (module docstring).
+    ``ahead``: (i8 pointer, lines a super-block) of a stretch to prefetch (prefetch_share)."""
     floats = ir.VectorType(FLOAT, LANES)
     accs = [cgutils.alloca_once_value(builder, ir.Constant(floats, None)) for _ in rows]
     chains = [cgutils.alloca_once_value(builder, ir.Constant(FLOAT, 0.0)) for _ in rows]
@@ -173,6 +198,8 @@ def kblock_pair_dots(builder, simd: str, kind: str, rows, a0, d0, sums0, n_super
         s = loop.index
         w_at = builder.mul(s, ir.Constant(s.type, block_bytes))
         first_group = builder.mul(s, ir.Constant(s.type, groups))
+        if ahead is not None:
+            prefetch_share(builder, ahead, s)
         for row, acc, chain in zip(rows, accs, chains, strict=True):
             block = builder.gep(row, [w_at])
             if kind == KIND_Q4_K:

@@ -26,7 +26,17 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from .intdot_ir import EXACT, I8, I16, I32, _call, lane_sum
-from .kblocks_ir import KIND_Q4_K, Q4K_BLOCK, Q4K_QS, Q6K_BLOCK, Q6K_D, Q6K_QH, Q6K_SCALES, _q4k_small
+from .kblocks_ir import (
+    KIND_Q4_K,
+    Q4K_BLOCK,
+    Q4K_QS,
+    Q6K_BLOCK,
+    Q6K_D,
+    Q6K_QH,
+    Q6K_SCALES,
+    _q4k_small,
+    prefetch_share,
+)
 
 WIDE = 16  # float / int32 lanes of a 512-bit register
 I64 = ir.IntType(64)
@@ -181,11 +191,13 @@ def _q6k_super(builder, pairs, a0, d0, sb, accs):
                     _step(builder, lanes, _group_factor(builder, factors, run + half, 16), acc)
 
 
-def wide_pair_dots(builder, kind: str, pairs, a0, d0, sums0, n_super):
+def wide_pair_dots(builder, kind: str, pairs, a0, d0, sums0, n_super, ahead=None):
     """[[row A's product, row B's] for each (block_a, block_b) i8 pointers of ``pairs``] over
     ``kind`` super-blocks with one activation row (codes ``a0``, code scales ``d0``, group sums
     ``sums0``). Several pairs share the activation's work; their sums are independent chains
-    (each pair's FMAs wait on its own last: two pairs keep twice the FMAs in flight)."""
+    (each pair's FMAs wait on its own last: two pairs keep twice the FMAs in flight).
+    ``ahead``: (i8 pointer, lines a super-block) of a stretch to prefetch, kblocks_ir's
+    prefetch_share."""
     floats = ir.VectorType(FLOAT, WIDE)
     accs = [cgutils.alloca_once_value(builder, ir.Constant(floats, None)) for _ in pairs]
     chains = [cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(FLOAT, 2), None)) for _ in pairs]
@@ -194,6 +206,8 @@ def wide_pair_dots(builder, kind: str, pairs, a0, d0, sums0, n_super):
         sb = loop.index
         at = builder.mul(sb, ir.Constant(sb.type, block_bytes))
         blocks = [(builder.gep(a, [at]), builder.gep(b, [at])) for a, b in pairs]
+        if ahead is not None:
+            prefetch_share(builder, ahead, sb)
         if kind == KIND_Q4_K:
             _q4k_super(builder, blocks, a0, d0, sums0, sb, accs, chains)
         else:

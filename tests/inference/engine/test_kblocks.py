@@ -158,6 +158,51 @@ def test_q6_k_blocks_give_the_int8_kernels_bits(simd):
             assert abs(out[i] - exact) <= 1e-5 * bound
 
 
+@pytest.mark.parametrize("simd", list(_selections()))
+@pytest.mark.parametrize("fmt", [Q4_K, Q6_K], ids=["q4_k", "q6_k"])
+def test_the_kernels_that_prefetch_as_they_go_give_the_same_bits(fmt, simd):
+    """The ``_ahead`` pairs and quads (decode's stream: a stretch prefetched inside the loop)
+    give their plain kernels' bits, wherever the stretch lies in ``q`` (its start, its end,
+    the rows themselves)."""
+    rows = 8
+    data = _file_rows(fmt, rows, 11)
+    group = 32 if fmt is Q4_K else 16
+    ints, int_scales, sums = _activation(group, 12)
+    if fmt is Q6_K:  # Q8_K: one code scale a super-block
+        int_scales = np.repeat(int_scales[:: 256 // group], 256 // group)
+    qtype = GGMLType.Q4_K if fmt is Q4_K else GGMLType.Q6_K
+    rb, n_super, flat = kblocks.super_row_bytes(qtype, COLS), COLS // 256, data.ravel().view(np.int8)
+    pairs = _kernels(simd)
+    plain, ahead = (pairs.q4k, pairs.q4k_ahead) if fmt is Q4_K else (pairs.q6k, pairs.q6k_ahead)
+    lines = kblocks.STRETCH_LINES_Q4K if fmt is Q4_K else kblocks.STRETCH_LINES_Q6K
+    last = flat.size - n_super * 64 * lines  # the furthest a stretch may start
+    for r in range(0, rows, 2):
+        want = np.full(2, np.nan, np.float32)
+        plain(flat, r * rb, (r + 1) * rb, ints, int_scales, sums, n_super, want)
+        for at in (0, r * rb, last):
+            got = np.full(2, np.nan, np.float32)
+            ahead(flat, r * rb, (r + 1) * rb, ints, int_scales, sums, n_super, got, at)
+            np.testing.assert_array_equal(got, want)
+    quads = (
+        [(kblocks.pairs_dot_quad_q4k, kblocks.pairs_dot_quad_q4k_ahead)]
+        if fmt is Q4_K
+        else [(kblocks.pairs_dot_quad_q6k, kblocks.pairs_dot_quad_q6k_ahead)]
+    )
+    if simd == "wide":
+        wide = (kblocks.wide_dot_quad_q4k, kblocks.wide_dot_quad_q4k_ahead)
+        quads.append(wide if fmt is Q4_K else (kblocks.wide_dot_quad_q6k, kblocks.wide_dot_quad_q6k_ahead))
+    elif simd != kblocks.HOST_SIMD:
+        return  # the pairs' quads run the host's selection: checked under its own parameter
+    for quad, quad_ahead in quads:
+        for r in (0, rows - 4):
+            want, got = np.full(4, np.nan, np.float32), np.full(4, np.nan, np.float32)
+            quad(flat, r * rb, (r + 1) * rb, ints, int_scales, sums, n_super, want)
+            quad_ahead(
+                flat, r * rb, (r + 1) * rb, ints, int_scales, sums, n_super, got, min(last, (r + 4) * rb)
+            )
+            np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_a_k_quant_step_reads_the_files_blocks_and_decodes_as_prefill_does(family, synthetic_dir):
     """llama: Q6_K down, Q4_K gate|up stacked (two file parts); qwen2: Q6_K and Q4_K down,
