@@ -1,10 +1,14 @@
-"""Paired A/B of decode steps between checkouts, on a machine other processes share.
+"""Paired A/B of decode steps (or lockstep steps, or prefills) between checkouts, on a machine
+other processes share.
 
-    .venv/bin/python bench/decode_ab.py --model PATH [--rounds 20] [--steps 10] TREE [TREE ...]
+    .venv/bin/python bench/decode_ab.py --model PATH [--rounds 20] [--steps 10] [--work decode]
+        TREE [TREE ...]
 
-One long-lived worker process per checkout (its own sources and numba cache) holds the model
-with 40 tokens cached; the driver asks each in turn for a burst of one-token steps (the same
-cached position each time), alternating the order every round, and starts a burst only when
+``--work``: ``decode`` (one token after 40 cached), ``batchN`` (one lockstep step of N
+conversations, each 40 tokens in: ``Engine.decode_batch``) or ``ppN`` (a prefill of N tokens
+into an empty cache). One long-lived worker process per checkout (its own sources and numba
+cache) holds the model; the driver asks each in turn for a burst of steps (the same cached
+positions each time), alternating the order every round, and starts a burst only when
 both cores look idle (/proc/stat over 0.1 s, up to 30 s of waiting): another helper's run that
 takes a core halfway through a step makes one thread run the step alone (2x the time), which
 no median of unpaired runs separates from a real change. Prints per checkout the median over
@@ -14,6 +18,7 @@ rounds of each burst's median step, and its speed against the first checkout pai
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import subprocess
 import sys
@@ -25,22 +30,52 @@ import numpy as np
 WORKER = "--worker"
 
 
-def _worker(model: str) -> None:
+CACHED = 40  # tokens in each conversation before a timed decode or lockstep step
+
+
+def _step(engine, work: str):
+    """A function that runs one timed unit of ``work`` (module docstring) when called."""
+    from inference.engine.engine import BatchRow
+
+    if work.startswith("pp"):
+        prompt = [100 + i % 200 for i in range(int(work[2:]))]
+        cache = engine.new_cache(len(prompt) + 8)
+
+        def prefill():
+            cache.truncate(0)
+            engine.prefill(cache, prompt)
+
+        return prefill
+    width = int(work[5:]) if work.startswith("batch") else 1
+    caches = [engine.new_cache(2048) for _ in range(width)]
+    for n, cache in enumerate(caches):
+        engine.prefill(cache, [100 + n + i for i in range(CACHED)])
+
+    def step():
+        for cache in caches:
+            cache.truncate(CACHED)
+        if width == 1:
+            engine.decode_one(caches[0], 7)
+        else:
+            engine.decode_batch([BatchRow(cache, 7 + n) for n, cache in enumerate(caches)])
+
+    return step
+
+
+def _worker(model: str, work: str) -> None:
     sys.path.insert(0, ".")  # the checkout the worker runs in
     from inference.engine.engine import Engine
 
     engine = Engine.load(model)
-    cache = engine.new_cache(2048)
-    engine.prefill(cache, list(range(100, 132)))
-    for _ in range(30):
-        engine.decode_one(cache, 7)
+    step = _step(engine, work)
+    for _ in range(5):
+        step()
     print("ready", flush=True)
     for line in sys.stdin:
         times = []
         for _ in range(int(line)):
-            cache.truncate(40)
             t0 = time.perf_counter()
-            engine.decode_one(cache, 7)
+            step()
             times.append(time.perf_counter() - t0)
         print(" ".join(f"{t * 1e3:.4f}" for t in times), flush=True)
 
@@ -63,19 +98,22 @@ def _wait_quiet(limit: int = 300) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == WORKER:
-        _worker(sys.argv[2])
+    if len(sys.argv) > 3 and sys.argv[1] == WORKER:
+        _worker(sys.argv[2], sys.argv[3])
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--work", default="decode", help="decode, batchN or ppN (module docstring)")
     parser.add_argument("trees", nargs="+", type=Path)
     args = parser.parse_args()
+    if not re.fullmatch(r"decode|batch[1-9][0-9]*|pp[1-9][0-9]*", args.work):
+        parser.error(f"--work {args.work!r}: expected decode, batchN or ppN")
     script = Path(__file__).resolve()
     workers = [
         subprocess.Popen(
-            [str(tree / ".venv/bin/python"), str(script), WORKER, args.model],
+            [str(tree / ".venv/bin/python"), str(script), WORKER, args.model, args.work],
             cwd=tree,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
