@@ -9,11 +9,13 @@ test; then pytest runs the whole
 suite: both tiers, the unit tests and the tests marked slow (live servers, fidelity); `-m "not
 slow"` as an argument runs the fast tier alone.
 
-Without `-m` or `-n` among the arguments pytest runs twice: the fast tier with one test process
-per core, up to four (pytest-xdist, a test file's tests in one process), most of its time being
-kernels compiled and small models driven one at a time, which a second process overlaps; then
-the slow tier in one process, as its live servers and timed checks (speculation's measured
-verify costs among them) want a machine to themselves. The arguments go to both runs.
+Without `-m` or `-n` among the arguments pytest runs three times: the fast tier with one test
+process per core, up to four (pytest-xdist, a test file's tests in one process), most of its time
+being kernels compiled and small models driven one at a time, which a second process overlaps;
+then the slow tier's live servers and long model runs the same way, the longest files first
+(tests/conftest.py); then, in one process, the few slow tests marked ``serial``, whose servers
+time their own work (speculation's measured verify costs) and want the machine to themselves.
+The arguments go to every run.
 
 ``--as-avx2`` (taken out before pytest sees the arguments) runs everything as on a CPU without
 AVX-512 or VNNI: numba compiles for Haswell with the host's later vector features turned off,
@@ -84,10 +86,11 @@ if __name__ == "__main__":
     processes = str(min(os.cpu_count() or 1, MAX_TEST_PROCESSES))
     tiers = (
         ["-m", "not slow", "-n", processes, "--dist", "loadfile"],
-        ["-m", "slow"],
+        ["-m", "slow and not serial", "-n", processes, "--dist", "loadfile"],
+        ["-m", "slow and serial"],
     )
     codes = []
-    for tier in tiers:  # the slow tier runs even when the fast one failed
+    for tier in tiers:  # every tier runs, even when an earlier one failed
         try:
             run(python, "-m", "pytest", *tier, *args, env=env)
             codes.append(0)

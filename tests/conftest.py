@@ -37,8 +37,27 @@ LIVE_SERVER_FIXTURES = frozenset(
 )
 
 
+# The slow tier's longest files (1.5-4.5 minutes each on two cores), collected first so that
+# pytest -n starts them first: its processes then finish together, where one used to run the
+# soak alone for its last minutes.
+LONGEST_FIRST = (
+    "tests/api/test_soak_live.py",
+    "tests/fleet/test_celery_faults.py",
+    "tests/api/test_openapi_fuzz.py",
+    "tests/inference/engine/jit/test_simd_models.py",
+    "tests/api/test_constraints.py",
+    "tests/api/test_batch_live.py",
+)
+
+
+def _start_rank(item) -> int:
+    path = item.nodeid.split("::")[0]
+    return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """Refuse a live-server test that is not marked slow: the fast tier must stay unit tests."""
+    """Refuse a live-server test that is not marked slow (the fast tier must stay unit tests),
+    and put the longest files first (a stable sort: the rest keep their order)."""
     unmarked = [
         item.nodeid
         for item in items
@@ -47,3 +66,4 @@ def pytest_collection_modifyitems(config, items) -> None:
     ]
     if unmarked:
         raise pytest.UsageError("live-server tests must be marked slow: " + ", ".join(unmarked))
+    items.sort(key=_start_rank)

@@ -32,6 +32,7 @@ from tests.api.conftest import ROOT, start_lmserve
 OPTED_IN = os.environ.get("LMSERVE_AGENT_TESTS") == "1"
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.serial,  # the agents' own timeouts: a 27k-token prefill wants both cores
     pytest.mark.timeout(3600),
     pytest.mark.skipif(not OPTED_IN, reason="coding agents from npm: set LMSERVE_AGENT_TESTS=1"),
 ]

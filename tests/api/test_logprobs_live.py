@@ -172,6 +172,7 @@ def spec_batch(tmp_path_factory):
     proc.stop()
 
 
+@pytest.mark.serial  # counts accepted drafts: --spec's cost gate wants a quiet machine
 def test_spec_and_batch_report_exactly_the_plain_numbers(http, spec_batch):
     bodies = [greedy(COPY, top=5, max_tokens=48), greedy(FRANCE, top=5, stop=["Paris"])]
     plain = []

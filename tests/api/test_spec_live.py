@@ -18,7 +18,9 @@ import pytest
 
 from .conftest import ASK_WEATHER, WEATHER_SCHEMA
 
-pytestmark = pytest.mark.slow  # live servers
+# Live servers; serial: --spec measures its verify costs at start and, on a machine another
+# test process keeps busy, rightly declines to speculate, where these tests count accepted drafts.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 LIST = "apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, mango"
 ASK_LIST = [{"role": "user", "content": f"Repeat this list exactly: {LIST}."}]

@@ -135,6 +135,7 @@ def test_negative_steps_are_refused(engine, corpus, tmp_path):
         )
 
 
+@pytest.mark.slow  # several seconds on a model: the slow tier (the fast one keeps under 5 minutes)
 def test_the_saved_cartridge_is_the_best_held_out_checkpoint(engine, corpus):
     tokens = corpus_tokens(engine, corpus)
     start = initial_cartridge(engine, tokens[:8], frozen_rows=1)

@@ -166,6 +166,7 @@ def test_bad_input_is_refused_before_any_work(tmp_path, docs_dir, engine):
     assert not (tmp_path / "f").exists()
 
 
+@pytest.mark.slow  # several seconds on a model: the slow tier (the fast one keeps under 5 minutes)
 def test_steps_train_every_cartridge_jointly_and_record_their_steps(tmp_path, docs_dir, engine, built):
     out = tmp_path / "f"
     result = build_fleet(spec(docs_dir, engine, out, steps=2, held_out=0), engine=engine)

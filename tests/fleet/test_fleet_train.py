@@ -105,6 +105,7 @@ def test_budget_must_be_positive(engine, tmp_path):
         train_fleet(engine, [FleetDocument("a", [1], tmp_path / "a")], JointConfig(rounds=1, budget=0))
 
 
+@pytest.mark.slow  # several seconds on a model: the slow tier (the fast one keeps under 5 minutes)
 def test_held_out_selection_keeps_each_documents_best_checkpoint(engine, tmp_path):
     """With held-out conversations each file holds the lowest-loss checkpoint it went through
     (the initialisation included), while training goes on from the state's rows. A step size

@@ -136,6 +136,7 @@ REPEAT_LIST = f"Repeat this list exactly: {FRUITS}."
 
 
 @pytest.mark.slow  # two manage.py processes loading the model
+@pytest.mark.serial  # counts accepted drafts: --spec's cost gate wants a quiet machine
 def test_generate_spec_writes_the_same_text_and_reports_acceptance():
     args = ("--chat", "--prompt", REPEAT_LIST, "--max-tokens", "40")
     plain, spec = generate(*args), generate(*args, "--spec")

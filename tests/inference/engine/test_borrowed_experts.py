@@ -52,6 +52,7 @@ def moe_path(request, synthetic_dir):
     return MOE_FILES[request.param](synthetic_dir)
 
 
+@pytest.mark.slow  # several seconds on a model: the slow tier (the fast one keeps under 5 minutes)
 def test_borrowed_experts_give_the_bits_of_repacked_ones(moe_path):
     repacked, borrowed, tiny = (Engine.load(moe_path, o) for o in (None, BORROW, TINY_CACHE))
     prompt = list(np.random.default_rng(5).integers(3, repacked.config.vocab_size, 11))

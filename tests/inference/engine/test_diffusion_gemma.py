@@ -225,6 +225,7 @@ def test_the_family_serves_through_the_diffusion_backend(engine):
     assert engine.tokenizer.token_id("<turn|>") in engine.stop_ids
 
 
+@pytest.mark.slow  # several seconds on a model: the slow tier (the fast one keeps under 5 minutes)
 def test_each_layer_of_both_passes_matches_the_reference(engine, reference):
     model = engine.model
     cache = engine.new_cache(128)

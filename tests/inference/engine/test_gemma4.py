@@ -26,6 +26,9 @@ from tests.inference.engine.test_invariance import (  # noqa: F401  (collected h
     test_verify_rows_and_truncation_equal_decode,
 )
 
+# The invariance checks on four gemma4 geometries take ~50 s on two cores: the slow tier.
+pytestmark = pytest.mark.slow
+
 GOLDENS_DIR = Path(__file__).resolve().parents[2] / "goldens"
 NARROW_WINDOW = 8  # shorter than test_invariance's 24 tokens, so the window slides there
 

@@ -72,6 +72,7 @@ def test_the_files_cover_both_qkvr_paths(engine):
     assert [("moe" in layer) for layer in engine.model.layers] == [False, True, True, True]
 
 
+@pytest.mark.slow  # several seconds on a model: the slow tier (the fast one keeps under 5 minutes)
 def test_forward_matches_the_independent_reference(engine):
     got, ref = _compared(engine)
     vocab = got.shape[1] - N_PAD

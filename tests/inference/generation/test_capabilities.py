@@ -45,6 +45,7 @@ def test_weights_without_a_fused_forward_report_no_batch_and_refuse_it(engine, m
         backend_for(BackendSetup(engine, n_ctx=64, kv_slots=2, batch=2))
 
 
+@pytest.mark.slow  # several seconds on a model: the slow tier (the fast one keeps under 5 minutes)
 def test_a_numpy_path_family_reports_what_its_lockstep_step_does(synthetic_dir, monkeypatch):
     gemma4 = Engine.load(gemma4_path("gemma4", synthetic_dir))
     backend = backend_for(BackendSetup(gemma4, n_ctx=64))

@@ -109,6 +109,7 @@ def generate(backend: ConversationBackend, reasoning: bool) -> Sink:
     return sink
 
 
+@pytest.mark.slow  # several seconds on a model: the slow tier (the fast one keeps under 5 minutes)
 def test_a_thinking_reply_is_routed_through_the_backend(backend):
     on = generate(backend, reasoning=True)
     assert (on.text(ReasoningDelta), on.text(TextDelta)) == (REASONING, ANSWER)

@@ -79,6 +79,7 @@ def follow_up(request: GenerationRequest, sink: RecordingSink, text: str) -> Gen
     return GenerationRequest(messages, request.sampling, request.max_tokens, request.stop)
 
 
+@pytest.mark.slow  # several seconds on a model: the slow tier (the fast one keeps under 5 minutes)
 def test_a_batch_streams_exactly_what_the_plain_loop_streams(smollm2):
     requests = [
         ask("Name the capital city of France.", max_tokens=24),

@@ -64,6 +64,7 @@ def deltas(sink) -> list[TextDelta]:
     return [e for e in sink.events if isinstance(e, TextDelta)]
 
 
+@pytest.mark.slow  # several seconds on a model: the slow tier (the fast one keeps under 5 minutes)
 def test_plain_batched_and_speculative_report_the_same_logprobs(engine, caplog):
     plain = solo(fresh(engine), REQUESTS)
     lockstep = batched(fresh(engine), REQUESTS)

@@ -96,6 +96,7 @@ def assert_same_cache(plain, spec):
     )
 
 
+@pytest.mark.slow  # several seconds on a model: the slow tier (the fast one keeps under 5 minutes)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_any_source_commits_the_plain_tokens_and_leaves_the_plain_cache(engine, params, mode):

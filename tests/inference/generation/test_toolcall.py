@@ -214,6 +214,7 @@ def qwen() -> Engine:
     return Engine.load(optional_model_path("qwen2.5-coder-0.5b-instruct.gguf"))
 
 
+@pytest.mark.slow  # several seconds on a model: the slow tier (the fast one keeps under 5 minutes)
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_forced_call_on_qwen_is_one_valid_call(qwen, temperature):
     tools = [WEATHER, CLOCK]

@@ -30,6 +30,7 @@ def _log_softmax(z: np.ndarray) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
+@pytest.mark.slow  # several seconds on a model: the slow tier (the fast one keeps under 5 minutes)
 def test_prefix_gradient_matches_finite_differences(engine):
     """d/dprefix of sum(logits * R) by backward vs central differences along random
     directions (float64 end to end), with the head on a subset of rows."""
