@@ -48,7 +48,7 @@ from ..quants.nibbles import dot_pair_nib, dot_row_nib
 from ..quants.pair_mins import dot_pair_min
 from ..quants.q41 import dot_pair_q41
 from ..quants.quint import dot_pair_quint, dot_row_quint
-from ..quants.tiles import TILE_W
+from ..quants.tiles import NARROW_W
 from . import prefill_tiles
 from .ffn_act import gelu_mul, silu_mul
 from .step_items import TILE_ROWS, item_bounds
@@ -81,11 +81,16 @@ from .tile_unpack import group_size, has_mins, unpack_rows
 # Item bounds of a stage whose items span one matrix's rows, or gate's and up's (step_items).
 ONE_MATRIX, TWO_MATRICES = np.int64(1), np.int64(2)
 ROW0 = np.int64(0)  # dot_one_row's token row when there is one
-# Up to this many token rows (a lockstep batch of 2-3, a short verify run), a blocks-only
-# matrix's products are one-row products per token row, TILE_ROWS weight rows at a time (their
-# blocks stay in cache across the token rows). Qwen2.5-Coder-0.5B, a step of 2 / 4 / 8 rows:
-# 34 / 58 / 106 ms this way, 52 / 55 / 77 ms through the tiles.
-FEW_BLOCK_ROWS = 3
+# Up to this many token rows (a lockstep batch of 2, a verify run of 2), a blocks-only matrix's
+# products are one-row products per token row, TILE_ROWS weight rows at a time (their blocks
+# stay in cache across the token rows). Qwen2.5-Coder-0.5B, a step of 2 / 4 / 8 rows: 34 / 58 /
+# 106 ms this way, 52 / 55 / 77 ms through tiles 8 weight rows wide. 3 rows go through the
+# narrow tiles (NARROW_W, quants/tiles.py), paired against three one-row passes: Qwen2.5 /
+# Gemma 3 1.15x / 1.13x on AVX2, 0.96x / 1.02-1.21x on AVX-512 VNNI; 2 rows were slower.
+# Q4_1 blocks, which keep tiles 8 rows wide (prefill_tiles.tile_width), keep one-row products
+# up to 3 rows (SmolLM2: tiles 0.90x).
+FEW_BLOCK_ROWS = 2
+FEW_Q4_1_ROWS = 3
 # The tiles read Q8_0 and Q4_1 blocks as they are (the codes or nibbles where the int8 copy
 # had them, the f16 scale widened in registers), and Q5_0 blocks below this many token rows:
 # its fifth bits are merged in registers again for every block of ROW_BLOCK token rows, so
@@ -288,7 +293,7 @@ def dot_run(weights, lin, rounded, k, n_rows, r0, r1, out, out_at, accumulate, s
     itself (the strided view the tiles write through cost ~20% of a 32-row item's time,
     measured on Qwen2.5's head), walking the weight rows downward with ``backward`` (same
     products, same bits); several rows by prefill_tiles.dot_tile_many (of a blocks-only
-    matrix: by dot_one_row per token row up to FEW_BLOCK_ROWS, else on tiles unpacked into
+    matrix: by dot_one_row per token row while one_row_products, else on tiles unpacked into
     scratch), a float matrix by dot_tile_float. All through pointers (module docstring): no
     level between dot_run and the tiles whose compile would optimize the tile kernels' code
     once more."""
@@ -314,7 +319,7 @@ def dot_run(weights, lin, rounded, k, n_rows, r0, r1, out, out_at, accumulate, s
                 backward,
             ),
         )
-    elif lin[Q_OFF] == BLOCKS_ONLY and n_rows <= FEW_BLOCK_ROWS:
+    elif lin[Q_OFF] == BLOCKS_ONLY and one_row_products(kind_of(lin), n_rows):
         for a in range(r0, r1, TILE_ROWS):
             b = min(r1, a + TILE_ROWS)
             at = out_at + a - r0
@@ -338,15 +343,14 @@ def dot_run(weights, lin, rounded, k, n_rows, r0, r1, out, out_at, accumulate, s
     elif lin[Q_OFF] == BLOCKS_ONLY and tile_reads(kind_of(lin), n_rows):
         # Whole tiles straight from the blocks (prefill_tiles reads them as it reads codes);
         # the rows past them unpacked.
-        whole = r0 + (r1 - r0) // TILE_W * TILE_W
+        width = prefill_tiles.tile_width(n_rows, tile_marker(kind_of(lin)))  # as _tiles picks it
+        whole = r0 + (r1 - r0) // width * width
         tile_lin = lin.copy()
         tile_lin[Q_OFF] = block_offset(lin[QUINT])
         tile_lin[NIB] = tile_marker(kind_of(lin))
         if whole > r0:
             view = out[:, out_at : out_at + whole - r0]
-            product_call(
-                TILE_AT, (weights, tile_lin, rounded, k, n_rows, r0, whole, view, accumulate, scratch)
-            )
+            _tiles(weights, tile_lin, rounded, k, n_rows, r0, whole, view, accumulate, scratch)
         if r1 > whole:
             rest = out[:, out_at + whole - r0 : out_at + r1 - r0]
             _unpacked_tiles(weights, lin, rounded, k, n_rows, whole, r1, rest, accumulate, scratch)
@@ -355,8 +359,27 @@ def dot_run(weights, lin, rounded, k, n_rows, r0, r1, out, out_at, accumulate, s
             weights, lin, rounded, k, n_rows, r0, r1, out[:, out_at : out_at + r1 - r0], accumulate, scratch
         )
     else:
-        view = out[:, out_at : out_at + r1 - r0]
-        product_call(TILE_AT, (weights, lin, rounded, k, n_rows, r0, r1, view, accumulate, scratch))
+        _tiles(
+            weights, lin, rounded, k, n_rows, r0, r1, out[:, out_at : out_at + r1 - r0], accumulate, scratch
+        )
+
+
+@kernel_only()
+def _tiles(weights, lin, rounded, k, n_rows, r0, r1, view, accumulate, scratch):
+    """prefill_tiles' product of ``n_rows`` token rows with rows r0..r1 of ``lin`` into
+    ``view``, through tiles as wide as tile_width says (each width its own kernel)."""
+    args = (weights, lin, rounded, k, n_rows, r0, r1, view, accumulate, scratch)
+    if prefill_tiles.tile_width(n_rows, lin[NIB]) == NARROW_W:
+        product_call(NARROW_TILE_AT, args)
+    else:
+        product_call(TILE_AT, args)
+
+
+@numba.njit(cache=True)
+def one_row_products(kind, n_rows):
+    """Whether a blocks-only matrix of ``kind`` takes the products of ``n_rows`` token rows one
+    token row at a time (FEW_BLOCK_ROWS) rather than through the tiles."""
+    return n_rows <= (FEW_Q4_1_ROWS if kind == BLOCK_Q4_1 else FEW_BLOCK_ROWS)
 
 
 @numba.njit(cache=True)
@@ -405,7 +428,7 @@ def _unpacked_tiles(weights, lin, rounded, k, n_rows, r0, r1, view, accumulate, 
         tile_lin[ROWS] = b - a
         tile_lin[B_OFF] = lin[B_OFF] + a if lin[B_OFF] >= 0 else -1
         part = view[:, a - r0 : b - r0]
-        product_call(TILE_AT, (tile, tile_lin, rounded, k, n_rows, ROW0, b - a, part, accumulate, scratch))
+        _tiles(tile, tile_lin, rounded, k, n_rows, ROW0, b - a, part, accumulate, scratch)
 
 
 @numba.njit(cache=True, no_cfunc_wrapper=True)
@@ -519,6 +542,7 @@ def ffn_stage(weights, linears, rounded, n_ff, gelu, act, counters, stage, tid):
 PRODUCT_SITES = Sites("step_products")
 ONE_ROW_AT = PRODUCT_SITES.add(dot_one_row)
 TILE_AT = PRODUCT_SITES.add(prefill_tiles.dot_tile_many)
+NARROW_TILE_AT = PRODUCT_SITES.add(prefill_tiles.dot_tile_narrow)
 FLOAT_AT = PRODUCT_SITES.add(dot_tile_float, needs=FLOAT_MATRICES)
 product_call = PRODUCT_SITES.call
 KERNEL_SITES = Sites("step_kernels")

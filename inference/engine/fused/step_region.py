@@ -21,6 +21,7 @@ from ..jit.stage_calls import Sites, compile_elsewhere, start_early
 from ..quants.intdot import ROW_BLOCK
 from .attention_tile import attend_scratch_size, attend_tile
 from .kernels import attend_head
+from .prefill_tiles import dot_tile_narrow
 from .step_attention import ATTEND_SITES, attend_stage
 from .step_kernels import (
     ADD,
@@ -411,5 +412,6 @@ def compile_ahead() -> None:
 # while this one compiles the rest (compile_split.py): the region, its stages for attention and
 # the k/v cache; here the products, the rounding and the FFN. Each side first types its part of
 # the forward (stage_calls.discover, ~2-3 s with the helpers that typing compiles). Balanced on
-# SmolLM2 (2026-12-02, AVX-512 VNNI machine): ~10-11 s CPU each of a ~22 s cold start.
-compile_elsewhere(forward_rows, run_stages, attend_stage, attend_tile, attend_head, kv_stage)
+# SmolLM2 (2026-12-02, AVX-512 VNNI machine): ~10-11 s CPU each of a ~22 s cold start. The
+# narrow tiles (the products of a lockstep batch) went there too when they came.
+compile_elsewhere(forward_rows, run_stages, attend_stage, attend_tile, attend_head, kv_stage, dot_tile_narrow)

@@ -1,4 +1,5 @@
-"""Register tiles of the integer group dot product: TILE_W weight rows x ROW_BLOCK activation rows.
+"""Register tiles of the integer group dot product: TILE_W (or NARROW_W) weight rows x ROW_BLOCK
+activation rows.
 
 A prefill multiplies each weight row with many activation rows. ``dot_rows_int`` takes one
 weight row against ROW_BLOCK activation rows; here TILE_W consecutive weight rows go through
@@ -11,7 +12,11 @@ kernel's (intdot.dot_row_int / nibbles.dot_row_nib), bit for bit:
   with an offset (Q4_0) take the 256-bit tile;
 - every other case: intdot_ir.row_dots over the tile, the selection's own instructions.
 
-``dot_tile_rows`` (its signature at the end of the module) is the host's tile.
+A tile is TILE_W weight rows wide for a prefill's many blocks of token rows (each weight group
+loaded once for more products), or NARROW_W for a product whose token rows fit one block (a
+lockstep batch of 3-4 rows, a short verify run), which streams its weights as decode does: the
+width is a constant of the caller, each width its own code. ``dot_tile_rows`` (its signature at
+the end of the module) is the host's tile.
 """
 
 from __future__ import annotations
@@ -30,6 +35,11 @@ from .intdot_reference import dot_row_bitwise_reference
 from .tile_ir import wide_tile_dots
 
 TILE_W = 8  # weight rows per tile (four 512-bit pairs): measured faster than 4, most for nibbles
+# Weight rows per tile when the token rows fit one block. A 4-row lockstep step through tiles
+# of 2 against 8 (bench/decode_ab.py --work batch4, paired): SmolLM2 / Qwen2.5 / Gemma 3 1.10x
+# / 1.22x / 1.36x on AVX-512 VNNI, 1.07x / 1.24x / 1.41x on AVX2 (tiles of 4: 0.97-1.04x);
+# a 16-row prefill 0.87-0.94x, so prefills keep TILE_W.
+NARROW_W = 2
 WIDE_FEATURES = ("avx512f", "avx512bw", "avx512vl", "avx512vnni")
 # Whether this process's vnni selection may use 512-bit vectors (the kernels of the other
 # tiles are defined everywhere; only those the CPU runs are compiled).
@@ -44,6 +54,7 @@ TILE_LAYOUTS = (Q4_1_BLOCKS, Q5_0_BLOCKS, Q8_0_BLOCKS, NIBBLES, NIBBLES_8, INT8_
 def tile(
     typingctx,
     simd,
+    width,
     nib,
     group_shift,
     q,
@@ -58,17 +69,21 @@ def tile(
     out,
     col0,
 ):
-    """``tile(simd, nib, group_shift, q, q_start, row_bytes, ints, n0, scales, s_start, n_groups,
-    int_scales, out, col0)``: dot_tile_rows through selection ``simd`` (a constant string;
-    "wide" is vnni with two weight rows per 512-bit vector, tile_ir.py, which nibbles stored
-    plus an offset leave to the 256-bit tile). The layout of the weight codes (codes.py) is
-    chosen at run time from ``nib`` and ``group_shift``: the code of every layout is emitted."""
+    """``tile(simd, width, nib, group_shift, q, q_start, row_bytes, ints, n0, scales, s_start,
+    n_groups, int_scales, out, col0)``: dot_tile_rows through selection ``simd`` (a constant
+    string; "wide" is vnni with two weight rows per 512-bit vector, tile_ir.py, which nibbles
+    stored plus an offset leave to the 256-bit tile), ``width`` weight rows (a constant,
+    TILE_W or NARROW_W). The layout of the weight codes (codes.py) is chosen at run time from
+    ``nib`` and ``group_shift``: the code of every layout is emitted."""
     chosen = literal_strings(simd)
-    if chosen is None:
+    if chosen is None or not isinstance(width, types.IntegerLiteral):
         return None
     (selection,) = chosen
+    n_weight_rows = width.literal_value
+    assert n_weight_rows in (TILE_W, NARROW_W)
     sig = types.void(
         simd,
+        width,
         nib,
         group_shift,
         q,
@@ -86,33 +101,34 @@ def tile(
 
     def codegen(context, builder, signature, args):
         t, a = signature.args[1:], args[1:]  # the literal selection carries no value
-        i64 = [context.cast(builder, a[i], t[i], types.int64) for i in (0, 1, 3, 4, 6, 8, 9)]
+        i64 = [context.cast(builder, a[i], t[i], types.int64) for i in (1, 2, 4, 5, 7, 9, 10)]
         tag, shift, q_start, row_bytes, n0, s_start, n_groups = i64
-        weight_rows = []
-        for w in range(TILE_W):
-            k = ir.Constant(ir.IntType(64), w)
-            q_at = builder.add(q_start, builder.mul(k, row_bytes))
-            s_at = builder.add(s_start, builder.mul(k, n_groups))
-            weight_rows.append(
-                (
-                    element_pointer(context, builder, t[2], a[2], q_at),
-                    element_pointer(context, builder, t[7], a[7], s_at),
-                )
-            )
         act_rows = []
         for i in range(ROW_BLOCK):
             row = builder.add(n0, ir.Constant(ir.IntType(64), i))
             act_rows.append(
                 (
-                    _row_pointer(context, builder, t[5], a[5], row),
-                    _row_pointer(context, builder, t[10], a[10], row),
+                    _row_pointer(context, builder, t[6], a[6], row),
+                    _row_pointer(context, builder, t[11], a[11], row),
                 )
             )
-        col0 = context.cast(builder, a[12], t[12], types.int64)
+        col0 = context.cast(builder, a[13], t[13], types.int64)
         out_rows = [
-            _row_pointer(context, builder, t[11], a[11], ir.Constant(ir.IntType(64), i))
+            _row_pointer(context, builder, t[12], a[12], ir.Constant(ir.IntType(64), i))
             for i in range(ROW_BLOCK)
         ]
+
+        weight_rows = []
+        for w in range(n_weight_rows):
+            k = ir.Constant(ir.IntType(64), w)
+            q_at = builder.add(q_start, builder.mul(k, row_bytes))
+            s_at = builder.add(s_start, builder.mul(k, n_groups))
+            weight_rows.append(
+                (
+                    element_pointer(context, builder, t[3], a[3], q_at),
+                    element_pointer(context, builder, t[8], a[8], s_at),
+                )
+            )
 
         def emit(layout):
             if selection == "wide" and not (layout.packed and layout.offset and layout.block is None):
@@ -136,10 +152,24 @@ def _tile_rows(simd: str):
     into its caller (no call per tile: no reference counts)."""
 
     def dot_tile_rows(
-        q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales, group_shift, nib, out, col0
+        width,
+        q,
+        q_start,
+        row_bytes,
+        ints,
+        n0,
+        scales,
+        s_start,
+        n_groups,
+        int_scales,
+        group_shift,
+        nib,
+        out,
+        col0,
     ):
         tile(
             simd,
+            width,
             nib,
             group_shift,
             q,
@@ -160,14 +190,14 @@ def _tile_rows(simd: str):
 
 # Each tile: "wide" (512-bit, needs WIDE_FEATURES) and each selection's own (simd.py).
 SELECTED = {simd: _tile_rows(simd) for simd in ("wide", *SELECTIONS)}
-# dot_tile_rows(q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales,
+# dot_tile_rows(width, q, q_start, row_bytes, ints, n0, scales, s_start, n_groups, int_scales,
 # group_shift, nib, out, col0): out[i, col0 + w] = the one-row kernel's value for weight row w
-# < TILE_W (codes from byte q_start + w * row_bytes of the flat ``q``, scales from s_start + w *
-# n_groups of the flat ``scales``) and activation row n0 + i < n0 + ROW_BLOCK of the 2-D
-# ``ints`` (rows, cols) and ``int_scales`` (rows, groups). ``nib`` is a layout's tag (codes.py):
-# -1 for int8 codes in groups of 1 << group_shift, the offset of packed nibbles (groups of 32),
-# or the tag of the file's Q5_0, Q8_0 or Q4_1 blocks (scales inside them, ``scales`` unused;
-# Q4_1's min terms left to the caller).
+# < width (a constant: NARROW_W or TILE_W; codes from byte q_start + w * row_bytes of the flat ``q``, scales
+# from s_start + w * n_groups of the flat ``scales``) and activation row n0 + i < n0 +
+# ROW_BLOCK of the 2-D ``ints`` (rows, cols) and ``int_scales`` (rows, groups). ``nib`` is a
+# layout's tag (codes.py): -1 for int8 codes in groups of 1 << group_shift, the offset of packed
+# nibbles (groups of 32), or the tag of the file's Q5_0, Q8_0 or Q4_1 blocks (scales inside
+# them, ``scales`` unused; Q4_1's min terms left to the caller).
 # ``out`` is a C-contiguous 2-D float32 array of at least ROW_BLOCK rows.
 dot_tile_rows = SELECTED["wide" if WIDE else HOST_SIMD]
 

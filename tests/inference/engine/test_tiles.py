@@ -15,7 +15,7 @@ from inference.engine.quants.codes import Q4_1_TAG, Q5_0_TAG, Q8_0_TAG
 from inference.engine.quants.formats import Q4_1, Q5_0, Q8_0
 from inference.engine.quants.intdot import ROW_BLOCK, dot_row_int
 from inference.engine.quants.nibbles import NIBBLE_OFFSET, pack_nibbles
-from inference.engine.quants.tiles import TILE_W, WIDE_FEATURES, dot_tile_reference
+from inference.engine.quants.tiles import NARROW_W, TILE_W, WIDE_FEATURES, dot_tile_reference
 
 CASES = [
     (4, -1, -128, 128),
@@ -47,19 +47,21 @@ def _runnable(simd: str) -> str:
 
 @numba.njit(cache=True)
 def _tile_and_rows(
-    kernel, q_flat, row_bytes, ints, scales, int_scales, n_groups, group_shift, nib, q8, n_tiles
+    kernel, width, q_flat, row_bytes, ints, scales, int_scales, n_groups, group_shift, nib, q8, n_tiles
 ):
-    """(tile kernel values, one-row kernel values) for TILE_W * n_tiles weight rows x the
+    """(tile kernel values, one-row kernel values) for ``width`` * n_tiles weight rows x the
     activation rows, each (weight rows, activation rows), and the tiles' output buffer."""
-    n_w, n_act = TILE_W * n_tiles, ints.shape[0]
+    width = numba.literally(width)  # a tile's width is a constant of its code
+    n_w, n_act = width * n_tiles, ints.shape[0]
     tiled = np.empty((n_w, n_act), np.float32)  # (w, n)
     single = np.empty((n_w, n_act), np.float32)  # (w, n)
     out = np.full((ROW_BLOCK, n_w + 3), np.nan, np.float32)  # (activation rows, weight rows + margin)
     s_flat, q8_flat, cols = scales.ravel(), q8.ravel(), q8.shape[1]
     for tile in range(n_tiles):
-        w0 = tile * TILE_W
+        w0 = tile * width
         for n0 in range(0, n_act, ROW_BLOCK):
             kernel(
+                width,
                 q_flat,
                 w0 * row_bytes,
                 row_bytes,
@@ -72,9 +74,9 @@ def _tile_and_rows(
                 group_shift,
                 nib,
                 out,
-                w0 + 1,  # a column offset: the tile lands at columns w0 + 1 .. w0 + TILE_W
+                w0 + 1,  # a column offset: the tile lands at columns w0 + 1 .. w0 + width
             )
-            for w in range(TILE_W):
+            for w in range(width):
                 for i in range(ROW_BLOCK):
                     tiled[w0 + w, n0 + i] = out[i, w0 + 1 + w]
     for w in range(n_w):
@@ -105,28 +107,41 @@ def _problem(rng, group_shift, nib, low, high, n_w, cols=512, n_act=8):
     return q8, packed.ravel(), cols // 2, ints, scales, int_scales, n_groups
 
 
+@pytest.mark.parametrize("width", [TILE_W, NARROW_W])
 @pytest.mark.parametrize("simd", ["wide", *SELECTIONS])
 @pytest.mark.parametrize(("group_shift", "nib", "low", "high"), CASES)
-def test_tiles_give_the_one_row_kernels_bits(simd, group_shift, nib, low, high):
+def test_tiles_give_the_one_row_kernels_bits(simd, group_shift, nib, low, high, width):
     kernel = tiles.SELECTED[_runnable(simd)]
     rng = np.random.default_rng(group_shift * 7 + nib + 100)
     q8, q_flat, row_bytes, ints, scales, int_scales, n_groups = _problem(
-        rng, group_shift, nib, low, high, 2 * TILE_W
+        rng, group_shift, nib, low, high, 2 * width
     )
     tiled, single, out = _tile_and_rows(
-        kernel, q_flat, row_bytes, ints, scales, int_scales, n_groups, group_shift, nib, q8, 2
+        kernel, width, q_flat, row_bytes, ints, scales, int_scales, n_groups, group_shift, nib, q8, 2
     )
     np.testing.assert_array_equal(tiled, single)
     assert np.isnan(out[:, 0]).all()  # nothing lands left of the column offset
 
 
+@pytest.mark.parametrize("width", [TILE_W, NARROW_W])
 @pytest.mark.parametrize(("group_shift", "nib", "low", "high"), CASES[:2] + CASES[3:4])
-def test_host_tile_equals_the_bitwise_numpy_reference(group_shift, nib, low, high):
+def test_host_tile_equals_the_bitwise_numpy_reference(group_shift, nib, low, high, width):
     rng = np.random.default_rng(group_shift + 300)
     q8, q_flat, row_bytes, ints, scales, int_scales, n_groups = _problem(
-        rng, group_shift, nib, low, high, TILE_W, 256, 4
+        rng, group_shift, nib, low, high, width, 256, 4
     )
     tiled, _, _ = _tile_and_rows(
-        tiles.dot_tile_rows, q_flat, row_bytes, ints, scales, int_scales, n_groups, group_shift, nib, q8, 1
+        tiles.dot_tile_rows,
+        width,
+        q_flat,
+        row_bytes,
+        ints,
+        scales,
+        int_scales,
+        n_groups,
+        group_shift,
+        nib,
+        q8,
+        1,
     )
     np.testing.assert_array_equal(tiled, dot_tile_reference(q8, scales, ints, int_scales))

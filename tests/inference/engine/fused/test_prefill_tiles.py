@@ -65,8 +65,9 @@ def _one_row(rounded, t):
 
 @pytest.mark.parametrize(("group_shift", "nib", "low", "high", "with_mins"), FORMATS)
 @pytest.mark.parametrize("accumulate", [False, True])
-# n: one pass of the tiles over two blocks of rows; three passes, the last partial
-@pytest.mark.parametrize("n", [7, 37])
+# n: one block of rows (the narrow tiles); one pass of the tiles over two blocks of rows; three
+# passes, the last partial
+@pytest.mark.parametrize("n", [3, 7, 37])
 def test_several_rows_equal_each_row_alone(group_shift, nib, low, high, with_mins, accumulate, n):
     rng = np.random.default_rng(group_shift * 3 + nib + 7)
     weights, lin = _linear(rng, group_shift, nib, low, high, with_mins)
@@ -76,7 +77,8 @@ def test_several_rows_equal_each_row_alone(group_shift, nib, low, high, with_min
     for r0, r1 in [(0, 29), (3, 20)]:  # 3 whole tiles and 5 rows; a tile starting off 0 and 1 row
         start = rng.standard_normal((n, r1 - r0)).astype(np.float32)  # (n, r1 - r0)
         many = start.copy()
-        prefill_tiles.dot_tile_many(weights, lin, rounded, 0, n, r0, r1, many, accumulate, scratch)
+        tiles = prefill_tiles.dot_tile_narrow if n <= ROW_BLOCK else prefill_tiles.dot_tile_many
+        tiles(weights, lin, rounded, 0, n, r0, r1, many, accumulate, scratch)
         for t in range(n):
             alone = start[t : t + 1].copy()  # (1, r1 - r0)
             one = _one_row(rounded, t)  # as a decode step takes it
