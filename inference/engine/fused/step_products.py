@@ -88,9 +88,14 @@ ROW0 = np.int64(0)  # dot_one_row's token row when there is one
 # narrow tiles (NARROW_W, quants/tiles.py), paired against three one-row passes: Qwen2.5 /
 # Gemma 3 1.15x / 1.13x on AVX2, 0.96x / 1.02-1.21x on AVX-512 VNNI; 2 rows were slower.
 # Q4_1 blocks, which keep tiles 8 rows wide (prefill_tiles.tile_width), keep one-row products
-# up to 3 rows (SmolLM2: tiles 0.90x).
+# up to 3 rows (SmolLM2: tiles 0.90x). K-quant blocks keep them up to a block of rows: the
+# tiles would unpack 32 weight rows into scratch codes for as few token rows (Qwen2.5's Q6_K
+# down took 5x its decode time for 4 rows), where the one-row kernels read the blocks in
+# registers (paired, Qwen2.5 / Gemma 3, 4 rows: 1.14x / 1.09x on AVX-512 VNNI, 0.99x / 0.98x
+# on AVX2; 3 rows: 1.13x / 1.07x and 1.13x / 1.06x).
 FEW_BLOCK_ROWS = 2
 FEW_Q4_1_ROWS = 3
+FEW_K_QUANT_ROWS = ROW_BLOCK
 # The tiles read Q8_0 and Q4_1 blocks as they are (the codes or nibbles where the int8 copy
 # had them, the f16 scale widened in registers), and Q5_0 blocks below this many token rows:
 # its fifth bits are merged in registers again for every block of ROW_BLOCK token rows, so
@@ -379,6 +384,8 @@ def _tiles(weights, lin, rounded, k, n_rows, r0, r1, view, accumulate, scratch):
 def one_row_products(kind, n_rows):
     """Whether a blocks-only matrix of ``kind`` takes the products of ``n_rows`` token rows one
     token row at a time (FEW_BLOCK_ROWS) rather than through the tiles."""
+    if kind == BLOCK_Q4_K or kind == BLOCK_Q6_K:
+        return n_rows <= FEW_K_QUANT_ROWS
     return n_rows <= (FEW_Q4_1_ROWS if kind == BLOCK_Q4_1 else FEW_BLOCK_ROWS)
 
 
